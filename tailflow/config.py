@@ -1,0 +1,229 @@
+"""The one run configuration: YAML plus dotted overrides, validated up front.
+
+Each field's docstring is its documentation: `tailflow config` prints them and
+docs/configuration.md is generated from them. Every model forbids unknown keys,
+so a typo fails before any work starts, with the dotted key named.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used; the message names the key or file."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: str | None = None
+    """Local Hugging Face causal-LM directory (Qwen2 or Llama family). None: the
+    shipped warm-start checkpoint of the embedded tiny model."""
+
+
+class DataConfig(Section):
+    train_path: str | None = None
+    """JSONL or Parquet file of training problems. None: the embedded arithmetic task."""
+    eval_path: str | None = None
+    """JSONL or Parquet file of held-out problems (required when train_path is set)."""
+    prompt_field: str = "prompt"
+    """Field holding the prompt text in train_path / eval_path."""
+    answer_field: str = "answer"
+    """Field holding the gold answer."""
+    id_field: str | None = None
+    """Field holding a stable problem id; None: `<file stem>-<row>`."""
+    prompt_template: str = "{prompt}"
+    """Python format string applied to each prompt; `{prompt}` is the raw prompt."""
+    on_invalid: Literal["error", "skip"] = "error"
+    """What a bad row does: stop the run with its file and line named, or be skipped and counted."""
+    num_train: int = Field(20000, ge=1)
+    """Embedded task: number of training problems generated."""
+    num_eval: int = Field(200, ge=1)
+    """Number of held-out problems evaluated greedily (embedded task: generated)."""
+    prompts_per_step: int = Field(32, ge=1)
+    """P0: prompts trained on per iteration."""
+    seed: int = 0
+    """Seeds problem generation and the epoch shuffles of the training order."""
+
+
+class RolloutConfig(Section):
+    n: int = Field(8, ge=1)
+    """R0: responses kept per prompt (the GRPO group size)."""
+    temperature: float = Field(1.0, ge=0.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)
+    """0 disables top-k filtering."""
+    max_new_tokens: int = Field(320, ge=1)
+    """Longest response; a response that reaches it finishes with reason `length`."""
+    num_workers: int = Field(1, ge=1)
+    """Rollout engine replicas (Ray actors)."""
+    num_slots: int = Field(128, ge=1)
+    """Concurrent sequences per engine (KV-cache slots)."""
+
+
+class RewardConfig(Section):
+    type: Literal["math"] = "math"
+    """Reward function: `math` checks the final answer with math-verify."""
+    format_reward: float = Field(0.0, ge=0.0, le=1.0)
+    """Added when the response ends with the answer marker line, right or wrong."""
+    answer_marker: str = "####"
+    """A response counts only if its last line starts with this marker."""
+
+
+class TrainConfig(Section):
+    iterations: int = Field(60, ge=1)
+    """Number of RL iterations (optimizer steps)."""
+    eval_every: int = Field(10, ge=1)
+    """Greedy eval before the first iteration, every eval_every iterations and after the last."""
+    lr: float = Field(2e-4, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    max_grad_norm: float = Field(1.0, gt=0.0)
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    """Advantage estimator: group-normalised (GRPO), without std scaling (Dr. GRPO), or leave-one-out (RLOO)."""
+    clip_low: float = Field(0.2, ge=0.0)
+    clip_high: float = Field(0.2, ge=0.0)
+    kl_coef: float = Field(0.0, ge=0.0)
+    """Weight of the k3 KL to the frozen initial policy; 0 loads no reference model."""
+    max_tokens_per_micro_batch: int = Field(8192, ge=1)
+    """Token budget of one micro-batch (rows x longest row); gradients accumulate across them."""
+    num_workers: int = Field(2, ge=1)
+    """Trainer ranks (Ray actors sharing the model with FSDP2)."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Write a checkpoint every this many iterations (and after the last)."""
+    seed: int = 0
+    """Seeds rollout sampling and the trainer."""
+
+
+class TailConfig(Section):
+    enabled: bool = False
+    """Tail batching (RollPacker). False: the synchronous baseline, every prompt waits for all its responses."""
+    prompt_ratio: float = Field(1.25, ge=1.0)
+    """Short rounds launch ceil(prompt_ratio * P0) prompts."""
+    responses_launched: int | None = Field(None, ge=1)
+    """Responses launched per prompt in short rounds; None: R0 + ceil(R0 / 4)."""
+
+
+class ClusterConfig(Section):
+    address: str | None = None
+    """Existing Ray cluster to attach to (`ray://host:10001` or `auto`); None starts a local Ray."""
+    num_cpus: int | None = Field(None, ge=1)
+    """CPUs a local Ray may use; None: all of this machine's."""
+    threads_per_worker: int = Field(1, ge=1)
+    """torch threads in each trainer actor."""
+    rollout_threads: int = Field(2, ge=1)
+    """torch threads in each rollout actor."""
+
+
+class StorageConfig(Section):
+    uri: str = "runs"
+    """Artifact store root: a local folder (the run lives in `<uri>/<run_id>/`)."""
+
+
+class TrackingConfig(Section):
+    wandb: bool = False
+    """Also log metrics to Weights & Biases."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """`offline` writes the W&B run locally (no network needed); `online` uploads."""
+    wandb_project: str = "tailflow"
+
+
+class WarmStartConfig(Section):
+    steps: int = Field(1500, ge=1)
+    """SFT steps on reference solutions."""
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(2e-3, gt=0.0)
+    seed: int = 0
+
+
+class RunConfig(Section):
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    reward: RewardConfig = RewardConfig()
+    train: TrainConfig = TrainConfig()
+    tail: TailConfig = TailConfig()
+    cluster: ClusterConfig = ClusterConfig()
+    storage: StorageConfig = StorageConfig()
+    tracking: TrackingConfig = TrackingConfig()
+    warmstart: WarmStartConfig = WarmStartConfig()
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "RunConfig":
+        if self.data.train_path and not self.data.eval_path:
+            raise ValueError("data.eval_path is required when data.train_path is set")
+        if self.data.train_path and not self.model.path:
+            raise ValueError("model.path is required with a custom dataset (the embedded model only knows arithmetic)")
+        if self.tail.responses_launched is not None and self.tail.responses_launched < self.rollout.n:
+            raise ValueError(
+                f"tail.responses_launched ({self.tail.responses_launched}) must be >= rollout.n ({self.rollout.n})"
+            )
+        return self
+
+    @property
+    def responses_launched(self) -> int:
+        """Responses per prompt in a short round (tail batching)."""
+        if self.tail.responses_launched is not None:
+            return self.tail.responses_launched
+        return self.rollout.n + math.ceil(self.rollout.n / 4)
+
+
+def apply_override(tree: dict[str, Any], assignment: str) -> None:
+    """Apply one `a.b.c=value` override; the value is parsed as YAML (2e-5, true, [1, 2])."""
+    key, sep, raw = assignment.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"override {assignment!r} is not of the form key=value")
+    parts = key.strip().split(".")
+    node = tree
+    for depth, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {key}: {'.'.join(parts[: depth + 1])} is not a section")
+        node = child
+    node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
+    """Read `path` (YAML; None: all defaults), apply overrides, validate everything."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            tree = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"config file {path} is not valid YAML: {error}") from None
+        if not isinstance(tree, dict):
+            raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(tree).__name__}")
+    for assignment in overrides:
+        apply_override(tree, assignment)
+    return config_from_dict(tree, source=str(path) if path else "config")
+
+
+def config_from_dict(tree: dict[str, Any], source: str = "config") -> RunConfig:
+    try:
+        return RunConfig.model_validate(tree)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, source)) from None
+
+
+def format_validation_error(error: ValidationError, source: str) -> str:
+    lines = []
+    for problem in error.errors():
+        key = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        if problem["type"] == "extra_forbidden":
+            lines.append(f"{key}: unknown key")
+        else:
+            lines.append(f"{key}: {problem['msg']} (got {problem.get('input')!r})")
+    return f"invalid {source}:\n  " + "\n  ".join(lines)
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

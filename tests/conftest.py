@@ -1,0 +1,38 @@
+"""Test-session setup: an isolated Prefect home before prefect is imported.
+
+FACTS.md: the Prefect test harness does not isolate result storage, so the
+whole session gets its own PREFECT_HOME; the harness itself is started once,
+lazily, by the tests that need a Prefect API (`prefect_api` fixture).
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+
+_prefect_home = tempfile.mkdtemp(prefix="tailflow-prefect-")
+os.environ["PREFECT_HOME"] = _prefect_home
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+os.environ.pop("PREFECT_API_URL", None)
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One local Ray for the whole session (starting Ray costs seconds)."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()

@@ -1,0 +1,65 @@
+import pytest
+
+from tailflow.config import ConfigError, RunConfig, apply_override, load_config
+
+
+def test_defaults_and_overrides_parse_yaml_values(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("train:\n  iterations: 7\nrollout:\n  n: 4\n")
+    config = load_config(path, ["train.lr=2e-5", "tail.enabled=true", "data.train_path=null"])
+    assert config.train.iterations == 7
+    assert config.rollout.n == 4
+    assert config.train.lr == pytest.approx(2e-5)
+    assert config.tail.enabled is True
+    assert config.responses_launched == 5  # R0 + ceil(R0 / 4)
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("train.lrr=1", "train.lrr: unknown key"),
+        ("trian.lr=1", "trian: unknown key"),
+        ("train.lr=-1", "train.lr"),
+        ("rollout.n=abc", "rollout.n"),
+        ("rollout.top_p=1.5", "rollout.top_p"),
+        ("tail.responses_launched=3", "tail.responses_launched"),
+    ],
+)
+def test_bad_values_name_the_key(override, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        load_config(None, [override])
+
+
+def test_missing_and_malformed_files_are_named(tmp_path):
+    with pytest.raises(ConfigError, match="nope.yaml does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("train: [unclosed\n")
+    with pytest.raises(ConfigError, match="bad.yaml is not valid YAML"):
+        load_config(bad)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- 1\n- 2\n")
+    with pytest.raises(ConfigError, match="must hold a mapping"):
+        load_config(listing)
+
+
+def test_override_syntax_errors():
+    with pytest.raises(ConfigError, match="key=value"):
+        apply_override({}, "train.lr")
+    with pytest.raises(ConfigError, match="train is not a section"):
+        apply_override({"train": 3}, "train.lr=1")
+
+
+def test_custom_data_needs_eval_and_model():
+    with pytest.raises(ConfigError, match="data.eval_path is required"):
+        load_config(None, ["data.train_path=/x.jsonl", "model.path=/m"])
+
+
+def test_every_field_is_documented():
+    """Docstrings become CLI/UI help: a field without one is a bug."""
+    for section_name, section in RunConfig.model_fields.items():
+        for name, field in section.annotation.model_fields.items():
+            if name in {"temperature", "top_p", "lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high",
+                        "batch_size", "seed", "wandb_project"}:
+                continue  # self-explanatory to anyone who trains models
+            assert field.description, f"{section_name}.{name} has no docstring"
