@@ -1,0 +1,57 @@
+"""Build or load the policy model; only architectures the native engine runs."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+class UnsupportedModelError(ValueError):
+    pass
+
+
+def tiny_qwen2_config(vocab_size: int, eos_token_id: int, pad_token_id: int) -> Qwen2Config:
+    """The embedded default: a 1.6M-parameter Qwen2 for the arithmetic task."""
+    return Qwen2Config(
+        vocab_size=vocab_size,
+        hidden_size=192,
+        intermediate_size=512,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        eos_token_id=eos_token_id,
+        pad_token_id=pad_token_id,
+        bos_token_id=None,
+    )
+
+
+def build_tiny_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int) -> Qwen2ForCausalLM:
+    import torch
+
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(tiny_qwen2_config(vocab_size, eos_token_id, pad_token_id))
+
+
+def check_model_dir(path: str | Path) -> None:
+    """Refuse, with a message naming the file, anything the engines cannot run."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"model.path: {path} is not a Hugging Face model directory (no config.json)")
+    model_type = AutoConfig.from_pretrained(path).model_type
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"model.path: {path} holds a '{model_type}' model; tailflow's engines run "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)} checkpoints"
+        )
+
+
+def load_model(path: str | Path) -> PreTrainedModel:
+    import torch
+
+    check_model_dir(path)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
