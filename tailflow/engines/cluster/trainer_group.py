@@ -1,0 +1,125 @@
+"""The trainer's data-parallel ranks as Ray actors: one PolicyTrainer each, FSDP2 across them.
+
+The driver shards a step's samples by tokens, counts the global response
+tokens once (the loss denominator every rank divides by), and runs all ranks
+at once: each call is a collective, so no rank may be skipped. Weights leave
+as an ObjectRef to rank 0's full state dict, so rollout workers read them
+from the object store without a copy through the driver.
+
+The caller owns `ray.init`.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import ray
+import torch
+
+from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
+from tailflow.engines.train.trainer import PolicyTrainer, TrainStepStats
+
+MASTER_ADDR = "127.0.0.1"
+"""Single-node for now; a multi-node group needs rank 0's node IP here."""
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((MASTER_ADDR, 0))
+        return sock.getsockname()[1]
+
+
+class TrainerWorker:
+    """Actor body: set this rank's torch.distributed env and threads, then hold one PolicyTrainer."""
+
+    def __init__(
+        self, model_path: str, rank: int, world_size: int, master_port: int, num_threads: int, trainer_kwargs: dict
+    ) -> None:
+        os.environ.update(
+            MASTER_ADDR=MASTER_ADDR,
+            MASTER_PORT=str(master_port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world_size),
+            LOCAL_RANK=str(rank),
+        )
+        torch.set_num_threads(num_threads)
+        self.rank = rank
+        self.trainer = PolicyTrainer(model_path, rank=rank, world_size=world_size, **trainer_kwargs)
+
+    def is_ready(self) -> bool:
+        return True
+
+    def train_step(self, samples: list[TrainSample], num_tokens_total: int) -> TrainStepStats:
+        return self.trainer.train_step(samples, num_tokens_total)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.trainer.full_state_dict()
+
+    def state_for_checkpoint(self) -> dict:
+        return self.trainer.state_for_checkpoint()
+
+    def load_checkpoint(self, state: dict) -> None:
+        self.trainer.load_checkpoint(state)
+
+    def save_hf(self, path: str) -> None:
+        self.trainer.save_hf(path)
+
+
+class TrainerGroup:
+    def __init__(
+        self,
+        model_path: str,
+        world_size: int,
+        trainer_kwargs: dict[str, Any] | None = None,
+        num_cpus_per_worker: float = 1,
+        num_gpus_per_worker: float = 0,
+        num_threads: int = 1,
+    ) -> None:
+        """Start `world_size` actors and wait until their process group is up."""
+        self.world_size = world_size
+        master_port = find_free_port()
+        actor_class = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, max_restarts=0)(
+            TrainerWorker
+        )
+        self.workers = [
+            actor_class.remote(model_path, rank, world_size, master_port, num_threads, dict(trainer_kwargs or {}))
+            for rank in range(world_size)
+        ]
+        ray.get([worker.is_ready.remote() for worker in self.workers])
+
+    def train_step(self, samples: list[TrainSample]) -> TrainStepStats:
+        """One optimizer step on all ranks; every rank returns the same stats, rank 0's are returned."""
+        shards = shard_across_ranks(samples, self.world_size)
+        num_tokens_total = count_response_tokens(samples)
+        if num_tokens_total == 0:
+            raise ValueError("train_step needs at least one response token")
+        calls = [worker.train_step.remote(shard, num_tokens_total) for worker, shard in zip(self.workers, shards)]
+        return ray.get(calls)[0]
+
+    def state_dict_ref(self) -> ray.ObjectRef:
+        """All ranks gather; the ref to rank 0's full CPU state dict (HF names) is returned unfetched."""
+        return self._rank0_ref([worker.full_state_dict.remote() for worker in self.workers])
+
+    def checkpoint_ref(self) -> ray.ObjectRef:
+        """Ref to rank 0's {"model": ..., "optimizer": ...} full state for exact resume."""
+        return self._rank0_ref([worker.state_for_checkpoint.remote() for worker in self.workers])
+
+    def load_checkpoint(self, state: ray.ObjectRef | dict) -> None:
+        """Every rank reads the same full state (a ref is resolved from the object store on each rank)."""
+        ref = state if isinstance(state, ray.ObjectRef) else ray.put(state)
+        ray.get([worker.load_checkpoint.remote(ref) for worker in self.workers])
+
+    def save_hf(self, path: str) -> None:
+        ray.get([worker.save_hf.remote(path) for worker in self.workers])
+
+    def shutdown(self) -> None:
+        for worker in self.workers:
+            ray.kill(worker)
+        self.workers = []
+
+    @staticmethod
+    def _rank0_ref(refs: list[ray.ObjectRef]) -> ray.ObjectRef:
+        ray.get(refs[1:])  # the other ranks return {}; this waits for the collective and raises its errors
+        ray.wait(refs[:1], fetch_local=False)
+        return refs[0]

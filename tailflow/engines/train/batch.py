@@ -1,0 +1,140 @@
+"""What the trainer trains on, and how a step's samples are cut up.
+
+Two cuts, both deterministic: `shard_across_ranks` gives each data-parallel
+rank a share balanced by tokens; `split_by_token_budget` cuts a rank's share
+into micro-batches that fit in memory. `collate` makes the tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+
+
+@dataclass(frozen=True)
+class TrainSample:
+    """One scored response: the prompt, the response and its advantage.
+
+    `rollout_logprobs[i]` is the rollout engine's log-prob of
+    `response_token_ids[i]`; it is only compared with the trainer's own
+    (a health metric), never trained on.
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    response_token_ids: tuple[int, ...]
+    advantage: float
+    rollout_logprobs: tuple[float, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError("a sample needs at least one prompt token (the first response token is predicted from it)")
+        if self.rollout_logprobs is not None and len(self.rollout_logprobs) != len(self.response_token_ids):
+            raise ValueError(
+                f"rollout_logprobs has {len(self.rollout_logprobs)} entries for "
+                f"{len(self.response_token_ids)} response tokens"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_token_ids) + len(self.response_token_ids)
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.response_token_ids)
+
+
+class MicroBatch(NamedTuple):
+    """Right-padded tensors for one forward pass (B rows, T positions); unpacks like a tuple."""
+
+    input_ids: torch.Tensor
+    """[B, T] long, pad_id after each row's end."""
+    attention_mask: torch.Tensor
+    """[B, T] long, 1 on real tokens."""
+    response_mask: torch.Tensor
+    """[B, T] float, 1 where position t predicts a response token (t+1 is in the response)."""
+    advantages: torch.Tensor
+    """[B] float."""
+
+
+def count_response_tokens(samples: list[TrainSample]) -> int:
+    """The token-level loss denominator: response tokens in the whole step's batch."""
+    return sum(sample.num_response_tokens for sample in samples)
+
+
+def _longest_first(samples: list[TrainSample]) -> list[TrainSample]:
+    order = sorted(range(len(samples)), key=lambda i: (-samples[i].num_tokens, i))
+    return [samples[i] for i in order]
+
+
+def split_by_token_budget(samples: list[TrainSample], max_tokens_per_micro_batch: int) -> list[list[TrainSample]]:
+    """Pack samples, longest first, into micro-batches with rows * longest_row <= budget.
+
+    Sorting by length keeps padding small. A sample longer than the budget on
+    its own gets a micro-batch of its own. Same input -> same split.
+    """
+    if max_tokens_per_micro_batch < 1:
+        raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens_per_micro_batch}")
+    micro_batches: list[list[TrainSample]] = []
+    current: list[TrainSample] = []
+    for sample in _longest_first(samples):
+        longest = current[0].num_tokens if current else sample.num_tokens
+        if current and (len(current) + 1) * longest > max_tokens_per_micro_batch:
+            micro_batches.append(current)
+            current = []
+        current.append(sample)
+    if current:
+        micro_batches.append(current)
+    return micro_batches
+
+
+def shard_across_ranks(samples: list[TrainSample], world_size: int) -> list[list[TrainSample]]:
+    """Greedy longest-first balancing: each sample goes to the rank with the fewest tokens so far.
+
+    Deterministic (ties go to the lowest rank). With at least `world_size`
+    samples every rank gets one; with fewer, some ranks get [] and must still
+    join the step's collectives.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    shards: list[list[TrainSample]] = [[] for _ in range(world_size)]
+    num_tokens = [0] * world_size
+    for sample in _longest_first(samples):
+        rank = min(range(world_size), key=lambda r: (num_tokens[r], len(shards[r]), r))
+        shards[rank].append(sample)
+        num_tokens[rank] += sample.num_tokens
+    return shards
+
+
+def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
+    """Right-pad prompt + response rows.
+
+    For a row with prompt length P and response length L, response_mask is 1
+    at positions P-1 .. P+L-2: those positions' next-token predictions are
+    the response tokens.
+    """
+    width = max(sample.num_tokens for sample in samples)
+    input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(samples), width), dtype=torch.long)
+    response_mask = torch.zeros((len(samples), width), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        tokens = sample.prompt_token_ids + sample.response_token_ids
+        num_prompt = len(sample.prompt_token_ids)
+        input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        attention_mask[row, : len(tokens)] = 1
+        response_mask[row, num_prompt - 1 : len(tokens) - 1] = 1.0
+    advantages = torch.tensor([sample.advantage for sample in samples], dtype=torch.float32)
+    return MicroBatch(input_ids, attention_mask, response_mask, advantages)
+
+
+def rollout_logprobs_matrix(samples: list[TrainSample], width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rollout log-probs aligned like `collate`'s response_mask: ([B, T] values, [B, T] has-value mask)."""
+    values = torch.zeros((len(samples), width), dtype=torch.float32)
+    present = torch.zeros((len(samples), width), dtype=torch.float32)
+    for row, sample in enumerate(samples):
+        if sample.rollout_logprobs is None:
+            continue
+        start = len(sample.prompt_token_ids) - 1
+        values[row, start : start + sample.num_response_tokens] = torch.tensor(sample.rollout_logprobs)
+        present[row, start : start + sample.num_response_tokens] = 1.0
+    return values, present

@@ -1,0 +1,125 @@
+"""Policy-gradient losses, token-level (DAPO, Yu et al. 2025, sec. 3.3).
+
+Shapes: B rows (responses), T positions. `mask[b, t] = 1` where position t
+predicts a response token, so `logprobs[b, t]` is log pi(token t+1 | <= t).
+
+Token-level aggregation: every per-token term is summed and divided by the
+number of response tokens in the WHOLE global batch (`num_tokens_total`, all
+micro-batches on all ranks), not by this micro-batch's count. Summing the
+gradients of the micro-batches (and of the ranks) then gives exactly the
+gradient of the full-batch token mean, and long responses weigh per token,
+not per sequence. With `num_tokens_total=None` the denominator is this
+batch's own `mask.sum()` (the single-batch case).
+
+Every returned stat follows the same rule, so stats of micro-batches and
+ranks add up to the global token mean.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+MAX_LOG_RATIO = 20.0
+"""k3 exponentiates a log-ratio; clamp it so one wild token cannot give inf."""
+
+
+@dataclass(frozen=True)
+class PPOStats:
+    """Detached scalars, each a sum over tokens / num_tokens_total (they add across micro-batches)."""
+
+    pg_loss: float
+    clip_fraction: float
+    """Share of tokens where the clipped term won (their gradient is zero)."""
+    approx_kl: float
+    """k3 estimate of KL(old || new), Schulman 2020."""
+
+
+def token_sum_over_total(values: torch.Tensor, mask: torch.Tensor, num_tokens_total: int | None) -> torch.Tensor:
+    """sum_{b,t} values * mask / num_tokens_total  ([B, T], [B, T] -> scalar)."""
+    denominator = mask.sum().clamp(min=1.0) if num_tokens_total is None else max(num_tokens_total, 1)
+    return (values * mask).sum() / denominator
+
+
+def ppo_clip_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    num_tokens_total: int | None = None,
+) -> tuple[torch.Tensor, PPOStats]:
+    """PPO clipped surrogate (Schulman et al. 2017, eq. 7) with DAPO's decoupled clip range.
+
+        ratio    = exp(logprobs - old_logprobs)                       [B, T]
+        pg_loss1 = -A * ratio                                         [B, T]
+        pg_loss2 = -A * clip(ratio, 1 - clip_low, 1 + clip_high)      [B, T]
+        loss     = sum(max(pg_loss1, pg_loss2) * mask) / num_tokens_total
+
+    logprobs [B, T] (with grad), old_logprobs [B, T] (no grad), advantages [B]
+    (one per response, broadcast over its tokens), mask [B, T] in {0, 1}.
+    Returns the scalar loss and detached `PPOStats`.
+    """
+    mask = mask.to(logprobs.dtype)
+    log_ratio = logprobs - old_logprobs.detach()
+    ratio = torch.exp(log_ratio)
+    token_advantages = advantages.to(logprobs.dtype).unsqueeze(1)
+    pg_loss1 = -token_advantages * ratio
+    pg_loss2 = -token_advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    pg_loss = torch.maximum(pg_loss1, pg_loss2)
+    loss = token_sum_over_total(pg_loss, mask, num_tokens_total)
+    with torch.no_grad():
+        is_clipped = (pg_loss2 > pg_loss1).to(mask.dtype)
+        approx_kl = (ratio - 1.0) - log_ratio
+        stats = PPOStats(
+            pg_loss=loss.item(),
+            clip_fraction=token_sum_over_total(is_clipped, mask, num_tokens_total).item(),
+            approx_kl=token_sum_over_total(approx_kl, mask, num_tokens_total).item(),
+        )
+    return loss, stats
+
+
+def kl_penalty(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens_total: int | None = None,
+) -> torch.Tensor:
+    """k3 estimator of KL(pi || pi_ref) (Schulman 2020, "Approximating KL divergence"), as in GRPO eq. 4.
+
+        log_r = ref_logprobs - logprobs                               [B, T]
+        k3    = exp(log_r) - log_r - 1        (>= 0, unbiased for tokens sampled from pi)
+        kl    = sum(k3 * mask) / num_tokens_total
+
+    log_r is clamped to +-MAX_LOG_RATIO before exp. Returns a scalar with grad
+    through `logprobs`.
+    """
+    mask = mask.to(logprobs.dtype)
+    log_ratio = torch.clamp(ref_logprobs.detach() - logprobs, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+    k3 = torch.exp(log_ratio) - log_ratio - 1.0
+    return token_sum_over_total(k3, mask, num_tokens_total)
+
+
+def entropy_from_logits(logits: torch.Tensor, mask: torch.Tensor, num_tokens_total: int | None = None) -> torch.Tensor:
+    """Token-level mean entropy of the policy.
+
+        p = softmax(logits);  H[b, t] = logsumexp(logits[b, t]) - sum_v p[b, t, v] * logits[b, t, v]
+        entropy = sum(H * mask) / num_tokens_total
+
+    logits [B, T, V], mask [B, T].  Returns a scalar.
+    """
+    probs = torch.softmax(logits, dim=-1)
+    token_entropy = torch.logsumexp(logits, dim=-1) - (probs * logits).sum(dim=-1)
+    return token_sum_over_total(token_entropy, mask.to(token_entropy.dtype), num_tokens_total)
+
+
+def token_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """log p(input_ids[:, t+1] | input_ids[:, <= t]) at position t.
+
+    logits [B, T, V], input_ids [B, T] -> [B, T]; the last column has no next
+    token and is 0 (the response mask is 0 there too).
+    """
+    next_logprobs = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    gathered = next_logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    return torch.nn.functional.pad(gathered, (0, 1), value=0.0)

@@ -1,0 +1,290 @@
+"""One data-parallel rank of the GRPO policy trainer: FSDP2 + AdamW, one optimizer step per call.
+
+A step: cut this rank's samples into micro-batches (every rank runs the same
+number, padding with empty ones, because each forward and backward is a
+collective under FSDP2) -> recompute old (and reference) log-probs without
+grad -> per micro-batch, PPO-clip loss over the GLOBAL response-token count
+and backward (gradients accumulate) -> clip by the global grad norm -> one
+AdamW step -> sum the stats over ranks.
+
+With world_size == 1 no process group is made and the model is not sharded:
+plain single-process training, the reference the FSDP path is tested against.
+Plain Python: Ray wraps it in `engines/cluster/trainer_group.py`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from transformers import PreTrainedModel
+
+from tailflow.engines.models import load_model
+from tailflow.engines.train.batch import (
+    MicroBatch,
+    TrainSample,
+    collate,
+    rollout_logprobs_matrix,
+    split_by_token_budget,
+)
+from tailflow.engines.train.losses import entropy_from_logits, kl_penalty, ppo_clip_loss, token_logprobs
+
+SUMMED_STATS = (
+    "pg_loss", "clip_fraction", "approx_kl", "kl", "entropy", "rollout_abs_diff", "rollout_tokens", "samples"
+)
+"""Per-rank sums all-reduced at the end of a step (the first five are already / num_tokens_total)."""
+
+
+@dataclass(frozen=True)
+class TrainStepStats:
+    """One step's metrics, identical on every rank. Token means are over the global batch."""
+
+    pg_loss: float
+    kl: float
+    """k3 KL to the reference model; 0 when kl_coef == 0 (no reference loaded)."""
+    entropy: float
+    grad_norm: float
+    """Global L2 norm before clipping; non-finite means the optimizer step was skipped."""
+    lr: float
+    clip_fraction: float
+    approx_kl: float
+    """k3 KL(old || new) of the PPO ratio."""
+    num_tokens: int
+    """Response tokens in the global batch (the loss denominator)."""
+    num_samples: int
+    logprob_diff_vs_rollout: float | None = None
+    """Mean |trainer log-prob - rollout log-prob| over tokens that carry rollout log-probs."""
+
+    def metrics(self) -> dict[str, float]:
+        """ROLL-compatible names (see ARCHITECTURE.md)."""
+        names = ("pg_loss", "kl", "entropy", "grad_norm", "lr", "clip_fraction", "approx_kl")
+        out = {f"actor/{name}": float(getattr(self, name)) for name in names}
+        if self.logprob_diff_vs_rollout is not None:
+            out["actor/logprob_diff_vs_rollout"] = self.logprob_diff_vs_rollout
+        return out
+
+
+@dataclass(frozen=True)
+class OldLogprobs:
+    """The no-grad pass of one micro-batch: [B, T] tensors and the rollout comparison sums."""
+
+    logprobs: torch.Tensor
+    ref_logprobs: torch.Tensor | None
+    rollout_abs_diff: float
+    rollout_tokens: float
+
+
+class PolicyTrainer:
+    def __init__(
+        self,
+        model_path: str,
+        rank: int = 0,
+        world_size: int = 1,
+        lr: float = 1e-6,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        max_grad_norm: float = 1.0,
+        kl_coef: float = 0.0,
+        clip_low: float = 0.2,
+        clip_high: float = 0.2,
+        max_tokens_per_micro_batch: int = 8192,
+        seed: int = 0,
+        backend: str | None = None,
+    ) -> None:
+        """`backend` None picks "nccl" when CUDA is present, else "gloo". With world_size > 1 the
+        process group is made from env MASTER_ADDR / MASTER_PORT (set by TrainerGroup)."""
+        self.rank, self.world_size = rank, world_size
+        self.max_grad_norm, self.kl_coef = max_grad_norm, kl_coef
+        self.clip_low, self.clip_high = clip_low, clip_high
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        torch.manual_seed(seed)
+        self.device = self._init_distributed()
+        self.model = self._load_model(model_path, is_trainable=True)
+        self.ref_model = self._load_model(model_path, is_trainable=False) if kl_coef > 0 else None
+        config = self.model.config
+        self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+
+    # ---- setup ---------------------------------------------------------------------------------
+
+    def _init_distributed(self) -> torch.device:
+        if self.backend == "nccl":
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+            torch.cuda.set_device(device)
+        else:
+            device = torch.device("cpu")
+        self.mesh = None
+        if self.world_size > 1:
+            if not dist.is_initialized():
+                dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size)
+            self.mesh = init_device_mesh(device.type, (self.world_size,))
+        return device
+
+    def _load_model(self, path: str, is_trainable: bool) -> PreTrainedModel:
+        """Load, then shard each decoder layer and the root (tied embedding and lm_head share the root group).
+
+        The model stays in eval mode (no dropout) so the recomputed old log-probs are the policy's own.
+        """
+        model = load_model(path).to(self.device).eval()
+        model.requires_grad_(is_trainable)
+        if self.mesh is not None:
+            for layer in getattr(model, model.base_model_prefix).layers:
+                fully_shard(layer, mesh=self.mesh)
+            fully_shard(model, mesh=self.mesh)
+        return model
+
+    # ---- the step ------------------------------------------------------------------------------
+
+    def train_step(self, samples: list[TrainSample], num_tokens_total: int) -> TrainStepStats:
+        """One optimizer step on this rank's `samples`; `num_tokens_total` counts response tokens on ALL ranks."""
+        if num_tokens_total < 1:
+            raise ValueError(f"num_tokens_total must be >= 1, got {num_tokens_total}")
+        parts = self._plan_micro_batches(samples)
+        batches = [self._collate(part) for part in parts]
+        olds = [self._score(part, batch) for part, batch in zip(parts, batches)]
+        totals = dict.fromkeys(SUMMED_STATS, 0.0) | {"samples": float(len(samples))}
+        for batch, old in zip(batches, olds):
+            for name, value in self._accumulate_gradients(batch, old, num_tokens_total).items():
+                totals[name] += value
+        grad_norm = self._clip_and_step()
+        return self._reduce_stats(totals, grad_norm, num_tokens_total)
+
+    def _plan_micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
+        """Token-budget micro-batches, padded with [] up to the largest count on any rank."""
+        parts = split_by_token_budget(samples, self.max_tokens_per_micro_batch) if samples else []
+        count = torch.tensor([len(parts)], device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        if count.item() == 0:
+            raise ValueError("train_step got no samples on any rank")
+        return parts + [[] for _ in range(int(count.item()) - len(parts))]
+
+    def _collate(self, part: list[TrainSample]) -> MicroBatch:
+        """An empty part becomes one all-padding row with a zero mask: it runs the collectives, adds nothing."""
+        if part:
+            return MicroBatch(*(t.to(self.device) for t in collate(part, self.pad_id)))
+        filler = collate([TrainSample((self.pad_id,), (self.pad_id,), 0.0)], self.pad_id)
+        return MicroBatch(*(t.to(self.device) for t in filler._replace(response_mask=filler.response_mask * 0)))
+
+    def _logprobs(self, model: PreTrainedModel, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, T, V] logits, [B, T] next-token log-probs)."""
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+        return logits, token_logprobs(logits, batch.input_ids)
+
+    @torch.no_grad()
+    def _score(self, part: list[TrainSample], batch: MicroBatch) -> OldLogprobs:
+        _, old_logprobs = self._logprobs(self.model, batch)
+        ref_logprobs = self._logprobs(self.ref_model, batch)[1] if self.ref_model is not None else None
+        if not part:
+            return OldLogprobs(old_logprobs, ref_logprobs, rollout_abs_diff=0.0, rollout_tokens=0.0)
+        rollout, present = (t.to(self.device) for t in rollout_logprobs_matrix(part, batch.input_ids.shape[1]))
+        abs_diff = ((old_logprobs - rollout).abs() * present).sum().item()
+        return OldLogprobs(old_logprobs, ref_logprobs, abs_diff, present.sum().item())
+
+    def _accumulate_gradients(self, batch: MicroBatch, old: OldLogprobs, num_tokens_total: int) -> dict[str, float]:
+        """Forward + backward of one micro-batch; returns its share of the step's SUMMED_STATS."""
+        logits, logprobs = self._logprobs(self.model, batch)
+        mask = batch.response_mask
+        pg_loss, pg_stats = ppo_clip_loss(
+            logprobs, old.logprobs, batch.advantages, mask, self.clip_low, self.clip_high, num_tokens_total
+        )
+        kl = kl_penalty(logprobs, old.ref_logprobs, mask, num_tokens_total) if old.ref_logprobs is not None else None
+        loss = pg_loss + self.kl_coef * kl if kl is not None else pg_loss
+        # FSDP2 AVERAGES gradients over ranks, but each rank's loss is already its share of the
+        # global token mean (divided by num_tokens_total): multiply back so the ranks' grads SUM.
+        (loss * self.world_size).backward()
+        with torch.no_grad():
+            entropy = entropy_from_logits(logits.detach(), mask, num_tokens_total).item()
+        return {
+            "pg_loss": pg_stats.pg_loss,
+            "clip_fraction": pg_stats.clip_fraction,
+            "approx_kl": pg_stats.approx_kl,
+            "kl": kl.item() if kl is not None else 0.0,
+            "entropy": entropy,
+            "rollout_abs_diff": old.rollout_abs_diff,
+            "rollout_tokens": old.rollout_tokens,
+        }
+
+    def _clip_and_step(self) -> float:
+        """Clip by the global norm (DTensor grads reduce across ranks), then exactly one AdamW step."""
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        if isinstance(grad_norm, DTensor):
+            grad_norm = grad_norm.full_tensor()
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm.item()
+
+    def _reduce_stats(self, totals: dict[str, float], grad_norm: float, num_tokens_total: int) -> TrainStepStats:
+        sums = torch.tensor([totals[name] for name in SUMMED_STATS], dtype=torch.float64, device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        total = dict(zip(SUMMED_STATS, sums.tolist()))
+        rollout_diff = total["rollout_abs_diff"] / total["rollout_tokens"] if total["rollout_tokens"] > 0 else None
+        return TrainStepStats(
+            pg_loss=total["pg_loss"],
+            kl=total["kl"],
+            entropy=total["entropy"],
+            grad_norm=grad_norm,
+            lr=self.optimizer.param_groups[0]["lr"],
+            clip_fraction=total["clip_fraction"],
+            approx_kl=total["approx_kl"],
+            num_tokens=num_tokens_total,
+            num_samples=int(total["samples"]),
+            logprob_diff_vs_rollout=rollout_diff,
+        )
+
+    # ---- weights out and in (collectives: every rank calls them) ---------------------------------
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full CPU state dict with HF names on rank 0 ({} on the other ranks); never aliases live weights."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state_dict = get_model_state_dict(self.model, options=options)
+        # Unsharded, torch returns the live parameters themselves (FSDP gathers into fresh tensors).
+        return _replace_with_copies(state_dict) if self.mesh is None else state_dict
+
+    def save_hf(self, path: str) -> None:
+        """Gather, then rank 0 writes config + safetensors (`from_pretrained`-loadable; no tokenizer)."""
+        state_dict = self.full_state_dict()
+        if self.rank == 0:
+            self.model.save_pretrained(path, state_dict=state_dict)
+
+    def state_for_checkpoint(self) -> dict:
+        """{"model": full state dict, "optimizer": full optimizer state or None before the first step} on rank 0.
+
+        None before the first step because torch's helper would initialise Adam's
+        state with a zero-gradient step, changing the run it checkpoints.
+        """
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        optimizer_state = None
+        if self.optimizer.state:  # the same on every rank: all have stepped, or none has
+            optimizer_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
+        # The optimizer's state comes back as live tensors where not sharded (always Adam's `step`).
+        return {"model": self.full_state_dict(), "optimizer": _replace_with_copies(optimizer_state)}
+
+    def load_checkpoint(self, state: dict) -> None:
+        """Load `state_for_checkpoint()`'s output; every rank passes the same full dict and keeps its shard."""
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state["model"], options=options)
+        if state["optimizer"] is not None:
+            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+
+
+def _replace_with_copies(tree):
+    """Replace every tensor in nested dicts / lists by a detached copy, in place (one extra tensor at a time)."""
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
+    for key, value in list(items):
+        tree[key] = value.detach().clone() if isinstance(value, torch.Tensor) else _replace_with_copies(value)
+    return tree
