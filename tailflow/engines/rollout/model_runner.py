@@ -1,0 +1,193 @@
+"""Our own forward pass over a Hugging Face Qwen2/Llama model's weights.
+
+Hugging Face's cache gives every row of a batch the same position, so it cannot
+admit a new request next to half-finished ones. This runner reads the same
+weights but keeps keys/values in a `SlotKVCache` where each row has its own
+position: prefill writes a prompt into a slot, decode runs one token for every
+running row in one batched pass (no per-row Python anywhere).
+
+Qwen2 is Llama plus q/k/v biases; both are handled by reading whatever biases
+the modules have. q/k/v and gate/up are fused into one matmul each, so the
+fused copies are rebuilt by `refresh_weights()` after the model's weights change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.activations import ACT2FN
+
+from tailflow.engines.rollout.kv_cache import SlotKVCache
+
+
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer; `*_b` are None where the checkpoint has no bias."""
+
+    input_norm: torch.Tensor
+    qkv_w: torch.Tensor      # [(q_heads + 2 kv_heads) * head_dim, hidden]
+    qkv_b: torch.Tensor | None
+    o_w: torch.Tensor
+    o_b: torch.Tensor | None
+    post_norm: torch.Tensor
+    gate_up_w: torch.Tensor  # [2 * intermediate, hidden]
+    gate_up_b: torch.Tensor | None
+    down_w: torch.Tensor
+    down_b: torch.Tensor | None
+
+
+def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Stack the weights (and biases, zeros where one is missing) of linears sharing an input."""
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    if all(lin.bias is None for lin in linears):
+        return weight, None
+    biases = [lin.bias.detach() if lin.bias is not None else torch.zeros(lin.out_features) for lin in linears]
+    return weight, torch.cat(biases)
+
+
+def optional(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.detach()
+
+
+def extract_layer(layer: nn.Module) -> LayerWeights:
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv_w, qkv_b = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
+    gate_up_w, gate_up_b = fuse_linears([mlp.gate_proj, mlp.up_proj])
+    return LayerWeights(
+        input_norm=layer.input_layernorm.weight.detach(),
+        qkv_w=qkv_w, qkv_b=qkv_b,
+        o_w=attn.o_proj.weight.detach(), o_b=optional(attn.o_proj.bias),
+        post_norm=layer.post_attention_layernorm.weight.detach(),
+        gate_up_w=gate_up_w, gate_up_b=gate_up_b,
+        down_w=mlp.down_proj.weight.detach(), down_b=optional(mlp.down_proj.bias),
+    )
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.rms_norm(x, weight.shape, weight, eps)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in Hugging Face's rotate-half layout."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """One query per row: q [B, heads, 1, D], keys/values [B, kv_heads, L, D] -> [B, heads, 1, D].
+
+    The query heads sharing a KV head are one [groups, D] matrix, so GQA needs
+    no repeated keys. Plain matmuls beat CPU SDPA here (its flash kernel is
+    tuned for long queries, and was ~5x slower for one-token decode).
+    """
+    batch, num_heads, _, head_dim = q.shape
+    num_kv_heads = keys.shape[1]
+    grouped = q.reshape(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(head_dim ** -0.5).add_(bias)
+    return torch.matmul(torch.softmax(scores, dim=-1), values).view(batch, num_heads, 1, head_dim)
+
+
+def check_architecture(model: PreTrainedModel) -> None:
+    config = model.config
+    if config.model_type not in ("qwen2", "llama"):
+        raise ValueError(f"the native engine runs qwen2/llama models, not '{config.model_type}'")
+    if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
+        raise ValueError(f"the native engine has no sliding-window attention (layer_types={config.layer_types})")
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type in LENGTH_DEPENDENT_ROPE:
+        # One cos/sin table for all positions cannot follow a rope that rescales with the current length.
+        raise ValueError(f"the native engine has no length-dependent rope (rope_type={rope_type!r})")
+
+
+class ModelRunner:
+    """Prefill and decode over a `SlotKVCache`, with weights read from `model`."""
+
+    def __init__(self, model: PreTrainedModel, num_slots: int, max_seq_len: int) -> None:
+        check_architecture(model)
+        config = model.config
+        self.model = model.eval()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.eps = config.rms_norm_eps
+        self.act = F.silu if config.hidden_act == "silu" else ACT2FN[config.hidden_act]
+        self.cache = SlotKVCache(config.num_hidden_layers, num_slots, self.num_kv_heads, max_seq_len, self.head_dim)
+        self.positions = torch.arange(max_seq_len)
+        self.rows = torch.arange(num_slots)
+        self.cos, self.sin = self._rope_table(max_seq_len)
+        self.refresh_weights()
+
+    def _rope_table(self, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin [max_seq_len, head_dim] from the model's own rotary module (any rope_type it supports)."""
+        with torch.inference_mode():
+            cos, sin = self.model.model.rotary_emb(torch.zeros(1, dtype=torch.float32), self.positions[None])
+        return cos[0].clone(), sin[0].clone()
+
+    def refresh_weights(self) -> None:
+        """Re-read (and re-fuse) the weights; call after the model's parameters change."""
+        inner = self.model.model
+        self.embed = inner.embed_tokens.weight.detach()
+        self.final_norm = inner.norm.weight.detach()
+        self.lm_head = self.model.lm_head.weight.detach()
+        self.layers = [extract_layer(layer) for layer in inner.layers]
+
+    @torch.inference_mode()
+    def prefill(self, token_ids: torch.Tensor, first_row: int) -> None:
+        """Write keys/values of right-padded prompts [n, T] into rows first_row..first_row+n-1.
+
+        Padding sits after each prompt, so the causal mask alone keeps real
+        positions from seeing it; padded positions are overwritten by decode.
+        """
+        n, length = token_ids.shape
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.cache.write_prefill(layer, first_row, k, v)
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+        self._layers(F.embedding(token_ids, self.embed), self.cos[:length], self.sin[:length], attend)
+
+    @torch.inference_mode()
+    def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Logits [B, vocab] for one token per running row 0..B-1, each at its own position.
+
+        `max_len` is the longest row's length after this token: keys are trimmed to it.
+        """
+        num_rows = token_ids.shape[0]
+        index = self.cache.decode_index(self.rows[:num_rows], positions)
+        bias = self._decode_bias(positions, max_len)
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.cache.write_decode(layer, index, k, v)
+            keys, values = self.cache.view(layer, num_rows, max_len)
+            return decode_attention(q, keys, values, bias)
+
+        x = F.embedding(token_ids[:, None], self.embed)
+        hidden = self._layers(x, self.cos[positions][:, None], self.sin[positions][:, None], attend)
+        return F.linear(hidden[:, 0], self.lm_head)
+
+    def _decode_bias(self, positions: torch.Tensor, max_len: int) -> torch.Tensor:
+        """Additive mask [B, 1, 1, max_len]: -inf on keys past each row's own position."""
+        is_future = self.positions[:max_len] > positions[:, None, None, None]
+        return torch.zeros(is_future.shape).masked_fill_(is_future, float("-inf"))
+
+    def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
+        """x [N, T, hidden], cos/sin broadcastable to [N, 1, T, head_dim] -> final-normed hidden [N, T, hidden]."""
+        n, length, _ = x.shape
+        num_qk = self.num_heads + self.num_kv_heads
+        cos, sin = cos.unsqueeze(-3), sin.unsqueeze(-3)
+        for index, w in enumerate(self.layers):
+            h = rms_norm(x, w.input_norm, self.eps)
+            qkv = F.linear(h, w.qkv_w, w.qkv_b).view(n, length, -1, self.head_dim).transpose(1, 2)
+            qk = rotate(qkv[:, :num_qk], cos, sin)
+            out = attend(index, qk[:, :self.num_heads], qk[:, self.num_heads:], qkv[:, num_qk:])
+            x = x + F.linear(out.transpose(1, 2).reshape(n, length, -1), w.o_w, w.o_b)
+            h = rms_norm(x, w.post_norm, self.eps)
+            gate, up = F.linear(h, w.gate_up_w, w.gate_up_b).chunk(2, dim=-1)
+            x = x + F.linear(self.act(gate) * up, w.down_w, w.down_b)
+        return rms_norm(x, self.final_norm, self.eps)

@@ -1,0 +1,214 @@
+"""The native torch rollout engine: continuous batching over fixed KV slots on CPU.
+
+`step()` is the whole loop: admit waiting requests into free slots and prefill
+their prompts, decode one token for every running row in one batched forward,
+sample, and release the rows that finished (their slots are free for the next
+step's admissions). `generate()` is submit + step until idle.
+
+Nothing depends on the clock: with the same seed and the same submissions,
+an engine produces bit-for-bit the same completions.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence as Seq
+
+import torch
+from transformers import PreTrainedModel
+
+from tailflow.engines.models import load_model
+from tailflow.engines.rollout.model_runner import ModelRunner
+from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
+from tailflow.engines.rollout.sampler import make_batch, sample
+from tailflow.engines.rollout.scheduler import Scheduler, prefill_chunks
+from tailflow.engines.rollout.sequence import Sequence
+
+
+def config_eos_ids(model: PreTrainedModel) -> tuple[int, ...]:
+    """EOS ids from the generation config, else the model config (int, list or None)."""
+    generation = getattr(model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    if eos is None:
+        eos = model.config.eos_token_id
+    if eos is None:
+        return ()
+    return (eos,) if isinstance(eos, int) else tuple(eos)
+
+
+def check_state_dict(model: PreTrainedModel, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    """Refuse, before touching any weight, a state dict that does not match the model exactly."""
+    own = model.state_dict()
+    tied = getattr(model.config, "tie_word_embeddings", False)
+    missing = [k for k in own if k not in state_dict and not (tied and k == "lm_head.weight")]
+    unexpected = [k for k in state_dict if k not in own]
+    mismatched = [k for k in state_dict if k in own and tuple(state_dict[k].shape) != tuple(own[k].shape)]
+    if missing or unexpected or mismatched:
+        raise KeyError(f"load_weights(version={version}): missing {missing}, unexpected {unexpected}, "
+                       f"wrong shape {mismatched}")
+
+
+class NativeEngine:
+    """A `RolloutEngine` for qwen2/llama models on CPU.
+
+    `num_slots` rows decode together; each holds at most `max_seq_len` tokens
+    (prompt + response). `eos_token_ids=None` reads them from the model's
+    config; `()` disables EOS (used by benchmarks that force lengths).
+    """
+
+    def __init__(self, model: PreTrainedModel, num_slots: int, max_seq_len: int, seed: int = 0,
+                 eos_token_ids: Iterable[int] | None = None, weight_version: int = 0) -> None:
+        if num_slots < 1 or max_seq_len < 2:
+            raise ValueError(f"need num_slots >= 1 and max_seq_len >= 2, got {num_slots}, {max_seq_len}")
+        self.runner = ModelRunner(model, num_slots, max_seq_len)
+        self.scheduler = Scheduler(num_slots)
+        self.num_slots = num_slots
+        self.max_seq_len = max_seq_len
+        self.seed = seed
+        self.vocab_size = model.config.vocab_size
+        self.eos_token_ids = frozenset(config_eos_ids(model) if eos_token_ids is None else eos_token_ids)
+        self.weight_version = weight_version
+        self.num_arrived = 0
+        self.num_steps = 0
+        self.num_busy_slot_steps = 0
+        self.num_tokens_generated = 0
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, num_slots: int, max_seq_len: int, seed: int = 0,
+                        eos_token_ids: Iterable[int] | None = None, weight_version: int = 0) -> "NativeEngine":
+        """Load a Hugging Face directory; `load_model` refuses anything but qwen2/llama, naming the type."""
+        return cls(load_model(path), num_slots, max_seq_len, seed, eos_token_ids, weight_version)
+
+    # ---- requests in -------------------------------------------------------------------------
+
+    def submit(self, requests: Seq[Request]) -> None:
+        """Queue requests FIFO; all are validated before any is queued."""
+        seen = self.scheduler.in_flight_ids()
+        for request in requests:
+            self._validate(request, seen)
+            seen.add(request.request_id)
+        for request in requests:
+            self.scheduler.add(Sequence(request, self.num_arrived, self.seed))
+            self.num_arrived += 1
+
+    def _validate(self, request: Request, seen: set[str]) -> None:
+        rid, prompt = request.request_id, request.prompt_token_ids
+        if rid in seen:
+            raise ValueError(f"request {rid!r}: duplicate request id (already in flight or twice in this call)")
+        if not prompt:
+            raise ValueError(f"request {rid!r}: empty prompt")
+        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
+            raise ValueError(f"request {rid!r}: prompt token ids must be in [0, {self.vocab_size})")
+        needed = len(prompt) + request.params.max_new_tokens
+        if needed > self.max_seq_len:
+            raise ValueError(
+                f"request {rid!r}: prompt ({len(prompt)}) + max_new_tokens ({request.params.max_new_tokens}) "
+                f"= {needed} exceeds the engine's max_seq_len {self.max_seq_len}"
+            )
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def step(self) -> list[Completion]:
+        """Admit + prefill, decode one token per running row, return what finished in this step."""
+        admitted = self.scheduler.admit()
+        if admitted:
+            self._prefill(admitted)
+        running = self.scheduler.running
+        if not running:
+            return []
+        tokens, logprobs = self._decode(running)
+        return self._postprocess(running, tokens, logprobs)
+
+    def _prefill(self, admitted: list[Sequence]) -> None:
+        """Cache every admitted prompt but its last token (decode feeds that one).
+
+        Rows come sorted by prompt length; similar lengths are prefilled together.
+        """
+        lengths = [seq.num_prompt_tokens - 1 for seq in admitted]
+        first_row = len(self.scheduler.running) - len(admitted)
+        for start, end in prefill_chunks(lengths):
+            width = max(lengths[start:end])
+            if width > 0:
+                rows = [list(seq.request.prompt_token_ids[:n]) + [0] * (width - n)
+                        for seq, n in zip(admitted[start:end], lengths[start:end])]
+                self.runner.prefill(torch.tensor(rows), first_row=first_row + start)
+        for seq, n in zip(admitted, lengths):
+            seq.num_cached = n
+
+    def _decode(self, running: list[Sequence]) -> tuple[list[int], list[float]]:
+        positions = [seq.num_cached for seq in running]
+        token_ids = torch.tensor([seq.last_token_id for seq in running])
+        logits = self.runner.decode(token_ids, torch.tensor(positions), max(positions) + 1)
+        params = [seq.params for seq in running]
+        batch = make_batch([p.temperature for p in params], [p.top_k for p in params],
+                           [p.top_p for p in params], [seq.generator for seq in running])
+        tokens, logprobs = sample(logits, batch)
+        self.num_steps += 1
+        self.num_busy_slot_steps += len(running)
+        self.num_tokens_generated += len(running)
+        return tokens.tolist(), logprobs.tolist()
+
+    def _postprocess(self, running: list[Sequence], tokens: list[int], logprobs: list[float]) -> list[Completion]:
+        finished, done = [], []
+        for seq, token, logprob in zip(running, tokens, logprobs):
+            seq.append(token, logprob)
+            reason = seq.finish_reason(self.eos_token_ids)
+            if reason is not None:
+                finished.append(seq.to_completion(reason, self.weight_version))
+                done.append(seq)
+        self._release(done)
+        return finished
+
+    def _release(self, seqs: list[Sequence]) -> None:
+        for move in self.scheduler.release(seqs):
+            self.runner.cache.move(move.src_row, move.dst_row, move.length)
+
+    def generate(self, requests: Seq[Request]) -> list[Completion]:
+        """Submit and step until idle; every completion finished meanwhile, in finish order."""
+        self.submit(requests)
+        completions = []
+        while self.has_unfinished():
+            completions.extend(self.step())
+        return completions
+
+    # ---- control -----------------------------------------------------------------------------
+
+    def abort(self, request_ids: Seq[str]) -> list[Completion]:
+        """Stop these requests now; running ones free their slots at once.
+
+        Returns partial completions (ABORT) in the order of `request_ids`; ids
+        not in flight (already finished, unknown) are ignored.
+        """
+        wanted = set(request_ids)
+        stopped = {seq.request_id: seq for seq in self.scheduler.remove_waiting(wanted)}
+        running = [seq for seq in self.scheduler.running if seq.request_id in wanted]
+        self._release(running)
+        stopped.update((seq.request_id, seq) for seq in running)
+        return [stopped[rid].to_completion(FinishReason.ABORT, self.weight_version)
+                for rid in dict.fromkeys(request_ids) if rid in stopped]
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Replace all weights (a tied lm_head may be absent); refused while requests are in flight."""
+        if self.has_unfinished():
+            raise RuntimeError(
+                f"load_weights(version={version}) refused: {len(self.scheduler.running)} running and "
+                f"{len(self.scheduler.waiting)} waiting requests would mix weight versions; "
+                "finish or abort them first"
+            )
+        check_state_dict(self.runner.model, state_dict, version)
+        self.runner.model.load_state_dict(dict(state_dict), strict=False)
+        self.runner.refresh_weights()
+        self.weight_version = version
+
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_slots=self.num_slots,
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            weight_version=self.weight_version,
+            steps=self.num_steps,
+            busy_slot_steps=self.num_busy_slot_steps,
+            tokens_generated=self.num_tokens_generated,
+        )

@@ -1,0 +1,100 @@
+"""What crosses the rollout boundary: requests in, completions out.
+
+Every rollout engine (the native torch engine here, vLLM on GPU clusters)
+speaks this protocol, so the tail-batching policy and the flows never depend
+on which engine runs underneath.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Mapping, Protocol, Sequence
+
+import torch
+
+
+class FinishReason(str, Enum):
+    EOS = "eos"          # the model emitted its end-of-sequence token (kept in token_ids)
+    STOP = "stop"        # a stop token or stop sequence was produced (kept in token_ids)
+    LENGTH = "length"    # max_new_tokens reached
+    ABORT = "abort"      # aborted by the caller; the partial response is discarded by policy
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    top_k: int = 0
+    """0 means no top-k filtering."""
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    stop_sequences: tuple[tuple[int, ...], ...] = ()
+    seed: int | None = None
+    """Seeds this request's own sampler; None derives one from the engine seed
+    and the request's arrival index, so a seeded engine is still reproducible."""
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+
+@dataclass(frozen=True)
+class Request:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    params: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A finished (or aborted) request.
+
+    `logprobs[i]` is the log-probability of `token_ids[i]` under the sampling
+    distribution's underlying model (temperature 1, before top-p/top-k), the
+    quantity the trainer recomputes. `weight_version` is the one version of the
+    weights that produced every token.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: FinishReason
+    weight_version: int
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_slots: int
+    num_running: int
+    num_waiting: int
+    weight_version: int
+    steps: int
+    """Decode steps run so far."""
+    busy_slot_steps: int
+    """Sum over steps of the rows that decoded: 1 - busy/(steps*num_slots) is the bubble ratio."""
+    tokens_generated: int
+
+
+class RolloutEngine(Protocol):
+    def submit(self, requests: Sequence[Request]) -> None: ...
+
+    def step(self) -> list[Completion]:
+        """Run one scheduling step (admit, prefill, decode one token); return what finished."""
+
+    def abort(self, request_ids: Sequence[str]) -> list[Completion]:
+        """Stop these requests now, freeing their slots; return their partial completions."""
+
+    def has_unfinished(self) -> bool: ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Replace the weights; refused while any request is in flight."""
+
+    def stats(self) -> EngineStats: ...

@@ -1,0 +1,94 @@
+"""Which requests run: a FIFO queue feeding a fixed number of slots, kept packed.
+
+Running sequences occupy slots 0..B-1 in `running` order. When some finish
+or are aborted, the last rows move into the holes (`RowMove`s that the engine
+applies to the KV cache), so the running set stays one contiguous block.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import NamedTuple
+
+from tailflow.engines.rollout.sequence import Sequence, SequenceStatus
+
+
+class RowMove(NamedTuple):
+    src_row: int
+    dst_row: int
+    length: int
+    """Cached positions to copy."""
+
+
+def prefill_chunks(lengths: list[int], max_padding: int = 32) -> list[tuple[int, int]]:
+    """Split ascending `lengths` into [start, end) runs prefilled as one padded batch.
+
+    A run is closed when widening it to the next length would pad more than
+    `max_padding` tokens: a padded token costs a token's compute, a new run
+    costs one more forward's fixed overhead (worth roughly that many tokens).
+    """
+    chunks, start, total = [], 0, 0
+    for index, length in enumerate(lengths):
+        if (index - start + 1) * length - (total + length) > max_padding:
+            chunks.append((start, index))
+            start, total = index, 0
+        total += length
+    if lengths:
+        chunks.append((start, len(lengths)))
+    return chunks
+
+
+class Scheduler:
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def in_flight_ids(self) -> set[str]:
+        return {seq.request_id for seq in self.waiting} | {seq.request_id for seq in self.running}
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def admit(self) -> list[Sequence]:
+        """Move waiting sequences (FIFO) into free slots; they take rows len(running).. onwards.
+
+        Within one admission the rows are ordered by prompt length, so that
+        prefill chunks of neighbouring rows pad little (see `prefill_chunks`).
+        """
+        admitted = []
+        while self.waiting and len(self.running) + len(admitted) < self.num_slots:
+            seq = self.waiting.popleft()
+            seq.status = SequenceStatus.RUNNING
+            admitted.append(seq)
+        admitted.sort(key=lambda seq: seq.num_prompt_tokens)
+        self.running.extend(admitted)
+        return admitted
+
+    def release(self, seqs: list[Sequence]) -> list[RowMove]:
+        """Remove running `seqs`, filling each hole with the current last row.
+
+        Holes are filled from the highest row down, so a row still to be
+        removed is never the one moved.
+        """
+        rows = sorted((self.running.index(seq) for seq in seqs), reverse=True)
+        moves = []
+        for row in rows:
+            last = self.running.pop()
+            last_row = len(self.running)
+            if row != last_row:
+                self.running[row].status = SequenceStatus.FINISHED
+                self.running[row] = last
+                moves.append(RowMove(last_row, row, last.num_cached))
+            else:
+                last.status = SequenceStatus.FINISHED
+        return moves
+
+    def remove_waiting(self, request_ids: set[str]) -> list[Sequence]:
+        removed = [seq for seq in self.waiting if seq.request_id in request_ids]
+        self.waiting = deque(seq for seq in self.waiting if seq.request_id not in request_ids)
+        for seq in removed:
+            seq.status = SequenceStatus.FINISHED
+        return removed
