@@ -26,16 +26,22 @@ def test_reference_solution_adds_up():
     assert problem.answer == "79"
 
 
-def test_tokenizer_round_trips_every_task_character(tmp_path):
+def test_tokenizer_round_trips_beside_a_qwen2_model(tmp_path):
+    """AutoTokenizer loads a qwen2 checkpoint's tokenizer as Qwen2Tokenizer: the ids must not change."""
+    from transformers import AutoTokenizer
+
+    from tailflow.engines.models import tiny_qwen2_config
+
     tokenizer = build_char_tokenizer()
-    text = ArithmeticTask().generate(1, 3, "x")[0].solution
+    text = ArithmeticTask().generate(1, 3, "x")[0].prompt + "12+3=15\n#### 15 -2*3:?"
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     assert len(ids) == len(text) and tokenizer.unk_token_id not in ids
     tokenizer.save_pretrained(tmp_path)
-    from transformers import AutoTokenizer
-
+    tiny_qwen2_config(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id).save_pretrained(tmp_path)
     reloaded = AutoTokenizer.from_pretrained(tmp_path)
+    assert reloaded(text, add_special_tokens=False)["input_ids"] == ids
     assert reloaded.decode(ids) == text
+    assert (reloaded.eos_token_id, reloaded.pad_token_id) == (tokenizer.eos_token_id, tokenizer.pad_token_id)
 
 
 @settings(max_examples=50, deadline=None)

@@ -1,22 +1,48 @@
 """A character-level tokenizer for the embedded task, built in code.
 
-It is a real `PreTrainedTokenizerFast` (saved and loaded like any Hugging Face
-tokenizer), so the rest of the system never knows it is special.
+It is a real byte-level BPE tokenizer with no merges, saved and loaded like
+any Hugging Face tokenizer. Byte-level matters: transformers 5 loads the
+tokenizer of a `qwen2` checkpoint as `Qwen2Tokenizer`, which re-imposes
+byte-level pre-tokenization whatever tokenizer.json says, so a plain
+character vocabulary would silently lose its newlines. With byte-level
+symbols (space = 'Ġ', newline = 'Ċ') both loaders give the same ids.
 """
 from __future__ import annotations
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 CHARACTERS = "0123456789+-*=#:? \n"
 
 
+def byte_level_symbol(character: str) -> str:
+    """The symbol byte-level BPE uses for a one-byte character ('\\n' -> 'Ċ')."""
+    return _BYTE_TO_SYMBOL[ord(character)]
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable-character table."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    symbols, extra = {}, 0
+    for byte in range(256):
+        if byte in printable:
+            symbols[byte] = chr(byte)
+        else:
+            symbols[byte] = chr(256 + extra)
+            extra += 1
+    return symbols
+
+
+_BYTE_TO_SYMBOL = _bytes_to_unicode()
+
+
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    vocab = {token: index for index, token in enumerate([PAD, EOS, UNK, *CHARACTERS])}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
-    core.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    core.decoder = decoders.Fuse()
+    symbols = [byte_level_symbol(character) for character in CHARACTERS]
+    vocab = {token: index for index, token in enumerate([PAD, EOS, UNK, *symbols])}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    core.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(
         tokenizer_object=core, pad_token=PAD, eos_token=EOS, unk_token=UNK, padding_side="left"
     )
