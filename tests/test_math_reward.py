@@ -1,0 +1,171 @@
+import pickle
+import threading
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tailflow.engines.data.arith import make_problem
+from tailflow.engines.reward import MathReward, RewardResult
+from tailflow.engines.reward.math import final_answer_text, is_answer_correct
+
+SOLUTION = "23+45=68\n68+11=79\n#### 79"
+
+
+@pytest.fixture(scope="module")
+def reward():
+    reward = MathReward()
+    yield reward
+    reward.close()
+
+
+@pytest.mark.parametrize("response", [
+    SOLUTION,
+    "#### 79",
+    "####79",
+    "#### 079",
+    "#### 79.0",
+    "#### $79$",
+    "#### \\boxed{79}",
+    "  #### 79  ",
+    SOLUTION + "\n\n  \n",
+    "#### 12\n#### 79",  # only the last line counts
+])
+def test_right_answers_score_one(reward, response):
+    assert reward.score(response, "79") == RewardResult(reward=1.0, correct=True, formatted=True)
+
+
+@pytest.mark.parametrize("response", ["#### 80", "#### -79", "#### 7 9", "#### 790", "#### ", "####", "#### x"])
+def test_wrong_answers_score_zero(reward, response):
+    assert reward.score(response, "79") == RewardResult(reward=0.0, correct=False, formatted=True)
+
+
+@pytest.mark.parametrize("response", [
+    "23+45=68\n68+11=79",  # math-verify alone would extract 79 from this
+    "23+45=68\n68+11=7",  # truncated
+    "#### 79\n68+11=79",  # the marker line is not last
+    "The answer is 79",
+    "A:79",
+    "",
+    "\n \n",
+])
+def test_unformatted_responses_score_zero(reward, response):
+    assert reward.score(response, "79") == RewardResult(reward=0.0, correct=False, formatted=False)
+
+
+def test_marker_less_text_is_what_math_verify_would_accept():
+    """The reason for the marker rule: math-verify falls back to the last number."""
+    assert is_answer_correct("23+45=68\n68+11=79", "79")
+    assert final_answer_text("23+45=68\n68+11=79", "####") is None
+
+
+def test_format_reward_is_added_to_formatted_responses():
+    reward = MathReward(format_reward=0.1)
+    try:
+        assert reward.score(SOLUTION, "79").reward == pytest.approx(1.1)
+        assert reward.score("#### 80", "79").reward == pytest.approx(0.1)
+        assert reward.score("23+45=68\n68+11=79", "79").reward == 0.0
+    finally:
+        reward.close()
+
+
+def test_custom_marker():
+    reward = MathReward(answer_marker="Answer:")
+    try:
+        assert reward.score("68+11=79\nAnswer: 79", "79").correct
+        assert not reward.score("68+11=79\n#### 79", "79").formatted
+    finally:
+        reward.close()
+
+
+def test_gold_answers_in_other_forms(reward):
+    assert reward.score("#### 0.5", "1/2").correct
+    assert reward.score("#### \\frac{1}{2}", "0.5").correct
+    assert not reward.score("#### 79", "not a number").correct
+
+
+def test_score_batch(reward):
+    results = reward.score_batch([SOLUTION, "#### 80", "79"], ["79", "79", "79"])
+    assert [r.correct for r in results] == [True, False, False]
+    with pytest.raises(ValueError, match="2 texts but 1 gold"):
+        reward.score_batch(["a", "b"], ["1"])
+
+
+def test_scores_from_other_threads(reward):
+    results, errors = {}, []
+
+    def work(index: int) -> None:
+        try:
+            results[index] = reward.score_batch([SOLUTION, "#### 80"], ["79", "79"])
+        except BaseException as error:  # noqa: BLE001
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert all([r.correct for r in results[i]] == [True, False] for i in range(4))
+
+
+def test_a_runaway_check_times_out_and_the_reward_recovers():
+    """verify() on 9^9^9^9 runs for minutes in one C-level power; it must not stall scoring."""
+    reward = MathReward(timeout_s=1.0)
+    try:
+        result = threading_result(lambda: reward.score("#### 9^9^9^9", "79"))
+        assert result == RewardResult(reward=0.0, correct=False, formatted=True)
+        assert reward.num_timeouts == 1
+        assert reward.score(SOLUTION, "79").correct  # a fresh child took over
+    finally:
+        reward.close()
+
+
+def threading_result(function):
+    box = []
+    thread = threading.Thread(target=lambda: box.append(function()))
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "scoring did not return"
+    return box[0]
+
+
+def test_reward_pickles_without_its_child(reward):
+    reward.score(SOLUTION, "79")
+    copy = pickle.loads(pickle.dumps(reward))
+    try:
+        assert copy.score(SOLUTION, "79").correct
+    finally:
+        copy.close()
+
+
+def test_invalid_settings():
+    with pytest.raises(ValueError):
+        MathReward(answer_marker=" ")
+    with pytest.raises(ValueError):
+        MathReward(timeout_s=0)
+    with pytest.raises(ValueError):
+        MathReward(format_reward=float("nan"))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    terms=st.lists(st.integers(min_value=0, max_value=999), min_size=2, max_size=20),
+    delta=st.integers(min_value=-1000, max_value=1000).filter(lambda d: d != 0),
+)
+def test_reference_solutions_score_one_and_changed_answers_zero(reward, terms, delta):
+    problem = make_problem(terms, "p")
+    assert reward.score(problem.solution, problem.answer).reward == 1.0
+    body, _, _ = problem.solution.rpartition("\n")
+    changed = f"{body}\n#### {int(problem.answer) + delta}"
+    assert reward.score(changed, problem.answer).reward == 0.0
+
+
+@pytest.mark.parametrize("copied", ["23+45+11", "80-1", "x=79", "9^2-2", "79*1"])
+def test_expressions_after_the_marker_do_not_count(copied):
+    """math-verify says '#### 23+45+11' equals 79: the policy must not win by copying the prompt."""
+    reward = MathReward()
+    assert not reward.score(f"#### {copied}", "79").correct
+    assert reward.score("#### 79", "79").correct
+    assert reward.score("#### -5", "-5").correct
+    assert MathReward(literal_answers_only=False).score("#### 23+45+11", "79").correct
