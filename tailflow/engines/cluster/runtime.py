@@ -1,0 +1,31 @@
+"""Start or attach to Ray; the only place the run decides where Ray lives."""
+from __future__ import annotations
+
+import os
+
+
+def start_ray(address: str | None, num_cpus: int | None, min_cpus: int) -> None:
+    """Attach to `address`, or start a local Ray with at least `min_cpus` logical CPUs.
+
+    Locally the phases of a synchronous step take turns (rollout, then train), so
+    the actors may ask for more logical CPUs than the machine has cores.
+    """
+    import ray
+
+    if ray.is_initialized():
+        return
+    # Workers load models with transformers; its per-load progress bars would drown the run's own lines.
+    worker_env = {"env_vars": {"TQDM_DISABLE": "1", "TRANSFORMERS_VERBOSITY": "error"}}
+    quiet = {"include_dashboard": False, "log_to_driver": True, "configure_logging": False, "runtime_env": worker_env}
+    if address:
+        ray.init(address=address, **quiet)
+        return
+    cpus = max(num_cpus or os.cpu_count() or 1, min_cpus)
+    ray.init(num_cpus=cpus, **quiet)
+
+
+def stop_ray() -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()

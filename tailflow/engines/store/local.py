@@ -1,0 +1,99 @@
+"""The artifact store: where a run's config, metrics and checkpoints live.
+
+Keys are '/'-separated paths relative to the store's root (`<run_id>/config.yaml`).
+A local folder is the default; an S3 store implements the same methods, so the
+flows never know which one they write to. Writes are atomic (temp file, fsync,
+rename): a reader never sees half a file.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+
+class StoreError(OSError):
+    pass
+
+
+class LocalStore:
+    def __init__(self, root: str | Path):
+        self.root = Path(root).expanduser().resolve()
+
+    def path(self, key: str) -> Path:
+        target = (self.root / key).resolve()
+        if target != self.root and self.root not in target.parents:
+            raise StoreError(f"key {key!r} escapes the store root {self.root}")
+        return target
+
+    def uri(self, key: str = "") -> str:
+        return str(self.path(key)) if key else str(self.root)
+
+    def exists(self, key: str) -> bool:
+        return self.path(key).exists()
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        try:
+            with os.fdopen(handle, "wb") as temp:
+                temp.write(data)
+                temp.flush()
+                os.fsync(temp.fileno())
+            os.replace(temp_name, target)
+        except BaseException:
+            Path(temp_name).unlink(missing_ok=True)
+            raise
+
+    def write_text(self, key: str, text: str) -> None:
+        self.write_bytes(key, text.encode())
+
+    def read_bytes(self, key: str) -> bytes:
+        target = self.path(key)
+        if not target.is_file():
+            raise FileNotFoundError(f"{target} does not exist in the artifact store")
+        return target.read_bytes()
+
+    def read_text(self, key: str) -> str:
+        return self.read_bytes(key).decode()
+
+    def append_line(self, key: str, line: str) -> None:
+        """Append one line (a JSONL row); flushed and fsynced before returning."""
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target, "a") as handle:
+            handle.write(line.rstrip("\n") + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    def put_dir(self, key: str, local_dir: str | Path) -> None:
+        """Copy a local directory under `key`, replacing what was there, atomically."""
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
+        shutil.copytree(local_dir, staging, dirs_exist_ok=True)
+        if target.exists():
+            shutil.rmtree(target)
+        os.replace(staging, target)
+
+    def local_dir(self, key: str) -> Path:
+        """A local path holding the directory at `key` (here: the directory itself)."""
+        target = self.path(key)
+        if not target.is_dir():
+            raise FileNotFoundError(f"{target} is not a directory in the artifact store")
+        return target
+
+    def list_dir(self, key: str = "") -> list[str]:
+        target = self.path(key) if key else self.root
+        if not target.is_dir():
+            return []
+        return sorted(entry.name for entry in target.iterdir() if not entry.name.startswith("."))
+
+
+def open_store(uri: str) -> LocalStore:
+    """The store for `storage.uri`; S3 URIs come with the durable-runs work."""
+    if uri.startswith("s3://"):
+        raise StoreError(f"storage.uri: {uri}: the S3 store is not available yet; use a local folder")
+    return LocalStore(uri)

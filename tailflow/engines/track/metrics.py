@@ -1,0 +1,48 @@
+"""Metrics: one JSON row per iteration in the run's `metrics.jsonl`, W&B optional.
+
+Keys follow ARCHITECTURE.md (`time/step_total`, `reward/mean`, ...) so plots
+made for ROLL / RollPacker carry over.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from tailflow.engines.store import LocalStore
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON numbers: NaN/inf become None so every row parses anywhere."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class MetricsLogger:
+    def __init__(self, store: LocalStore, run_id: str, wandb_run: Any = None):
+        self.store = store
+        self.key = f"{run_id}/metrics.jsonl"
+        self.wandb_run = wandb_run
+
+    def log(self, row: dict[str, Any]) -> None:
+        clean = {name: jsonable(value) for name, value in row.items()}
+        self.store.append_line(self.key, json.dumps(clean, sort_keys=True))
+        if self.wandb_run is not None:
+            self.wandb_run.log(clean, step=clean.get("iteration"))
+
+    def rows(self) -> list[dict[str, Any]]:
+        if not self.store.exists(self.key):
+            return []
+        return [json.loads(line) for line in self.store.read_text(self.key).splitlines() if line.strip()]
+
+    def close(self) -> None:
+        if self.wandb_run is not None:
+            self.wandb_run.finish()
+
+
+def start_wandb(run_id: str, project: str, mode: str, config: dict[str, Any], directory: str) -> Any:
+    """A W&B run named after the run id; offline mode needs no network."""
+    import wandb
+
+    return wandb.init(project=project, name=run_id, id=run_id, mode=mode, config=config, dir=directory, resume="allow")

@@ -1,0 +1,39 @@
+import json
+
+import pytest
+
+from tailflow.engines.store import LocalStore, StoreError, open_store
+from tailflow.engines.track import MetricsLogger
+
+
+def test_atomic_writes_and_directories(tmp_path):
+    store = LocalStore(tmp_path / "root")
+    store.write_text("run/config.yaml", "a: 1\n")
+    assert store.read_text("run/config.yaml") == "a: 1\n"
+    source = tmp_path / "ckpt"
+    source.mkdir()
+    (source / "model.safetensors").write_bytes(b"x" * 10)
+    store.put_dir("run/checkpoints/iter-0000", source)
+    (source / "model.safetensors").write_bytes(b"y")
+    store.put_dir("run/checkpoints/iter-0000", source)  # replaces, never merges half of each
+    assert (store.local_dir("run/checkpoints/iter-0000") / "model.safetensors").read_bytes() == b"y"
+    assert store.list_dir("run/checkpoints") == ["iter-0000"]
+    assert not [p for p in (tmp_path / "root" / "run").rglob(".*")]  # no temp files left behind
+
+
+def test_keys_cannot_escape_the_root(tmp_path):
+    with pytest.raises(StoreError, match="escapes"):
+        LocalStore(tmp_path).write_text("../outside", "x")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        LocalStore(tmp_path).read_text("missing.json")
+    with pytest.raises(StoreError, match="storage.uri"):
+        open_store("s3://bucket/prefix")
+
+
+def test_metrics_rows_are_json_lines(tmp_path):
+    logger = MetricsLogger(LocalStore(tmp_path), "r1")
+    logger.log({"iteration": 0, "reward/mean": 0.5, "actor/kl": float("nan")})
+    logger.log({"iteration": 1, "reward/mean": 0.75})
+    lines = (tmp_path / "r1" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == [0, 1]
+    assert logger.rows()[0]["actor/kl"] is None
