@@ -63,3 +63,12 @@ def test_every_field_is_documented():
                         "batch_size", "seed", "wandb_project"}:
                 continue  # self-explanatory to anyone who trains models
             assert field.description, f"{section_name}.{name} has no docstring"
+
+
+def test_configuration_reference_is_current():
+    from pathlib import Path
+
+    from tailflow.config import config_reference_markdown
+
+    committed = (Path(__file__).parents[1] / "docs" / "configuration.md").read_text()
+    assert committed == config_reference_markdown(), "regenerate: tailflow config --reference > docs/configuration.md"

@@ -1,0 +1,127 @@
+"""Build a run's parts from its config: store, data, tokenizer, reward, Ray workers.
+
+Kept out of the flows so they read as the steps they run.
+"""
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from transformers import AutoTokenizer
+
+from tailflow.config import ConfigError, RunConfig, config_to_yaml
+from tailflow.engines.cluster.rollout_group import RolloutGroup
+from tailflow.engines.cluster.runtime import start_ray
+from tailflow.engines.cluster.trainer_group import TrainerGroup
+from tailflow.engines.data.arith import default_splits
+from tailflow.engines.data.problem import Problem
+from tailflow.engines.models import check_model_dir
+from tailflow.engines.reward.math import MathReward
+from tailflow.engines.rollout.requests import prompt_token_ids
+from tailflow.engines.run_context import RunContext
+from tailflow.engines.store import LocalStore, open_store
+from tailflow.engines.track import MetricsLogger, start_wandb
+
+
+def shipped_warmstart_dir() -> Path:
+    """The warm-start checkpoint that ships with the package (see assets/warmstart/RECIPE.md)."""
+    return Path(str(resources.files("tailflow") / "assets" / "warmstart"))
+
+
+def new_run_id() -> str:
+    return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
+
+
+def resolve_model_path(config: RunConfig) -> str:
+    path = Path(config.model.path) if config.model.path else shipped_warmstart_dir()
+    check_model_dir(path)
+    return str(path)
+
+
+@dataclass(frozen=True)
+class Datasets:
+    train: list[Problem]
+    eval: list[Problem]
+    num_skipped: int
+
+
+def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int) -> Datasets:
+    data = config.data
+    if data.train_path is None:
+        train, held_out = default_splits(data.num_train, data.num_eval, data.seed)
+        return Datasets(train, held_out, 0)
+    from tailflow.engines.data.dataset import load_problems
+
+    common = dict(
+        prompt_field=data.prompt_field, answer_field=data.answer_field, id_field=data.id_field,
+        prompt_template=data.prompt_template, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens,
+        on_invalid=data.on_invalid,
+    )
+    train = load_problems(data.train_path, field_name="data.train_path", **common)
+    held_out = load_problems(data.eval_path, field_name="data.eval_path", **common)
+    return Datasets(train.problems, held_out.problems[: data.num_eval], train.num_skipped + held_out.num_skipped)
+
+
+def prepare_run_dir(config: RunConfig, run_id: str) -> LocalStore:
+    """Create `<storage.uri>/<run_id>/` with the resolved config; refuse to overwrite a run."""
+    store = open_store(config.storage.uri)
+    if store.exists(f"{run_id}/state.json"):
+        raise ConfigError(f"run {run_id} already exists in {store.uri()}; choose another --run-id")
+    store.write_text(f"{run_id}/config.yaml", config_to_yaml(config))
+    return store
+
+
+def build_context(config: RunConfig, run_id: str, store: LocalStore) -> RunContext:
+    model_path = resolve_model_path(config)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    context_length = _context_length(model_path)
+    max_prompt_tokens = context_length - config.rollout.max_new_tokens
+    if max_prompt_tokens < 1:
+        raise ConfigError(f"rollout.max_new_tokens ({config.rollout.max_new_tokens}) leaves no room for a prompt "
+                          f"in the model's context of {context_length} tokens")
+    datasets = load_datasets(config, tokenizer, max_prompt_tokens)
+    longest_prompt = max(len(prompt_token_ids(p, tokenizer, config.data.prompt_template))
+                         for p in datasets.train + datasets.eval)
+    start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + config.rollout.num_workers)
+    rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots,
+                           longest_prompt + config.rollout.max_new_tokens, config.train.seed, config.cluster.rollout_threads)
+    trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
+                           num_threads=config.cluster.threads_per_worker)
+    tracking = config.tracking
+    wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
+                             str(store.path(run_id))) if tracking.wandb else None)
+    return RunContext(
+        run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
+        eval_problems=datasets.eval, reward=reward_function(config),
+        rollout=rollout, trainer=trainer, metrics=MetricsLogger(store, run_id, wandb_run), model_path=model_path,
+        data_notes={"num_skipped": datasets.num_skipped},
+    )
+
+
+def trainer_kwargs(config: RunConfig) -> dict:
+    train = config.train
+    return dict(
+        lr=train.lr, weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm, kl_coef=train.kl_coef,
+        clip_low=train.clip_low, clip_high=train.clip_high,
+        max_tokens_per_micro_batch=train.max_tokens_per_micro_batch, seed=train.seed,
+    )
+
+
+def _context_length(model_path: str) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_path).max_position_embeddings)
+
+
+def shutdown_context(ctx: RunContext) -> None:
+    ctx.rollout.shutdown()
+    ctx.trainer.shutdown()
+    ctx.metrics.close()
+
+
+def reward_function(config: RunConfig) -> MathReward:
+    reward = config.reward
+    return MathReward(reward.format_reward, reward.answer_marker, literal_answers_only=reward.literal_answers_only)

@@ -1,0 +1,85 @@
+"""The spine end to end: a 2-iteration run through Prefect on real Ray actors."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from safetensors.torch import load_file
+
+from tailflow.engines.data.tokenizer import build_char_tokenizer
+from tailflow.engines.models import build_tiny_model
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model")
+    tokenizer = build_char_tokenizer()
+    build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def tiny_run_config(model_dir, storage) -> dict:
+    return {
+        "model": {"path": str(model_dir)},
+        "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
+        "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16},
+        "train": {"iterations": 2, "eval_every": 1, "checkpoint_every": 1, "num_workers": 2, "lr": 1e-3},
+        "storage": {"uri": str(storage)},
+    }
+
+
+def test_two_iterations_through_prefect(prefect_api, tiny_model_dir, tmp_path):
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+
+    from tailflow.flows.training import rl_training
+
+    summary = rl_training(config=tiny_run_config(tiny_model_dir, tmp_path), run_id="spine-test")
+
+    run_dir = tmp_path / "spine-test"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [0, 1]
+    for key in ("time/step_total", "time/step_generate", "reward/mean", "token/response_length/max",
+                "eval/accuracy", "actor/grad_norm", "rollout/bubble_ratio"):
+        assert all(row[key] is not None for row in rows), key
+    assert rows[0]["eval/accuracy_initial"] == summary.initial_accuracy
+    assert (run_dir / "config.yaml").read_text().startswith("model:")
+    state = json.loads((run_dir / "state.json").read_text())
+    assert state["iteration"] == 2 and state["weight_version"] == 2
+    assert state["latest_checkpoint"] == "spine-test/checkpoints/iter-0001"
+
+    # the checkpoint is a loadable HF directory whose weights moved away from the initial model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    checkpoint = run_dir / "checkpoints" / "iter-0001"
+    AutoModelForCausalLM.from_pretrained(checkpoint)
+    AutoTokenizer.from_pretrained(checkpoint)
+    before, after = load_file(tiny_model_dir / "model.safetensors"), load_file(checkpoint / "model.safetensors")
+    assert any((before[name] - after[name]).abs().max() > 0 for name in before)
+
+    async def flow_run_names():
+        async with get_client() as client:
+            runs = await client.read_flow_runs()
+            return {run.name: run for run in runs}
+
+    runs = asyncio.run(flow_run_names())
+    assert {"iter-0000", "iter-0001", "spine-test"} <= set(runs)
+    assert runs["iter-0000"].parent_task_run_id is not None  # a subflow of the parent run
+    assert all(runs[name].state.is_completed() for name in ("iter-0000", "iter-0001", "spine-test"))
+
+
+def test_existing_run_is_not_overwritten(prefect_api, tiny_model_dir, tmp_path):
+    from tailflow.config import ConfigError
+    from tailflow.flows.setup import prepare_run_dir
+    from tailflow.config import config_from_dict
+
+    config = config_from_dict(tiny_run_config(tiny_model_dir, tmp_path))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "state.json").write_text("{}")
+    with pytest.raises(ConfigError, match="run taken already exists"):
+        prepare_run_dir(config, "taken")
+    assert (tmp_path / "taken" / "state.json").read_text() == "{}"
