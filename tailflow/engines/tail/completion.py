@@ -1,0 +1,154 @@
+"""The completion rule: when a prompt is done, when the round is done, what to abort.
+
+RollPacker's short round (arXiv 2509.21009): a prompt *completes* when R0 of its
+responses have finished (EOS, STOP or LENGTH); its other responses are aborted
+at once and the first R0 to finish are kept. When P0 prompts have completed,
+every other in-flight request is aborted and those prompts are deferred to the
+long-prompt queue. Partial responses are discarded (the update stays on-policy).
+
+Completions are processed strictly in the order given (the engine's finish
+order), so the outcome is deterministic even when several prompts complete in
+one engine step: the prompt that completes P0-th ends the round, and anything
+after it, even in the same batch, counts as aborted. A completion for a request
+already aborted (a race with another worker) is ignored and counted as waste.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from tailflow.engines.reward.scoring import problem_id_of
+from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
+from tailflow.engines.tail.planner import RoundKind, RoundPlan
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    completed: list[tuple[str, tuple[Completion, ...]]]
+    """(problem id, its R0 kept completions in finish order), in completion order."""
+    deferred_problem_ids: list[str]
+    """Launched prompts that did not complete, in launch order: for the long-prompt queue."""
+    aborted_request_ids: list[str]
+    """Every request the rule ordered aborted, in the order it did."""
+    wasted_tokens: int
+    """Tokens generated but not trained on: aborted partials, finished-but-not-kept responses."""
+
+
+ShortRoundResult = RoundResult
+
+
+class CompletionRule:
+    """One round's completion state; `observe` each batch of finished requests, abort what it returns."""
+
+    def __init__(self, requests: Sequence[str | Request], responses_kept: int, prompts_to_complete: int) -> None:
+        if responses_kept < 1 or prompts_to_complete < 1:
+            raise ValueError(f"R0={responses_kept} and P0={prompts_to_complete} must both be >= 1")
+        request_ids = [r.request_id if isinstance(r, Request) else r for r in requests]
+        if len(set(request_ids)) != len(request_ids):
+            raise ValueError("request ids of one round must be unique")
+        self.responses_kept = responses_kept
+        self.prompts_to_complete = prompts_to_complete
+        self._requests_of: dict[str, list[str]] = {}
+        """problem id -> its request ids; dict order is launch order."""
+        for request_id in request_ids:
+            self._requests_of.setdefault(problem_id_of(request_id), []).append(request_id)
+        short = [p for p, ids in self._requests_of.items() if len(ids) < responses_kept]
+        if short:
+            raise ValueError(f"prompts {short} have fewer than responses_kept={responses_kept} requests")
+        if len(self._requests_of) < prompts_to_complete:
+            num_prompts = len(self._requests_of)
+            raise ValueError(f"{num_prompts} prompts launched, fewer than prompts_to_complete={prompts_to_complete}")
+        self._in_flight: dict[str, None] = dict.fromkeys(request_ids)
+        self._finished: dict[str, list[Completion]] = {p: [] for p in self._requests_of}
+        """problem id -> its finished completions observed while it could still complete."""
+        self._completed: list[str] = []
+        self._aborted: list[str] = []
+        self._wasted: dict[str, int] = {}
+        """request id -> tokens thrown away (one entry per request, so no double counting)."""
+
+    @property
+    def is_done(self) -> bool:
+        """P0 prompts completed, or nothing left in flight (only if requests were lost elsewhere)."""
+        return len(self._completed) >= self.prompts_to_complete or not self._in_flight
+
+    @property
+    def num_aborted(self) -> int:
+        return len(self._aborted)
+
+    def observe(self, completions: Sequence[Completion]) -> list[str]:
+        """Take finished requests in finish order; return the request ids to abort now."""
+        to_abort: list[str] = []
+        for completion in completions:
+            request_id = completion.request_id
+            if request_id not in self._in_flight:
+                if request_id not in self._wasted:
+                    raise KeyError(f"request {request_id!r} is not in flight (never launched here, or finished twice)")
+                self._wasted[request_id] = max(self._wasted[request_id], len(completion.token_ids))
+                continue  # aborted earlier: it raced the abort, and is discarded
+            del self._in_flight[request_id]
+            if completion.finish_reason is FinishReason.ABORT:  # aborted by someone else: lost
+                self._wasted[request_id] = len(completion.token_ids)
+                continue
+            problem_id = problem_id_of(request_id)
+            self._finished[problem_id].append(completion)
+            if len(self._finished[problem_id]) == self.responses_kept:
+                self._completed.append(problem_id)
+                to_abort += self._abort([r for r in self._requests_of[problem_id] if r in self._in_flight])
+                if len(self._completed) == self.prompts_to_complete:
+                    to_abort += self._abort(list(self._in_flight))
+        return to_abort
+
+    def _abort(self, request_ids: list[str]) -> list[str]:
+        for request_id in request_ids:
+            del self._in_flight[request_id]
+            self._wasted[request_id] = 0
+        self._aborted += request_ids
+        return request_ids
+
+    def completed_problem_ids(self) -> list[str]:
+        return list(self._completed)
+
+    def kept(self, problem_id: str) -> list[Completion]:
+        """The first R0 finished responses of a completed prompt, in finish order."""
+        if problem_id not in self._completed:
+            raise KeyError(f"prompt {problem_id!r} has not completed")
+        return self._finished[problem_id][: self.responses_kept]
+
+    def unfinished_problem_ids(self) -> list[str]:
+        """Launched but not completed, in launch order: these go to the long-prompt queue."""
+        return [p for p in self._requests_of if p not in self._completed]
+
+    def result(self, aborted_partials: Sequence[Completion] = ()) -> RoundResult:
+        """The round's outcome; `aborted_partials` are what the engine's abort() returned."""
+        if not self.is_done:
+            raise RuntimeError("the round is still running: observe completions until is_done")
+        wasted = dict(self._wasted)
+        for partial in aborted_partials:
+            wasted[partial.request_id] = max(wasted.get(partial.request_id, 0), len(partial.token_ids))
+        for problem_id in self.unfinished_problem_ids():
+            wasted.update((c.request_id, len(c.token_ids)) for c in self._finished[problem_id])
+        completed = [(p, tuple(self.kept(p))) for p in self._completed]
+        return RoundResult(completed, self.unfinished_problem_ids(), list(self._aborted), sum(wasted.values()))
+
+
+class WaitForAllRule(CompletionRule):
+    """Long and synchronous rounds: every launched response is kept, nothing is aborted.
+
+    The same rule with P0 = every prompt and R0 = every response, so the caller
+    drives all round kinds alike. A request lost elsewhere (an ABORT completion
+    the rule did not order) leaves its prompt unfinished: the caller defers it.
+    """
+
+    def __init__(self, requests: Sequence[str | Request], responses_kept: int) -> None:
+        num_prompts = len({problem_id_of(r.request_id if isinstance(r, Request) else r) for r in requests})
+        super().__init__(requests, responses_kept, num_prompts)
+        extra = [p for p, ids in self._requests_of.items() if len(ids) != responses_kept]
+        if extra:
+            raise ValueError(f"prompts {extra} were not launched with exactly responses_kept={responses_kept} requests")
+
+
+def rule_for(plan: RoundPlan, requests: Sequence[str | Request]) -> CompletionRule:
+    """The rule that drives `plan`'s round: speculative for SHORT, wait-for-all otherwise."""
+    if plan.kind is RoundKind.SHORT:
+        return CompletionRule(requests, plan.responses_kept, plan.prompts_to_complete)
+    return WaitForAllRule(requests, plan.responses_kept)
