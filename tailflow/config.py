@@ -80,7 +80,7 @@ class RewardConfig(Section):
 
 
 class TrainConfig(Section):
-    iterations: int = Field(60, ge=1)
+    iterations: int = Field(50, ge=1)
     """Number of RL iterations (optimizer steps)."""
     eval_every: int = Field(10, ge=1)
     """Greedy eval before the first iteration, every eval_every iterations and after the last."""
@@ -110,6 +110,8 @@ class TailConfig(Section):
     """Short rounds launch ceil(prompt_ratio * P0) prompts."""
     responses_launched: int | None = Field(None, ge=1)
     """Responses launched per prompt in short rounds; None: R0 + ceil(R0 / 4)."""
+    steps_per_poll: int = Field(2, ge=1)
+    """Engine steps between looks at what finished: aborts land at most this many steps late."""
 
 
 class ClusterConfig(Section):

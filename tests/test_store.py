@@ -10,6 +10,7 @@ def test_atomic_writes_and_directories(tmp_path):
     store = LocalStore(tmp_path / "root")
     store.write_text("run/config.yaml", "a: 1\n")
     assert store.read_text("run/config.yaml") == "a: 1\n"
+    assert (tmp_path / "root" / "run" / "config.yaml").stat().st_mode & 0o044  # readable by others, like any file
     source = tmp_path / "ckpt"
     source.mkdir()
     (source / "model.safetensors").write_bytes(b"x" * 10)
@@ -37,3 +38,18 @@ def test_metrics_rows_are_json_lines(tmp_path):
     lines = (tmp_path / "r1" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["iteration"] for line in lines] == [0, 1]
     assert logger.rows()[0]["actor/kl"] is None
+
+
+def test_wandb_offline_run_gets_the_rows(tmp_path, monkeypatch):
+    """W&B in offline mode (no network): named after the run id, every row logged."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    from tailflow.engines.track import start_wandb
+
+    run = start_wandb("r-wandb", "tailflow-test", "offline", {"train": {"lr": 1e-4}}, str(tmp_path))
+    logger = MetricsLogger(LocalStore(tmp_path), "r-wandb", run)
+    logger.log({"iteration": 0, "reward/mean": 0.25})
+    logger.log({"iteration": 1, "reward/mean": 0.5})
+    assert run.name == "r-wandb" and run.config["train"]["lr"] == 1e-4
+    logger.close()
+    run_dirs = list((tmp_path / "wandb").glob("offline-run-*-r-wandb"))
+    assert run_dirs and list(run_dirs[0].glob("*.wandb"))

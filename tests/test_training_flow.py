@@ -6,26 +6,22 @@ import json
 import pytest
 from safetensors.torch import load_file
 
-from tailflow.engines.data.tokenizer import build_char_tokenizer
-from tailflow.engines.models import build_tiny_model
+from tailflow.flows.setup import shipped_warmstart_dir
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("model")
-    tokenizer = build_char_tokenizer()
-    build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+def tiny_model_dir():
+    """The shipped warm start: a random model would earn no reward, hence no gradient."""
+    return shipped_warmstart_dir()
 
 
 def tiny_run_config(model_dir, storage) -> dict:
     return {
         "model": {"path": str(model_dir)},
         "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
-        "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16},
+        "rollout": {"n": 4, "max_new_tokens": 48, "num_slots": 16},
         "train": {"iterations": 2, "eval_every": 1, "checkpoint_every": 1, "num_workers": 2, "lr": 1e-3},
         "storage": {"uri": str(storage)},
     }
@@ -35,6 +31,7 @@ def test_two_iterations_through_prefect(prefect_api, tiny_model_dir, tmp_path):
     import asyncio
 
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
 
     from tailflow.flows.training import rl_training
 
@@ -47,6 +44,7 @@ def test_two_iterations_through_prefect(prefect_api, tiny_model_dir, tmp_path):
                 "eval/accuracy", "actor/grad_norm", "rollout/bubble_ratio"):
         assert all(row[key] is not None for row in rows), key
     assert rows[0]["eval/accuracy_initial"] == summary.initial_accuracy
+    assert any(row["reward/mean"] > 0 for row in rows)  # there was a learning signal
     assert (run_dir / "config.yaml").read_text().startswith("model:")
     state = json.loads((run_dir / "state.json").read_text())
     assert state["iteration"] == 2 and state["weight_version"] == 2
@@ -63,7 +61,7 @@ def test_two_iterations_through_prefect(prefect_api, tiny_model_dir, tmp_path):
 
     async def flow_run_names():
         async with get_client() as client:
-            runs = await client.read_flow_runs()
+            runs = await client.read_flow_runs(limit=200, sort=FlowRunSort.START_TIME_ASC)
             return {run.name: run for run in runs}
 
     runs = asyncio.run(flow_run_names())
@@ -83,3 +81,21 @@ def test_existing_run_is_not_overwritten(prefect_api, tiny_model_dir, tmp_path):
     with pytest.raises(ConfigError, match="run taken already exists"):
         prepare_run_dir(config, "taken")
     assert (tmp_path / "taken" / "state.json").read_text() == "{}"
+
+
+def test_seeded_run_repeats_bit_for_bit(prefect_api, tiny_model_dir, tmp_path):
+    """One rollout worker, same seed: same rewards, lengths, losses and final weights."""
+    import hashlib
+
+    from tailflow.flows.training import rl_training
+
+    def outcome(run_id):
+        rl_training(config=tiny_run_config(tiny_model_dir, tmp_path), run_id=run_id)
+        rows = [json.loads(line) for line in (tmp_path / run_id / "metrics.jsonl").read_text().splitlines()]
+        untimed = [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+        weights = (tmp_path / run_id / "checkpoints" / "iter-0001" / "model.safetensors").read_bytes()
+        return untimed, hashlib.sha256(weights).hexdigest()
+
+    first, second = outcome("seeded-a"), outcome("seeded-b")
+    assert first == second
+    assert first[0][0]["reward/mean"] is not None

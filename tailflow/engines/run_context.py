@@ -31,6 +31,10 @@ class RunContext:
     model_path: str
     """The initial policy (HF directory)."""
     data_notes: dict[str, Any] = field(default_factory=dict)
+    problems_by_id: dict[str, Problem] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.problems_by_id = {problem.problem_id: problem for problem in self.train_problems}
 
     def run_key(self, *parts: str) -> str:
         return "/".join([self.run_id, *parts])

@@ -1,7 +1,7 @@
 """The run's durable state: what a resumed run needs to continue exactly.
 
-Committed with every checkpoint as `<run_id>/state.json`. The tail-batching
-queue, RNG states and reward-timeout anchors join it as those parts land.
+Committed with every iteration as `<run_id>/state.json`. RNG states and
+reward-timeout anchors join it as those parts land.
 """
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ class RunState(BaseModel):
     weight_version: int = 0
     """Version of the policy weights; +1 per optimizer step."""
     cursor: CursorState = Field(default_factory=CursorState)
+    long_queue: list[dict] = Field(default_factory=list)
+    """Tail batching's long-prompt queue (`LongPromptQueue.to_state()`), oldest first."""
     latest_checkpoint: str | None = None
     """Store key of the newest committed checkpoint directory."""
     initial_eval_accuracy: float | None = None

@@ -10,7 +10,7 @@ from tailflow.engines.run_state import RunState
 SHOWN = (
     "time/step_total", "time/step_generate", "time/step_reward", "time/step_train", "time/step_model_update",
     "reward/mean", "reward/accuracy", "token/response_length/mean", "token/response_length/max",
-    "rollout/bubble_ratio", "tail/round", "tail/long_queue_size", "actor/pg_loss", "actor/grad_norm",
+    "rollout/bubble_ratio", "tail/round", "tail/long_queue_size", "tail/aborted_requests", "tail/wasted_tokens", "actor/pg_loss", "actor/grad_norm",
     "eval/accuracy",
 )
 
@@ -21,6 +21,11 @@ def iteration_markdown(row: dict[str, Any], state: RunState) -> str:
         if row.get(name) is not None:
             value = row[name]
             lines.append(f"| `{name}` | {value:.4g} |" if isinstance(value, float) else f"| `{name}` | {value} |")
+    lines += ["", f"Long-prompt queue: {len(state.long_queue)} prompts"]
+    if state.long_queue:
+        lines += ["", "| oldest queued | times deferred | first deferred at |", "| --- | --- | --- |"]
+        lines += [f"| `{entry['problem_id']}` | {entry['times_deferred']} | {entry['first_deferred_iteration']} |"
+                  for entry in state.long_queue[:5]]
     lines += ["", f"Latest checkpoint: `{state.latest_checkpoint or 'none yet'}`"]
     return "\n".join(lines)
 

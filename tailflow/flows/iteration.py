@@ -1,17 +1,17 @@
-"""One training iteration: rollout -> score -> train_step -> sync_weights -> commit."""
+"""One training iteration: plan -> rollout -> score -> train_step -> sync_weights -> commit."""
 from __future__ import annotations
 
 import time
 
 from prefect import flow
 
-from tailflow.engines.data.cursor import DataCursor, draw_prompts
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import CursorState, RunState
-from tailflow.engines.track.summary import iteration_metrics
+from tailflow.engines.track.summary import iteration_metrics, tail_metrics
 from tailflow.flows.artifacts import publish_iteration_summary
 from tailflow.tasks.commit import commit
 from tailflow.tasks.evaluate import evaluate
+from tailflow.tasks.plan import plan_round
 from tailflow.tasks.rollout import rollout
 from tailflow.tasks.score import score
 from tailflow.tasks.sync import sync_weights
@@ -21,12 +21,10 @@ from tailflow.tasks.train import train_step
 @flow(flow_run_name="iter-{iteration:04d}")
 def iteration(ctx: RunContext, state: RunState, iteration: int) -> RunState:
     started = time.perf_counter()
-    config = ctx.config
-    cursor = DataCursor(**state.cursor.model_dump())
-    problems = draw_prompts(ctx.train_problems, cursor, config.data.prompts_per_step, config.data.seed)
-
-    completions, rollout_stats = rollout(ctx, problems, iteration)
+    prepared = plan_round(ctx, state, iteration)
+    round_result, rollout_stats = rollout(ctx, prepared)
     t_reward = time.perf_counter()
+    problems, completions = round_result.trained_in_launch_order(prepared.problems)
     groups = score(ctx, problems, completions)
     t_train = time.perf_counter()
     train_stats = train_step(ctx, groups)
@@ -34,26 +32,32 @@ def iteration(ctx: RunContext, state: RunState, iteration: int) -> RunState:
     sync_weights(ctx, state.weight_version + 1)
     t_done = time.perf_counter()
 
+    config = ctx.config
     is_last = iteration == config.train.iterations - 1
     accuracy = evaluate(ctx) if is_last or (iteration + 1) % config.train.eval_every == 0 else None
     timings = {
+        "time/eval": time.perf_counter() - t_done,
         "time/step_reward": t_train - t_reward,
         "time/step_train": t_sync - t_train,
         "time/step_model_update": t_done - t_sync,
         "time/step_total": t_done - started,
     }
+    prepared.queue.defer(round_result.deferred_problem_ids, iteration)
     row = iteration_metrics(iteration, groups, rollout_stats, train_stats, timings, accuracy)
+    row.update(tail_metrics(prepared.plan, prepared.queue, round_result))
+    if iteration == 0:
+        row["eval/accuracy_initial"] = state.initial_eval_accuracy
     next_state = state.model_copy(
         update={
             "iteration": iteration + 1,
             "weight_version": state.weight_version + 1,
-            "cursor": CursorState(**cursor.__dict__),
+            "cursor": CursorState(**prepared.cursor.__dict__),
+            "long_queue": prepared.queue.to_state(),
             "last_eval_accuracy": accuracy if accuracy is not None else state.last_eval_accuracy,
         }
     )
-    if iteration == 0:
-        row["eval/accuracy_initial"] = state.initial_eval_accuracy
     save = is_last or (iteration + 1) % config.train.checkpoint_every == 0
     next_state = commit(ctx, next_state, row, save_checkpoint=save)
     publish_iteration_summary(row, next_state)
     return next_state
+

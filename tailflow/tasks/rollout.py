@@ -1,4 +1,4 @@
-"""Rollout: the synchronous baseline, every prompt waits for all its responses."""
+"""Rollout: launch the round's requests and run them under its completion rule."""
 from __future__ import annotations
 
 import time
@@ -6,16 +6,18 @@ import time
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tailflow.engines.data.problem import Problem
-from tailflow.engines.rollout.protocol import Completion, SamplingParams
+from tailflow.engines.rollout.protocol import SamplingParams
 from tailflow.engines.rollout.requests import sampling_requests
 from tailflow.engines.rollout.rollout_stats import RolloutStats, summarize_rollout
 from tailflow.engines.run_context import RunContext
+from tailflow.engines.tail.completion import RoundResult, rule_for
+from tailflow.engines.tail.driver import run_round
+from tailflow.engines.tail.prepare import PreparedRound
 
 
 # Never cached: a cache hit would silently skip the call into a stateful Ray actor.
 @task(cache_policy=NO_CACHE)
-def rollout(ctx: RunContext, problems: list[Problem], iteration: int) -> tuple[list[Completion], RolloutStats]:
+def rollout(ctx: RunContext, prepared: PreparedRound) -> tuple[RoundResult, RolloutStats]:
     config = ctx.config
     params = SamplingParams(
         temperature=config.rollout.temperature,
@@ -23,11 +25,12 @@ def rollout(ctx: RunContext, problems: list[Problem], iteration: int) -> tuple[l
         top_k=config.rollout.top_k,
         max_new_tokens=config.rollout.max_new_tokens,
     )
-    requests = sampling_requests(
-        problems, config.rollout.n, params, ctx.tokenizer, config.train.seed, iteration, config.data.prompt_template
-    )
+    plan = prepared.plan
+    requests = sampling_requests(prepared.problems, plan.responses_per_prompt, params, ctx.tokenizer,
+                                 config.train.seed, plan.iteration, config.data.prompt_template)
     before = ctx.rollout.stats()
     started = time.perf_counter()
-    completions = ctx.rollout.generate(requests)
+    result = run_round(ctx.rollout, requests, rule_for(plan, requests), config.tail.steps_per_poll)
     seconds = time.perf_counter() - started
-    return completions, summarize_rollout(completions, before, ctx.rollout.stats(), seconds)
+    kept = [completion for _, completions in result.completed for completion in completions]
+    return result, summarize_rollout(kept, before, ctx.rollout.stats(), seconds)

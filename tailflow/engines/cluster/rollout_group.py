@@ -1,8 +1,11 @@
 """The rollout workers of a run: Ray actors that each host one engine.
 
-Requests are spread so every worker gets an equal share, in request order:
-with one worker the engine sees exactly the submission order, which is what
-makes a seeded run reproducible bit for bit.
+Two ways to drive them. `generate` runs a batch to completion (the
+synchronous baseline). `submit` / `poll` / `abort` stream: each request goes
+to the worker with the fewest in flight (lowest index on ties), `poll` runs a
+few engine steps on every busy worker and returns what finished in engine
+order. Nothing depends on wall-clock timing, so with one worker a seeded
+run is reproducible bit for bit.
 """
 from __future__ import annotations
 
@@ -22,6 +25,8 @@ class RolloutGroup:
             actor_class.remote(model_path, num_slots, max_seq_len, seed + rank * 1_000_003, num_threads)
             for rank in range(num_workers)
         ]
+        self.worker_of: dict[str, int] = {}
+        """In-flight request id -> index of the worker running it."""
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """Run all requests to completion; completions come back in request order."""
@@ -31,6 +36,46 @@ class RolloutGroup:
         results = ray.get([worker.generate.remote(share) for worker, share in zip(self.workers, shares) if share])
         by_id = {completion.request_id: completion for result in results for completion in result}
         return [by_id[request.request_id] for request in requests]
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        import ray
+
+        loads = self.in_flight_per_worker()
+        shares: list[list[Request]] = [[] for _ in self.workers]
+        for request in requests:
+            rank = min(range(len(self.workers)), key=lambda r: (loads[r], r))
+            shares[rank].append(request)
+            loads[rank] += 1
+            self.worker_of[request.request_id] = rank
+        ray.get([self.workers[rank].submit.remote(share) for rank, share in enumerate(shares) if share])
+
+    def poll(self, max_steps: int) -> list[Completion]:
+        """Up to `max_steps` engine steps on every busy worker; finished completions, worker by worker."""
+        import ray
+
+        busy = [rank for rank, load in enumerate(self.in_flight_per_worker()) if load]
+        results = ray.get([self.workers[rank].step_many.remote(max_steps) for rank in busy])
+        finished = [completion for result in results for completion in result]
+        for completion in finished:
+            self.worker_of.pop(completion.request_id, None)
+        return finished
+
+    def abort(self, request_ids: Sequence[str]) -> list[Completion]:
+        """Abort in-flight requests (unknown or finished ids are ignored); their partial completions."""
+        import ray
+
+        by_rank: dict[int, list[str]] = {}
+        for request_id in request_ids:
+            if request_id in self.worker_of:
+                by_rank.setdefault(self.worker_of.pop(request_id), []).append(request_id)
+        results = ray.get([self.workers[rank].abort.remote(ids) for rank, ids in sorted(by_rank.items())])
+        return [completion for result in results for completion in result]
+
+    def in_flight_per_worker(self) -> list[int]:
+        loads = [0] * len(self.workers)
+        for rank in self.worker_of.values():
+            loads[rank] += 1
+        return loads
 
     def load_weights(self, state_dict_ref, version: int) -> None:
         """Every worker loads the same weights (one object-store copy) before any new request."""

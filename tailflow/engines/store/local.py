@@ -13,6 +13,15 @@ import tempfile
 from pathlib import Path
 
 
+def _read_umask() -> int:
+    mask = os.umask(0)  # the only way to read it; done once, at import, before any threads write
+    os.umask(mask)
+    return mask
+
+
+PROCESS_UMASK = _read_umask()
+
+
 class StoreError(OSError):
     pass
 
@@ -38,6 +47,7 @@ class LocalStore:
         target.parent.mkdir(parents=True, exist_ok=True)
         handle, temp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
         try:
+            os.fchmod(handle, 0o666 & ~PROCESS_UMASK)  # mkstemp makes 0600; a store file is an ordinary file
             with os.fdopen(handle, "wb") as temp:
                 temp.write(data)
                 temp.flush()

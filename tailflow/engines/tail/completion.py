@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tailflow.engines.reward.scoring import problem_id_of
+from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
 from tailflow.engines.tail.planner import RoundKind, RoundPlan
 
@@ -32,6 +33,16 @@ class RoundResult:
     """Every request the rule ordered aborted, in the order it did."""
     wasted_tokens: int
     """Tokens generated but not trained on: aborted partials, finished-but-not-kept responses."""
+
+    def trained_in_launch_order(self, launched: Sequence[Problem]) -> tuple[list[Problem], list[Completion]]:
+        """The completed problems in launch order and all their kept completions.
+
+        Launch order, not finish order, fixes the order of the training batch, so
+        a synchronous round trains exactly as a batch-generate round would.
+        """
+        kept = dict(self.completed)
+        problems = [problem for problem in launched if problem.problem_id in kept]
+        return problems, [completion for problem in problems for completion in kept[problem.problem_id]]
 
 
 ShortRoundResult = RoundResult

@@ -5,6 +5,9 @@ from typing import Any, Sequence
 
 from tailflow.engines.reward.scoring import ScoredGroup
 from tailflow.engines.rollout.rollout_stats import RolloutStats
+from tailflow.engines.tail.completion import RoundResult
+from tailflow.engines.tail.planner import RoundPlan
+from tailflow.engines.tail.queue import LongPromptQueue
 from tailflow.engines.train.samples import num_zero_signal_groups
 from tailflow.engines.train.trainer import TrainStepStats
 
@@ -23,9 +26,6 @@ def iteration_metrics(
         "iteration": iteration,
         **timings,
         **rollout_stats.metrics(),
-        "tail/round": 0,
-        "tail/long_queue_size": 0,
-        "tail/aborted_requests": 0,
         "token/response_length/mean": sum(lengths) / len(lengths),
         "token/response_length/max": max(lengths),
         "token/response_length/min": min(lengths),
@@ -37,3 +37,14 @@ def iteration_metrics(
     if eval_accuracy is not None:
         row["eval/accuracy"] = eval_accuracy
     return row
+
+
+def tail_metrics(plan: RoundPlan, queue: LongPromptQueue, result: RoundResult) -> dict[str, Any]:
+    """The round's tail-batching figures; `queue` is the queue after this round's deferrals."""
+    return {
+        "tail/round": plan.round_metric,
+        "tail/long_queue_size": len(queue),
+        "tail/aborted_requests": len(result.aborted_request_ids),
+        "tail/wasted_tokens": result.wasted_tokens,
+        "tail/fresh_prompts": plan.fresh_prompts,
+    }
