@@ -110,8 +110,12 @@ def test_scores_from_other_threads(reward):
 
 
 def test_a_runaway_check_times_out_and_the_reward_recovers():
-    """verify() on 9^9^9^9 runs for minutes in one C-level power; it must not stall scoring."""
-    reward = MathReward(timeout_s=1.0)
+    """verify() on 9^9^9^9 runs for minutes in one C-level power; it must not stall scoring.
+
+    (The default literal-answer rule rejects the expression before math-verify
+    sees it, so the timeout path is exercised with that rule off.)"""
+    assert MathReward().score("#### 9^9^9^9", "79") == RewardResult(reward=0.0, correct=False, formatted=True)
+    reward = MathReward(timeout_s=1.0, literal_answers_only=False)
     try:
         result = threading_result(lambda: reward.score("#### 9^9^9^9", "79"))
         assert result == RewardResult(reward=0.0, correct=False, formatted=True)
