@@ -99,3 +99,28 @@ def test_seeded_run_repeats_bit_for_bit(prefect_api, tiny_model_dir, tmp_path):
     first, second = outcome("seeded-a"), outcome("seeded-b")
     assert first == second
     assert first[0][0]["reward/mean"] is not None
+
+
+def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_path):
+    """Short rounds defer the prompts that did not complete; a full queue runs a long round.
+
+    P0 = 4 and 1.5x prompts: each short round launches 6 prompts and defers 2, so
+    the queue holds 4 = P0 after two short rounds and iteration 2 is a long round.
+    """
+    from tailflow.flows.training import rl_training
+
+    config = tiny_run_config(tiny_model_dir, tmp_path)
+    config["rollout"]["max_new_tokens"] = 16  # forced tiny: many responses end by length
+    config["train"].update(iterations=4, eval_every=4, checkpoint_every=4)
+    config["tail"] = {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5}
+    rl_training(config=config, run_id="tail-test")
+
+    rows = [json.loads(line) for line in (tmp_path / "tail-test" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["tail/round"] for row in rows] == [0, 0, 1, 0]
+    assert [row["tail/long_queue_size"] for row in rows] == [2, 4, 0, 2]
+    assert [row["tail/fresh_prompts"] for row in rows] == [6, 6, 0, 6]
+    assert rows[0]["tail/aborted_requests"] > 0 and rows[2]["tail/aborted_requests"] == 0
+    assert all(row["tail/wasted_tokens"] >= 0 for row in rows)
+    state = json.loads((tmp_path / "tail-test" / "state.json").read_text())
+    assert state["cursor"]["num_drawn"] == 18  # 3 short rounds x 6 fresh prompts
+    assert len(state["long_queue"]) == 2  # 18 drawn = 4 trained x 4 iterations + 2 queued

@@ -36,6 +36,9 @@ class RolloutWorker:
             completions.extend(self.engine.step())
         return completions
 
+    poll = step_many
+    """The name `tailflow.engines.tail.driver.StreamingRollout` uses: an in-process worker drives a round too."""
+
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         return self.engine.generate(requests)
 

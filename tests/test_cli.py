@@ -1,0 +1,47 @@
+"""The command line: bad input fails fast with the key named; eval works on the shipped model."""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tailflow.cli import main
+
+
+def test_bad_override_fails_before_any_work(tmp_path, capsys):
+    storage = tmp_path / "store"
+    code = main(["train", "--set", f"storage.uri={storage}", "--set", "train.lrr=1"])
+    assert code == 2
+    assert "train.lrr: unknown key" in capsys.readouterr().err
+    assert not storage.exists()  # nothing was started or written
+
+
+def test_missing_config_file_is_named(tmp_path, capsys):
+    assert main(["train", "-c", str(tmp_path / "nope.yaml")]) == 2
+    assert "nope.yaml does not exist" in capsys.readouterr().err
+
+
+def test_custom_dataset_errors_name_the_file(tmp_path, capsys):
+    from tailflow.flows.setup import shipped_warmstart_dir
+
+    train = tmp_path / "train.jsonl"
+    train.write_text('{"question": "1+1", "answer": "2"}\n')
+    code = main(["eval", "--set", f"model.path={shipped_warmstart_dir()}", "--set", f"data.train_path={train}",
+                 "--set", f"data.eval_path={train}"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "train.jsonl" in err and "prompt" in err
+
+
+def test_eval_reports_the_shipped_warm_start_accuracy():
+    """The shipped checkpoint's recipe says 37.5% on the 200 default eval problems; check 40 of them."""
+    result = subprocess.run([sys.executable, "-m", "tailflow.cli", "eval", "--set", "data.num_eval=40"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    accuracy = float(result.stdout.strip().rsplit(" ", 1)[-1].rstrip("%"))
+    assert 15.0 <= accuracy <= 60.0
+
+
+def test_config_reference_prints_every_section(capsys):
+    assert main(["config", "--reference"]) == 0
+    out = capsys.readouterr().out
+    assert all(f"## `{section}`" in out for section in ("model", "data", "rollout", "train", "tail"))
