@@ -4,6 +4,7 @@ Kept out of the flows so they read as the steps they run.
 """
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from dataclasses import dataclass
@@ -35,10 +36,27 @@ def new_run_id() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def resolve_model_path(config: RunConfig) -> str:
-    path = Path(config.model.path) if config.model.path else shipped_warmstart_dir()
+def resolve_model_path(config: RunConfig, store: LocalStore) -> str:
+    """model.path; else the warm start of the config's recipe: cached in the store, or shipped."""
+    if config.model.path:
+        path = Path(config.model.path)
+    else:
+        path = warm_start_dir(config, store)
     check_model_dir(path)
     return str(path)
+
+
+def warm_start_dir(config: RunConfig, store: LocalStore) -> Path:
+    from tailflow.flows.warmstart import recipe_key, recipe_of
+
+    recipe = recipe_of(config)
+    if store.exists(f"{recipe_key(recipe)}/model.safetensors"):
+        return store.local_dir(recipe_key(recipe))
+    shipped = shipped_warmstart_dir()
+    if json.loads((shipped / "recipe.json").read_text()) == recipe:
+        return shipped
+    raise ConfigError(f"no warm start for the warmstart.* settings of this config in {store.uri()}: "
+                      "run `tailflow warmstart` with the same config first, or set model.path")
 
 
 @dataclass(frozen=True)
@@ -75,7 +93,7 @@ def prepare_run_dir(config: RunConfig, run_id: str) -> LocalStore:
 
 
 def build_context(config: RunConfig, run_id: str, store: LocalStore) -> RunContext:
-    model_path = resolve_model_path(config)
+    model_path = resolve_model_path(config, store)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     context_length = _context_length(model_path)
     max_prompt_tokens = context_length - config.rollout.max_new_tokens
@@ -97,7 +115,7 @@ def build_context(config: RunConfig, run_id: str, store: LocalStore) -> RunConte
         run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
         eval_problems=datasets.eval, reward=reward_function(config),
         rollout=rollout, trainer=trainer, metrics=MetricsLogger(store, run_id, wandb_run), model_path=model_path,
-        data_notes={"num_skipped": datasets.num_skipped},
+        num_skipped_rows=datasets.num_skipped,
     )
 
 

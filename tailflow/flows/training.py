@@ -69,8 +69,9 @@ def summarize(ctx, state: RunState) -> RunSummary:
 
 
 def print_start(ctx, state: RunState) -> None:
-    print(f"[tailflow] run {ctx.run_id}: {len(ctx.train_problems)} train / {len(ctx.eval_problems)} eval problems, "
-          f"initial greedy accuracy {state.initial_eval_accuracy:.1%}", flush=True)
+    skipped = f" ({ctx.num_skipped_rows} invalid rows skipped)" if ctx.num_skipped_rows else ""
+    print(f"[tailflow] run {ctx.run_id}: {len(ctx.train_problems)} train / {len(ctx.eval_problems)} eval problems"
+          f"{skipped}, initial greedy accuracy {state.initial_eval_accuracy:.1%}", flush=True)
 
 
 def print_progress(row: dict[str, Any]) -> None:

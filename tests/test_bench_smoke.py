@@ -1,0 +1,41 @@
+"""The tail-batching benchmarks run end to end on tiny settings (`--quick`).
+
+Each runs as its own process, as a user runs it; the numbers are not checked
+here (the real runs are), only that the scripts finish and report.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+
+
+def run_bench(script: str, *args: str, timeout: int = 180) -> str:
+    """Run bench/<script> --quick; its stdout, after checking it exited 0."""
+    # PREFECT_HOME is the session's temp home (conftest.py), so the child's ephemeral server is isolated too.
+    result = subprocess.run([sys.executable, str(BENCH_DIR / script), "--quick", *args], capture_output=True,
+                            text=True, timeout=timeout, env=dict(os.environ))
+    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+def test_tail_batching_quick():
+    stdout = run_bench("tail_batching.py")
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+", last_line)
+    assert "VERDICT:" in stdout and "length profile" in stdout and "tokens/s" in stdout
+
+
+def test_sensitivity_quick(tmp_path):
+    out = tmp_path / "sensitivity.png"
+    stdout = run_bench("sensitivity.py", "--out", str(out))
+    assert re.fullmatch(r"RESULT best_speedup=\S+ prompt_ratio=\S+ responses_launched=\d+", stdout.strip().splitlines()[-1])
+    assert out.stat().st_size > 0 and out.read_bytes().startswith(b"\x89PNG")
