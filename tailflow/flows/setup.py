@@ -78,8 +78,8 @@ def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int) -> Datas
         prompt_template=data.prompt_template, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens,
         on_invalid=data.on_invalid,
     )
-    train = load_problems(data.train_path, field_name="data.train_path", **common)
-    held_out = load_problems(data.eval_path, field_name="data.eval_path", **common)
+    train = load_problems(data.train_path, source_name="data.train_path", **common)
+    held_out = load_problems(data.eval_path, source_name="data.eval_path", **common)
     return Datasets(train.problems, held_out.problems[: data.num_eval], train.num_skipped + held_out.num_skipped)
 
 
