@@ -124,3 +124,23 @@ def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_pat
     state = json.loads((tmp_path / "tail-test" / "state.json").read_text())
     assert state["cursor"]["num_drawn"] == 18  # 3 short rounds x 6 fresh prompts
     assert len(state["long_queue"]) == 2  # 18 drawn = 4 trained x 4 iterations + 2 queued
+
+
+def test_training_on_a_jsonl_dataset_with_custom_fields(prefect_api, tiny_model_dir, tmp_path):
+    """Real data path: problems from JSONL with other field names, one bad row skipped and counted."""
+    from tailflow.engines.data.arith import ArithmeticTask
+    from tailflow.flows.training import rl_training
+
+    problems = ArithmeticTask(max_terms=3).generate(12, seed=5, split="mine")
+    data = tmp_path / "mine.jsonl"
+    rows = [json.dumps({"question": p.prompt, "gold": p.answer, "uid": p.problem_id}) for p in problems]
+    data.write_text("\n".join(rows + ['{"question": "", "gold": "1", "uid": "empty"}']) + "\n")
+    config = tiny_run_config(tiny_model_dir, tmp_path)
+    config["data"] = {"train_path": str(data), "eval_path": str(data), "prompt_field": "question",
+                      "answer_field": "gold", "id_field": "uid", "on_invalid": "skip", "num_eval": 4,
+                      "prompts_per_step": 4}
+    config["train"].update(iterations=1, checkpoint_every=1)
+    summary = rl_training(config=config, run_id="jsonl-run")
+    assert summary.iterations == 1 and summary.final_accuracy is not None
+    row = json.loads((tmp_path / "jsonl-run" / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["reward/mean"] > 0  # the shipped model solves some of these short sums
