@@ -99,8 +99,8 @@ def sample_lengths(num_prompts: int, responses_per_prompt: int, max_new_tokens: 
 
     problems, _ = default_splits(num_prompts, 1, seed)
     tokenizer = AutoTokenizer.from_pretrained(WARMSTART)
-    requests = sampling_requests(problems, responses_per_prompt, SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens),
-                                 tokenizer, seed, iteration=0)
+    params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
+    requests = sampling_requests(problems, responses_per_prompt, params, tokenizer, seed, iteration=0)
     longest_prompt = max(len(r.prompt_token_ids) for r in requests)
     worker = RolloutWorker(str(WARMSTART), 128, longest_prompt + max_new_tokens, seed, num_threads)
     return [len(completion.token_ids) for completion in worker.generate(requests)]

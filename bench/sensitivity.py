@@ -1,6 +1,6 @@
 """Rollout time per step over tail batching's two knobs: the paper's Figure 11 analogue.
 
-    python bench/sensitivity.py [--prompts-per-step 32] [--min-steps 18] [--out bench/out/sensitivity.png] [--quick]
+    python bench/sensitivity.py [--prompts-per-step 32] [--min-steps 9] [--out bench/out/sensitivity.png] [--quick]
 
 Rollout only (no Prefect, Ray or training, so the weights never change): one
 in-process RolloutWorker with the warm-start model drives the real policy
@@ -261,8 +261,9 @@ def write_heatmap(cells: dict[tuple[float, int], Cell], ratios: Sequence[float],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompts-per-step", type=int, help="P0 (default: the default config's, 32; --quick: 4)")
-    parser.add_argument("--min-steps", type=int, help="steps per cell at least, then up to the queue emptying "
-                                                      "(default 18: two 9-step cycles at ratio 1.125; --quick: 3)")
+    parser.add_argument("--min-steps", type=int,
+                        help="steps per cell at least, then up to the queue emptying (default 9: one whole cycle at "
+                             "every ratio, ~6 min here; 18: two at ratio 1.125, ~12 min; --quick: 3)")
     parser.add_argument("--max-new-tokens", type=int,
                         help=f"rollout.max_new_tokens (default {MAX_NEW_TOKENS}, as bench/tail_batching.py; --quick: 64)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="heatmap PNG")
@@ -274,7 +275,7 @@ def main() -> None:
     ratios, factors = ((1.0, 1.5), (1.0, 1.5)) if args.quick else (PROMPT_RATIOS, RESPONSE_FACTORS)
     w = build_workload(args.prompts_per_step or (4 if args.quick else None), 4 if args.quick else None,
                        args.max_new_tokens or (64 if args.quick else MAX_NEW_TOKENS),
-                       args.min_steps or (3 if args.quick else 18), args.seed)
+                       args.min_steps or (3 if args.quick else 9), args.seed)
     launched = [launched_prompts(w.responses_kept, factor) for factor in factors]
     print(f"workload: warm-start model, in-process RolloutWorker ({ROLLOUT_THREADS} torch threads, "
           f"{w.worker.stats().num_slots} slots), P0={w.prompts_per_step} R0={w.responses_kept} "
@@ -296,9 +297,12 @@ def main() -> None:
     best_speedup = reference.seconds_per_step / best.seconds_per_step
     (step_ratio, step_n), fewest = min(cells.items(), key=lambda item: item[1].decode_steps_per_step)
     default_key = (1.25, launched_prompts(w.responses_kept, 1.25))
-    default_note = (f"; the default {default_key} gives {reference.seconds_per_step / cells[default_key].seconds_per_step:.2f}x"
-                    f" in seconds, {reference.decode_steps_per_step / cells[default_key].decode_steps_per_step:.2f}x "
-                    "in decode steps" if default_key in cells else "")
+    default_note = ""
+    if default_key in cells:
+        default = cells[default_key]
+        default_note = (f"; the default {default_key} gives {reference.seconds_per_step / default.seconds_per_step:.2f}x "
+                        f"in seconds, {reference.decode_steps_per_step / default.decode_steps_per_step:.2f}x "
+                        "in decode steps")
     outcome = "speculation pays off" if best_speedup > 1.0 else "speculation does not pay off on this CPU"
     print(f"VERDICT: {outcome}: fastest cell ({best_ratio:g}, {best_n}) is {best_speedup:.2f}x the no-speculation "
           f"corner (1.0, {w.responses_kept}) in seconds; in decode steps (flat-cost GPU proxy) the best cell "

@@ -23,7 +23,8 @@ def run_bench(script: str, *args: str, timeout: int = 180) -> str:
     # PREFECT_HOME is the session's temp home (conftest.py), so the child's ephemeral server is isolated too.
     result = subprocess.run([sys.executable, str(BENCH_DIR / script), "--quick", *args], capture_output=True,
                             text=True, timeout=timeout, env=dict(os.environ))
-    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{output}"
     return result.stdout
 
 
@@ -37,5 +38,6 @@ def test_tail_batching_quick():
 def test_sensitivity_quick(tmp_path):
     out = tmp_path / "sensitivity.png"
     stdout = run_bench("sensitivity.py", "--out", str(out))
-    assert re.fullmatch(r"RESULT best_speedup=\S+ prompt_ratio=\S+ responses_launched=\d+", stdout.strip().splitlines()[-1])
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT best_speedup=\S+ prompt_ratio=\S+ responses_launched=\d+", last_line)
     assert out.stat().st_size > 0 and out.read_bytes().startswith(b"\x89PNG")
