@@ -1,8 +1,8 @@
 """The artifact store: where a run's config, metrics and checkpoints live.
 
 Keys are '/'-separated paths relative to the store's root (`<run_id>/config.yaml`).
-A local folder is the default; an S3 store implements the same methods, so the
-flows never know which one they write to. Writes are atomic (temp file, fsync,
+A local folder is the default; the S3 store (s3.py) implements the same methods,
+so the flows never know which one they write to. Writes are atomic (temp file, fsync,
 rename): a reader never sees half a file.
 """
 from __future__ import annotations
@@ -88,6 +88,10 @@ class LocalStore:
             shutil.rmtree(target)
         os.replace(staging, target)
 
+    def has_dir(self, key: str) -> bool:
+        """A complete directory stored by `put_dir` (atomic here: the rename is the commit)."""
+        return self.path(key).is_dir()
+
     def local_dir(self, key: str) -> Path:
         """A local path holding the directory at `key` (here: the directory itself)."""
         target = self.path(key)
@@ -95,15 +99,19 @@ class LocalStore:
             raise FileNotFoundError(f"{target} is not a directory in the artifact store")
         return target
 
+    def delete_prefix(self, key: str) -> None:
+        """Remove the directory at `key` and all it holds (checkpoint retention); missing is fine."""
+        target = self.path(key)
+        if not key.strip("/") or target == self.root:
+            raise StoreError(f"refusing to delete the whole store {self.root}")
+        if target.is_dir():
+            shutil.rmtree(target)
+        elif target.exists():
+            raise StoreError(f"{target} is a file, not a directory; delete_prefix removes directories")
+
     def list_dir(self, key: str = "") -> list[str]:
         target = self.path(key) if key else self.root
         if not target.is_dir():
             return []
         return sorted(entry.name for entry in target.iterdir() if not entry.name.startswith("."))
 
-
-def open_store(uri: str) -> LocalStore:
-    """The store for `storage.uri`; S3 URIs come with the durable-runs work."""
-    if uri.startswith("s3://"):
-        raise StoreError(f"storage.uri: {uri}: the S3 store is not available yet; use a local folder")
-    return LocalStore(uri)

@@ -1,0 +1,302 @@
+"""The artifact store on S3 (or any S3-compatible server): same methods as LocalStore.
+
+What S3 does not give us, and how this file makes up for it:
+- no atomic directory rename: `put_dir` uploads every file, then writes
+  `<key>/.manifest.json` LAST; `local_dir` uses only what a manifest lists, so a
+  half-uploaded checkpoint (no manifest yet) is refused, never loaded;
+- no end-to-end integrity we control: every object carries the sha256 of its
+  content in its metadata (`x-amz-meta-sha256`) and every read checks it,
+  retrying a mismatch a few times before failing;
+- no append: `append_line` reads the whole object and writes it back (fine for
+  the small metrics JSONL files it is used for, with one writer per run).
+Transient faults (503 Slow Down, dropped connections, timeouts) are retried by
+botocore's "standard" retry mode; what is left after the retries surfaces as one
+StoreError line naming the s3:// URI and the reason.
+
+Endpoint and credentials come from the standard AWS configuration: environment
+variables, profiles, and `AWS_ENDPOINT_URL`, which botocore (>= 1.31) honours.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+from boto3.exceptions import Boto3Error
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import (BotoCoreError, ClientError, FlexibleChecksumError, IncompleteReadError,
+                                 ReadTimeoutError, ResponseStreamingError)
+
+from tailflow.engines.store.local import StoreError
+
+MIB = 1024 * 1024
+MANIFEST_NAME = ".manifest.json"
+NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+# A response body that broke off mid-read, or did not match its own checksum: worth reading again.
+BROKEN_BODY = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, FlexibleChecksumError)
+
+
+class InterruptedDownload(Exception):
+    """A body that broke off after its headers arrived, where botocore's retries no longer reach."""
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One file of a `put_dir` directory: its path relative to the directory, size and sha256."""
+    path: str
+    size: int
+    sha256: str
+
+
+def sha256_of_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(MIB), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+@contextmanager
+def s3_errors(uri: str) -> Iterator[None]:
+    """Turn what boto3 raises into the store's errors: FileNotFoundError or one StoreError line."""
+    try:
+        yield
+    except ClientError as error:
+        code = error.response.get("Error", {}).get("Code", "")
+        if code in NOT_FOUND_CODES:
+            raise FileNotFoundError(f"{uri} does not exist in the artifact store") from None
+        raise StoreError(f"{uri}: {one_line(error)}") from None
+    except (BotoCoreError, Boto3Error) as error:
+        raise StoreError(f"{uri}: {one_line(error)}") from None
+
+
+def make_client(max_attempts: int, connect_timeout: float, read_timeout: float) -> Any:
+    config = Config(retries={"max_attempts": max_attempts, "mode": "standard"},
+                    connect_timeout=connect_timeout, read_timeout=read_timeout)
+    return boto3.client("s3", config=config)
+
+
+class S3Store:
+    """Artifacts under `s3://<bucket>/<prefix>/`; keys are '/'-separated, as in LocalStore."""
+
+    def __init__(self, bucket: str, prefix: str = "", client: Any = None, cache_dir: str | Path | None = None, *,
+                 multipart_threshold: int = 64 * MIB, max_attempts: int = 10, connect_timeout: float = 10.0,
+                 read_timeout: float = 60.0, verify_attempts: int = 3):
+        """`multipart_threshold` is also the part size (S3's minimum part is 5 MiB); `max_attempts`
+        and the timeouts configure the client built here (ignored when `client` is given). Note
+        botocore reads `retries.max_attempts` as retries after the first try: 2 means 3 requests.
+        `verify_attempts` is how many times a download that fails its sha256 is tried."""
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.client = client if client is not None else make_client(max_attempts, connect_timeout, read_timeout)
+        cache_root = Path(cache_dir).expanduser() if cache_dir else Path("~/.cache/tailflow/s3").expanduser()
+        self.cache_root = cache_root / bucket / self.prefix
+        self.transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=multipart_threshold,
+                                       preferred_transfer_client="classic")
+        self.verify_attempts = verify_attempts
+
+    # -- naming ---------------------------------------------------------------
+
+    def clean_key(self, key: str) -> str:
+        parts = [part for part in key.split("/") if part]
+        if any(part in (".", "..") for part in parts):
+            raise StoreError(f"key {key!r} escapes the store root {self.uri()}")
+        return "/".join(parts)
+
+    def object_key(self, key: str) -> str:
+        return "/".join(part for part in (self.prefix, self.clean_key(key)) if part)
+
+    def uri(self, key: str = "") -> str:
+        return "s3://" + "/".join(part for part in (self.bucket, self.object_key(key)) if part)
+
+    # -- objects --------------------------------------------------------------
+
+    def exists(self, key: str) -> bool:
+        """True for an object at `key`, or for a "directory" with any object under `key/`."""
+        with s3_errors(self.uri(key)):
+            if self.clean_key(key):
+                try:
+                    self.client.head_object(Bucket=self.bucket, Key=self.object_key(key))
+                    return True
+                except ClientError as error:
+                    if error.response.get("Error", {}).get("Code") not in NOT_FOUND_CODES:
+                        raise
+            # A HEAD 404 cannot tell a missing key from a missing bucket; the listing can (and raises).
+            listing = self.client.list_objects_v2(Bucket=self.bucket, Prefix=self.dir_prefix(key), MaxKeys=1)
+            return listing.get("KeyCount", 0) > 0
+
+    def write_bytes(self, key: str, data: bytes) -> None:
+        """One object, whole or not at all (S3 PUTs are atomic); large payloads go multipart."""
+        metadata = {"sha256": hashlib.sha256(data).hexdigest()}
+        with s3_errors(self.uri(key)):
+            if len(data) < self.transfer.multipart_threshold:
+                self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data, Metadata=metadata)
+            else:
+                self.client.upload_fileobj(io.BytesIO(data), self.bucket, self.object_key(key),
+                                           ExtraArgs={"Metadata": metadata}, Config=self.transfer)
+
+    def write_text(self, key: str, text: str) -> None:
+        self.write_bytes(key, text.encode())
+
+    def read_bytes(self, key: str) -> bytes:
+        def fetch() -> tuple[bytes, str, str | None]:
+            response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            try:
+                data = response["Body"].read()
+            except BROKEN_BODY as error:
+                raise InterruptedDownload(one_line(error)) from error
+            return data, hashlib.sha256(data).hexdigest(), response.get("Metadata", {}).get("sha256")
+        return self.verified(self.uri(key), fetch)
+
+    def read_text(self, key: str) -> str:
+        return self.read_bytes(key).decode()
+
+    def append_line(self, key: str, line: str) -> None:
+        """Append one line (a JSONL row). S3 cannot append: this rewrites the whole object, so it
+        suits small files with a single writer (a run's metrics), not concurrent appenders."""
+        try:
+            existing = self.read_bytes(key)
+        except FileNotFoundError:
+            existing = b""
+        self.write_bytes(key, existing + (line.rstrip("\n") + "\n").encode())
+
+    def verified(self, uri: str, fetch: Callable[[], tuple[Any, str, str | None]]) -> Any:
+        """Run `fetch` (-> value, its sha256, the expected sha256 or None) until the digests agree;
+        an InterruptedDownload is fetched again too."""
+        problem = ""
+        for _ in range(self.verify_attempts):
+            with s3_errors(uri):
+                try:
+                    value, actual, expected = fetch()
+                except InterruptedDownload as error:
+                    problem = f"download interrupted ({error})"
+                    continue
+            if expected is None or actual == expected:  # None: written by another tool, accepted unverified
+                return value
+            problem = f"sha256 mismatch (stored {expected}, downloaded {actual})"
+        raise StoreError(f"{uri}: {problem} in {self.verify_attempts} attempts")
+
+    # -- directories ----------------------------------------------------------
+
+    def dir_prefix(self, key: str) -> str:
+        object_key = self.object_key(key)
+        return f"{object_key}/" if object_key else ""
+
+    def list_objects(self, key: str, delimiter: str = "") -> Iterator[dict[str, Any]]:
+        pages = self.client.get_paginator("list_objects_v2").paginate(
+            Bucket=self.bucket, Prefix=self.dir_prefix(key), Delimiter=delimiter)
+        yield from pages
+
+    def list_dir(self, key: str = "") -> list[str]:
+        """Child names under `key/`: objects and "subdirectories", sorted, hidden names skipped."""
+        start = len(self.dir_prefix(key))
+        names: set[str] = set()
+        with s3_errors(self.uri(key)):
+            for page in self.list_objects(key, delimiter="/"):
+                names.update(entry["Prefix"][start:].rstrip("/") for entry in page.get("CommonPrefixes", []))
+                names.update(entry["Key"][start:] for entry in page.get("Contents", []))
+        return sorted(name for name in names if name and not name.startswith("."))
+
+    def delete_prefix(self, key: str) -> None:
+        """Remove every object under `key/` (checkpoint retention); nothing there is fine."""
+        if not self.clean_key(key):
+            raise StoreError(f"refusing to delete the whole store {self.uri()}")
+        with s3_errors(self.uri(key)):
+            for page in self.list_objects(key):
+                objects = [{"Key": entry["Key"]} for entry in page.get("Contents", [])]
+                if not objects:
+                    continue
+                response = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects, "Quiet": True})
+                if response.get("Errors"):
+                    first = response["Errors"][0]
+                    raise StoreError(f"{self.uri(key)}: could not delete {first.get('Key')}: {first.get('Code')}")
+
+    def put_dir(self, key: str, local_dir: str | Path) -> None:
+        """Copy a local directory under `key`, replacing what was there.
+
+        Order matters: the old manifest goes first (from then on readers refuse the directory),
+        then the old objects, then the new files, then the new manifest, last."""
+        source = Path(local_dir)
+        entries = [ManifestEntry(path.relative_to(source).as_posix(), path.stat().st_size, sha256_of_file(path))
+                   for path in sorted(source.rglob("*")) if path.is_file()]
+        if any(entry.path == MANIFEST_NAME for entry in entries):
+            raise StoreError(f"{source}/{MANIFEST_NAME}: that name is reserved for the store's manifest")
+        with s3_errors(self.uri(key)):
+            self.client.delete_object(Bucket=self.bucket, Key=self.object_key(f"{key}/{MANIFEST_NAME}"))
+        self.delete_prefix(key)
+        for entry in entries:
+            with s3_errors(self.uri(f"{key}/{entry.path}")):
+                self.client.upload_file(str(source / entry.path), self.bucket, self.object_key(f"{key}/{entry.path}"),
+                                        ExtraArgs={"Metadata": {"sha256": entry.sha256}}, Config=self.transfer)
+        manifest = {"files": [asdict(entry) for entry in entries]}
+        self.write_text(f"{key}/{MANIFEST_NAME}", json.dumps(manifest, indent=1))
+
+    def has_dir(self, key: str) -> bool:
+        """A complete directory stored by `put_dir`: its manifest, uploaded last, exists."""
+        return self.exists(f"{key}/{MANIFEST_NAME}")
+
+    def read_manifest(self, key: str) -> list[ManifestEntry]:
+        try:
+            manifest = json.loads(self.read_bytes(f"{key}/{MANIFEST_NAME}"))
+        except FileNotFoundError:
+            if self.exists(key):
+                raise StoreError(f"{self.uri(key)} has no {MANIFEST_NAME}: its upload never finished; "
+                                 "refusing to use a partial directory") from None
+            raise FileNotFoundError(f"{self.uri(key)} is not a directory in the artifact store") from None
+        entries = [ManifestEntry(**entry) for entry in manifest["files"]]
+        for entry in entries:
+            self.clean_key(entry.path)  # a manifest must not send a download outside the cache directory
+        return entries
+
+    def local_dir(self, key: str) -> Path:
+        """A local copy of the directory at `key`, exactly as its manifest lists it.
+
+        Kept in the cache directory: files already there with the right sha256 are not
+        downloaded again, files the manifest does not list are removed."""
+        entries = self.read_manifest(key)
+        target = self.cache_root / self.clean_key(key)
+        target.mkdir(parents=True, exist_ok=True)
+        for entry in entries:
+            path = target / entry.path
+            if not (path.is_file() and path.stat().st_size == entry.size and sha256_of_file(path) == entry.sha256):
+                self.download_file(f"{key}/{entry.path}", path, entry.sha256)
+        remove_unlisted(target, {entry.path for entry in entries})
+        return target
+
+    def download_file(self, key: str, path: Path, sha256: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        os.close(handle)
+
+        def fetch() -> tuple[None, str, str]:
+            self.client.download_file(self.bucket, self.object_key(key), temp_name, Config=self.transfer)
+            return None, sha256_of_file(Path(temp_name)), sha256
+
+        try:
+            self.verified(self.uri(key), fetch)
+            os.replace(temp_name, path)
+        finally:
+            Path(temp_name).unlink(missing_ok=True)
+
+
+def remove_unlisted(root: Path, listed: set[str]) -> None:
+    """Delete cached files (and then empty folders) that are not in the current manifest."""
+    for path in sorted(root.rglob("*"), reverse=True):
+        relative = path.relative_to(root).as_posix()
+        if path.is_file() and relative not in listed:
+            path.unlink()
+        elif path.is_dir() and not any(path.iterdir()):
+            path.rmdir()
