@@ -1,13 +1,16 @@
-"""`tailflow`: train, evaluate and warm-start from the command line.
+"""`tailflow`: train, evaluate and warm-start from the command line; inspect, resume and export runs.
 
 Every command takes the same `-c FILE` / `--set key=value` options; the config
-is validated before any work starts.
+is validated before any work starts. For `runs`, `resume` and `export` they
+name the artifact store (`storage.uri`) that holds the run.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
+from dataclasses import asdict
 
 
 def quiet_prefect_defaults() -> None:
@@ -24,12 +27,35 @@ def config_arguments(parser: argparse.ArgumentParser) -> None:
                         help="override one config value, e.g. --set train.lr=2e-5 (repeatable)")
 
 
+def allow_change_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--allow-change", action="append", default=[], metavar="KEY[,KEY...]",
+                        help="config keys a resumed run may change, e.g. train.iterations (repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailflow", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     train = commands.add_parser("train", help="run RL training (a Prefect flow of iterations on Ray workers)")
     config_arguments(train)
-    train.add_argument("--run-id", help="name of the run directory under storage.uri (default: generated)")
+    train.add_argument("--run-id", help="name of the run directory under storage.uri (default: generated); "
+                       "an existing run with a commit resumes")
+    allow_change_argument(train)
+    resume = commands.add_parser("resume", help="continue a run from its last commit (default: its saved config)")
+    resume.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    config_arguments(resume)
+    allow_change_argument(resume)
+    runs = commands.add_parser("runs", help="list the runs in the artifact store, or show one")
+    runs_commands = runs.add_subparsers(dest="runs_command", required=True)
+    runs_list = runs_commands.add_parser("list", help="one line per run: progress, queue, eval, checkpoint")
+    config_arguments(runs_list)
+    runs_show = runs_commands.add_parser("show", help="a run's committed state")
+    runs_show.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    runs_show.add_argument("--json", action="store_true", help="print one JSON object")
+    config_arguments(runs_show)
+    export = commands.add_parser("export", help="copy a run's committed checkpoint out as a Hugging Face model dir")
+    export.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    export.add_argument("directory", metavar="DIR", help="new or empty directory to write the model into")
+    config_arguments(export)
     evaluate = commands.add_parser("eval", help="greedy held-out accuracy of model.path (default: the warm start)")
     config_arguments(evaluate)
     warm = commands.add_parser("warmstart", help="SFT the embedded tiny model (cached in the artifact store)")
@@ -59,6 +85,12 @@ def main(argv: list[str] | None = None) -> int:
             from tailflow.flows.warmstart import warm_start
 
             print(f"warm-start checkpoint: {warm_start(args.config, args.overrides)}")
+        elif args.command == "resume":
+            return run_resume(args, config)
+        elif args.command == "runs":
+            return run_runs(args, config)
+        elif args.command == "export":
+            return run_export(args, config)
         return 0
     except user_errors() as error:
         print(f"tailflow: error: {error}", file=sys.stderr)
@@ -70,15 +102,122 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tailflow.config import ConfigError
     from tailflow.engines.data.dataset import DatasetError
     from tailflow.engines.models import UnsupportedModelError
+    from tailflow.engines.runs.commit import CommitError
     from tailflow.engines.store import StoreError
+    from tailflow.runs_report import RunError
 
-    return (ConfigError, DatasetError, UnsupportedModelError, StoreError, FileNotFoundError)
+    return (ConfigError, DatasetError, UnsupportedModelError, StoreError, FileNotFoundError, RunError, CommitError)
+
+
+def allowed_changes(values: list[str]) -> list[str]:
+    """`--allow-change a,b --allow-change c` -> [a, b, c], each checked against the config's keys."""
+    from tailflow.config import ConfigError, RunConfig
+    from tailflow.flows.resume import flatten
+
+    known = flatten(RunConfig().model_dump(mode="json"))
+    keys = [key.strip() for value in values for key in value.split(",") if key.strip()]
+    for key in keys:
+        if key not in known:
+            raise ConfigError(f"--allow-change: {key} is not a config key (see `tailflow config`)")
+    return keys
 
 
 def run_train(args) -> int:
     from tailflow.flows.training import rl_training
 
-    summary = rl_training(config_path=args.config, overrides=args.overrides, run_id=args.run_id)
+    summary = rl_training(config_path=args.config, overrides=args.overrides, run_id=args.run_id,
+                          allow_change=allowed_changes(args.allow_change))
+    print_summary(summary)
+    return 0
+
+
+def run_resume(args, config) -> int:
+    """storage.uri may always differ from the saved config: the run was found in this store, so it lives here."""
+    from tailflow.engines.store import open_store
+    from tailflow.flows.training import rl_training
+    from tailflow.runs_report import config_for_resume
+
+    allow_change = allowed_changes(args.allow_change)
+    store = open_store(config.storage.uri)
+    resumed = config_for_resume(store, args.run_id, args.config, args.overrides, config.storage.uri)
+    summary = rl_training(config=resumed.model_dump(mode="json"), run_id=args.run_id,
+                          allow_change=allow_change + ["storage.uri"])
+    print_summary(summary)
+    return 0
+
+
+def run_runs(args, config) -> int:
+    from tailflow.engines.store import open_store
+    from tailflow.runs_report import list_runs, report_run
+
+    store = open_store(config.storage.uri)
+    if args.runs_command == "list":
+        print_run_table(store.uri(), list_runs(store))
+    elif args.json:
+        print(json.dumps(asdict(report_run(store, args.run_id)), indent=2))
+    else:
+        print_run_report(report_run(store, args.run_id))
+    return 0
+
+
+def run_export(args, config) -> int:
+    from tailflow.engines.store import open_store
+    from tailflow.runs_report import export_checkpoint
+
+    result = export_checkpoint(open_store(config.storage.uri), args.run_id, args.directory)
+    print(f"exported run {args.run_id} after {result.iteration} iterations ({result.checkpoint})\n"
+          f"  to: {result.directory}\n"
+          f"  model.safetensors sha256: {result.weights_sha256}")
+    return 0
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def run_table_row(report) -> list[str]:
+    from tailflow.runs_report import UnreadableRun
+
+    if isinstance(report, UnreadableRun):
+        return [report.run_id, "?", "-", "-", "-", f"unreadable: {report.reason}"]
+    iterations = f"{report.iteration}/{report.iterations_planned}"
+    if not report.committed:
+        return [report.run_id, iterations, "-", "-", "-", "no commit (not started)"]
+    last_round = ("long" if report.round_history[-1] else "short") if report.round_history else "-"
+    return [report.run_id, iterations, last_round, str(report.long_queue_size), percent(report.last_eval_accuracy),
+            report.latest_checkpoint or "initial model"]
+
+
+def print_run_table(store_uri: str, reports: list) -> None:
+    if not reports:
+        print(f"no runs in {store_uri}")
+        return
+    rows = [["RUN", "ITERS", "LAST", "QUEUE", "EVAL", "CHECKPOINT"]] + [run_table_row(r) for r in reports]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
+
+
+def print_run_report(report) -> None:
+    from tailflow.runs_report import rounds_text
+
+    print(f"run {report.run_id}\n  config: {report.config}")
+    if not report.committed:
+        print(f"  no commit yet: not started, or stopped before its first commit "
+              f"(0 of {report.iterations_planned} iterations)")
+        return
+    oldest = f", oldest: {', '.join(report.long_queue_oldest)}" if report.long_queue_oldest else ""
+    more = ", ..." if report.long_queue_size > len(report.long_queue_oldest) else ""
+    print(f"  iterations: {report.iteration} of {report.iterations_planned} committed\n"
+          f"  rounds: {rounds_text(report.round_history)}\n"
+          f"  long queue: {report.long_queue_size} prompts{oldest}{more}\n"
+          f"  checkpoint: {report.latest_checkpoint or 'none yet (the initial model)'}\n"
+          f"  weights sha256: {report.weights_sha256 or '-'}\n"
+          f"  eval accuracy: {percent(report.initial_eval_accuracy)} initial, "
+          f"{percent(report.last_eval_accuracy)} last")
+
+
+def print_summary(summary) -> None:
     final = summary.final_accuracy if summary.final_accuracy is not None else float("nan")
     print(
         f"\n[tailflow] run {summary.run_id} finished {summary.iterations} iterations\n"
@@ -89,7 +228,6 @@ def run_train(args) -> int:
         f"    metrics: {summary.metrics_path}\n"
         f"    checkpoint: {summary.latest_checkpoint}"
     )
-    return 0
 
 
 if __name__ == "__main__":

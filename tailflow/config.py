@@ -60,8 +60,9 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     top_k: int = Field(0, ge=0)
     """0 disables top-k filtering."""
-    max_new_tokens: int = Field(320, ge=1)
-    """Longest response; a response that reaches it finishes with reason `length`."""
+    max_new_tokens: int = Field(720, ge=1)
+    """Longest response; a response that reaches it finishes with reason `length`. The default fits the
+    embedded task's longest solution (~690 tokens, 26x the median): the tail is the task's, not cut short."""
     num_workers: int = Field(1, ge=1)
     """Rollout engine replicas (Ray actors)."""
     num_slots: int = Field(128, ge=1)
@@ -97,14 +98,15 @@ class TrainConfig(Section):
     """Token budget of one micro-batch (rows x longest row); gradients accumulate across them."""
     num_workers: int = Field(2, ge=1)
     """Trainer ranks (Ray actors sharing the model with FSDP2)."""
-    checkpoint_every: int = Field(10, ge=1)
-    """Write a checkpoint every this many iterations (and after the last)."""
+    iteration_retries: int = Field(2, ge=0)
+    """Times an iteration starts over (actors rebuilt from the last commit) after a rollout, reward or trainer
+    actor dies in it, before the run fails."""
     seed: int = 0
     """Seeds rollout sampling and the trainer."""
 
 
 class TailConfig(Section):
-    enabled: bool = False
+    enabled: bool = True
     """Tail batching (RollPacker). False: the synchronous baseline, every prompt waits for all its responses."""
     prompt_ratio: float = Field(1.25, ge=1.0)
     """Short rounds launch ceil(prompt_ratio * P0) prompts."""
@@ -127,7 +129,12 @@ class ClusterConfig(Section):
 
 class StorageConfig(Section):
     uri: str = "runs"
-    """Artifact store root: a local folder (the run lives in `<uri>/<run_id>/`)."""
+    """Artifact store root: a local folder, or `s3://bucket/prefix` (endpoint and credentials from the standard
+    AWS configuration: env vars, profile, `AWS_ENDPOINT_URL`). The run lives in `<uri>/<run_id>/`."""
+    keep_last: int = Field(2, ge=1)
+    """Checkpoints kept (model + optimizer, one per iteration): the newest this many, never the committed one."""
+    keep_every: int = Field(10, ge=0)
+    """Also keep every checkpoint after an iteration count divisible by this (0: none), e.g. for later eval."""
 
 
 class TrackingConfig(Section):
@@ -139,7 +146,7 @@ class TrackingConfig(Section):
 
 
 class WarmStartConfig(Section):
-    steps: int = Field(1350, ge=1)
+    steps: int = Field(1950, ge=1)
     """SFT steps on reference solutions."""
     batch_size: int = Field(32, ge=1)
     lr: float = Field(2e-3, gt=0.0)

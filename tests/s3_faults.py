@@ -24,9 +24,12 @@ FOREVER = -1
 
 @dataclass
 class FaultPlan:
-    """Which fault the next requests get, and how many more of them (FOREVER: never stop)."""
+    """Which fault the next requests get, and how many more of them (FOREVER: never stop); or, with
+    `every` > 0, every `every`-th request from now on (faults sprinkled through a whole run)."""
     kind: str | None = None
     remaining: int = 0
+    every: int = 0
+    seen: int = 0
 
 
 @dataclass(frozen=True)
@@ -60,8 +63,19 @@ class FaultProxy:
             self.plan = FaultPlan(kind, count)
             self.faults_served = 0
 
+    def inject_every(self, kind: str, every: int) -> None:
+        with self.lock:
+            self.plan = FaultPlan(kind, 0, every)
+            self.faults_served = 0
+
     def take_fault(self) -> str | None:
         with self.lock:
+            if self.plan.kind is not None and self.plan.every > 0:
+                self.plan.seen += 1
+                if self.plan.seen % self.plan.every:
+                    return None
+                self.faults_served += 1
+                return self.plan.kind
             if self.plan.kind is None or self.plan.remaining == 0:
                 return None
             if self.plan.remaining > 0:

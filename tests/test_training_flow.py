@@ -6,6 +6,9 @@ import json
 import pytest
 from safetensors.torch import load_file
 
+from tailflow.engines.runs.checkpoint import weights_sha256
+from tailflow.engines.runs.commit import read_committed_state
+from tailflow.engines.store import LocalStore
 from tailflow.flows.setup import shipped_warmstart_dir
 
 pytestmark = pytest.mark.slow
@@ -17,13 +20,18 @@ def tiny_model_dir():
     return shipped_warmstart_dir()
 
 
+def committed_state(storage, run_id):
+    return read_committed_state(LocalStore(storage), run_id)
+
+
 def tiny_run_config(model_dir, storage) -> dict:
     return {
         "model": {"path": str(model_dir)},
         "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
         "rollout": {"n": 4, "max_new_tokens": 48, "num_slots": 16},
-        "train": {"iterations": 2, "eval_every": 1, "checkpoint_every": 1, "num_workers": 2, "lr": 1e-3},
+        "train": {"iterations": 2, "eval_every": 1, "num_workers": 2, "lr": 1e-3},
         "storage": {"uri": str(storage)},
+        "tail": {"enabled": False},
     }
 
 
@@ -46,9 +54,10 @@ def test_two_iterations_through_prefect(prefect_api, tiny_model_dir, tmp_path):
     assert rows[0]["eval/accuracy_initial"] == summary.initial_accuracy
     assert any(row["reward/mean"] > 0 for row in rows)  # there was a learning signal
     assert (run_dir / "config.yaml").read_text().startswith("model:")
-    state = json.loads((run_dir / "state.json").read_text())
-    assert state["iteration"] == 2 and state["weight_version"] == 2
-    assert state["latest_checkpoint"] == "spine-test/checkpoints/iter-0001"
+    state = committed_state(tmp_path, "spine-test")
+    assert state.iteration == 2 and state.weight_version == 2
+    assert state.latest_checkpoint == "spine-test/checkpoints/iter-0001"
+    assert state.weights_sha256 == weights_sha256(run_dir / "checkpoints" / "iter-0001")
 
     # the checkpoint is a loadable HF directory whose weights moved away from the initial model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -70,15 +79,14 @@ def test_two_iterations_through_prefect(prefect_api, tiny_model_dir, tmp_path):
     assert all(runs[name].state.is_completed() for name in ("iter-0000", "iter-0001", "spine-test"))
 
 
-def test_existing_run_is_not_overwritten(prefect_api, tiny_model_dir, tmp_path):
-    from tailflow.config import ConfigError
+def test_a_run_without_resumable_commits_is_not_overwritten(tiny_model_dir, tmp_path):
+    from tailflow.config import ConfigError, config_from_dict
     from tailflow.flows.setup import prepare_run_dir
-    from tailflow.config import config_from_dict
 
     config = config_from_dict(tiny_run_config(tiny_model_dir, tmp_path))
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "state.json").write_text("{}")
-    with pytest.raises(ConfigError, match="run taken already exists"):
+    with pytest.raises(ConfigError, match="run taken .* without resumable commits"):
         prepare_run_dir(config, "taken")
     assert (tmp_path / "taken" / "state.json").read_text() == "{}"
 
@@ -111,7 +119,7 @@ def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_pat
 
     config = tiny_run_config(tiny_model_dir, tmp_path)
     config["rollout"]["max_new_tokens"] = 16  # forced tiny: many responses end by length
-    config["train"].update(iterations=4, eval_every=4, checkpoint_every=4)
+    config["train"].update(iterations=4, eval_every=4)
     config["tail"] = {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5}
     rl_training(config=config, run_id="tail-test")
 
@@ -121,9 +129,10 @@ def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_pat
     assert [row["tail/fresh_prompts"] for row in rows] == [6, 6, 0, 6]
     assert rows[0]["tail/aborted_requests"] > 0 and rows[2]["tail/aborted_requests"] == 0
     assert all(row["tail/wasted_tokens"] >= 0 for row in rows)
-    state = json.loads((tmp_path / "tail-test" / "state.json").read_text())
-    assert state["cursor"]["num_drawn"] == 18  # 3 short rounds x 6 fresh prompts
-    assert len(state["long_queue"]) == 2  # 18 drawn = 4 trained x 4 iterations + 2 queued
+    state = committed_state(tmp_path, "tail-test")
+    assert state.cursor.num_drawn == 18  # 3 short rounds x 6 fresh prompts
+    assert len(state.long_queue) == 2  # 18 drawn = 4 trained x 4 iterations + 2 queued
+    assert state.round_history == [0, 0, 1, 0]
 
 
 def test_training_on_a_jsonl_dataset_with_custom_fields(prefect_api, tiny_model_dir, tmp_path):
@@ -139,7 +148,7 @@ def test_training_on_a_jsonl_dataset_with_custom_fields(prefect_api, tiny_model_
     config["data"] = {"train_path": str(data), "eval_path": str(data), "prompt_field": "question",
                       "answer_field": "gold", "id_field": "uid", "on_invalid": "skip", "num_eval": 4,
                       "prompts_per_step": 4}
-    config["train"].update(iterations=1, checkpoint_every=1)
+    config["train"].update(iterations=1)
     summary = rl_training(config=config, run_id="jsonl-run")
     assert summary.iterations == 1 and summary.final_accuracy is not None
     row = json.loads((tmp_path / "jsonl-run" / "metrics.jsonl").read_text().splitlines()[0])

@@ -14,7 +14,7 @@ from typing import Any
 
 from tailflow.config import RunConfig
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.store import LocalStore
+from tailflow.engines.store import ArtifactStore
 from tailflow.engines.track import MetricsLogger
 
 
@@ -23,7 +23,7 @@ class RunContext:
         self,
         run_id: str,
         config: RunConfig,
-        store: LocalStore,
+        store: ArtifactStore,
         tokenizer: Any,
         train_problems: list[Problem],
         eval_problems: list[Problem],
@@ -32,6 +32,8 @@ class RunContext:
         trainer: Any,
         metrics: MetricsLogger,
         model_path: str,
+        model_config: Any = None,
+        max_seq_len: int = 0,
         num_skipped_rows: int = 0,
     ):
         self.run_id = run_id
@@ -50,6 +52,10 @@ class RunContext:
         self.metrics = metrics
         self.model_path = model_path
         """The initial policy (HF directory)."""
+        self.model_config = model_config
+        """Its transformers config (checkpoints are written with it)."""
+        self.max_seq_len = max_seq_len
+        """Longest prompt + rollout.max_new_tokens: the engines' sequence capacity."""
         self.num_skipped_rows = num_skipped_rows
         """Dataset rows skipped as invalid (data.on_invalid: skip)."""
 

@@ -1,10 +1,19 @@
 """The run's durable state: what a resumed run needs to continue exactly.
 
-Committed with every iteration as `<run_id>/state.json`. RNG states and
-reward-timeout anchors join it as those parts land.
+Committed with every iteration (`<run_id>/states/iter-NNNN.json`, named by the
+`latest` pointer; see `tailflow.engines.runs.commit`). Everything random in a
+run is derived from seeds and names (the data order from `data.seed` and the
+epoch, each request's sampling seed from `train.seed`, the iteration and the
+request id), so the RNG states recorded here are the driver's own, restored on
+resume for anything that draws from the global generators.
 """
 from __future__ import annotations
 
+import base64
+import random
+
+import numpy as np
+import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -12,6 +21,38 @@ class CursorState(BaseModel):
     epoch: int = 0
     position: int = 0
     num_drawn: int = 0
+
+
+class RngState(BaseModel):
+    """The driver's global generators (python, numpy, torch) in plain JSON (no pickle: states are read back
+    from a shared store)."""
+
+    python: list
+    """`random.getstate()`: (version, 625 ints, gauss_next)."""
+    numpy: list
+    """`np.random.get_state()`: (name, 624 words, pos, has_gauss, cached_gaussian)."""
+    torch: str
+    """`torch.get_rng_state()` bytes, base64."""
+    engine_seed: int
+    """`train.seed`: request seeds derive from it, the iteration and the request id."""
+
+    @classmethod
+    def capture(cls, engine_seed: int) -> "RngState":
+        version, words, gauss_next = random.getstate()
+        name, keys, pos, has_gauss, cached = np.random.get_state()
+        return cls(
+            python=[version, list(words), gauss_next],
+            numpy=[name, [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
+            torch=base64.b64encode(torch.get_rng_state().numpy().tobytes()).decode(),
+            engine_seed=engine_seed,
+        )
+
+    def restore(self) -> None:
+        version, words, gauss_next = self.python
+        random.setstate((version, tuple(words), gauss_next))
+        name, keys, pos, has_gauss, cached = self.numpy
+        np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+        torch.set_rng_state(torch.frombuffer(bytearray(base64.b64decode(self.torch)), dtype=torch.uint8))
 
 
 class RunState(BaseModel):
@@ -26,6 +67,11 @@ class RunState(BaseModel):
     long_queue: list[dict] = Field(default_factory=list)
     """Tail batching's long-prompt queue (`LongPromptQueue.to_state()`), oldest first."""
     latest_checkpoint: str | None = None
-    """Store key of the newest committed checkpoint directory."""
+    """Store key of the checkpoint holding this state's weights; None: the run's initial model."""
+    weights_sha256: str | None = None
+    """sha256 of that checkpoint's model.safetensors."""
+    rng: RngState | None = None
+    round_history: list[int] = Field(default_factory=list)
+    """`tail/round` of every iteration so far (0 short, 1 long; 0 for synchronous rounds)."""
     initial_eval_accuracy: float | None = None
     last_eval_accuracy: float | None = None

@@ -1,10 +1,11 @@
-"""One training iteration: plan -> rollout -> score -> train_step -> sync_weights -> commit."""
+"""One training iteration: plan -> rollout -> score -> train_step -> sync_weights -> (eval) -> commit."""
 from __future__ import annotations
 
 import time
 
 from prefect import flow
 
+from tailflow.engines.faults import fault_point
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import CursorState, RunState
 from tailflow.engines.track.summary import iteration_metrics, tail_metrics
@@ -19,16 +20,22 @@ from tailflow.tasks.train import train_step
 
 
 @flow(flow_run_name="iter-{iteration:04d}")
-def iteration(ctx: RunContext, state: RunState, iteration: int) -> RunState:
+def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0) -> RunState:
+    """`state` is the last commit; `attempt` > 0 when an actor died in an earlier try of this iteration."""
+    faults = fault_injection(ctx, iteration)
     started = time.perf_counter()
     prepared = plan_round(ctx, state, iteration)
+    faults("rollout")
     round_result, rollout_stats = rollout(ctx, prepared)
     t_reward = time.perf_counter()
     problems, completions = round_result.trained_in_launch_order(prepared.problems)
+    faults("reward")
     groups = score(ctx, problems, completions)
     t_train = time.perf_counter()
+    faults("train")
     train_stats = train_step(ctx, groups)
     t_sync = time.perf_counter()
+    faults("sync")
     sync_weights(ctx, state.weight_version + 1)
     t_done = time.perf_counter()
 
@@ -45,6 +52,7 @@ def iteration(ctx: RunContext, state: RunState, iteration: int) -> RunState:
     prepared.queue.defer(round_result.deferred_problem_ids, iteration)
     row = iteration_metrics(iteration, groups, rollout_stats, train_stats, timings, accuracy)
     row.update(tail_metrics(prepared.plan, prepared.queue, round_result))
+    row["iteration/attempt"] = attempt
     if iteration == 0:
         row["eval/accuracy_initial"] = state.initial_eval_accuracy
     next_state = state.model_copy(
@@ -54,10 +62,16 @@ def iteration(ctx: RunContext, state: RunState, iteration: int) -> RunState:
             "cursor": CursorState(**prepared.cursor.__dict__),
             "long_queue": prepared.queue.to_state(),
             "last_eval_accuracy": accuracy if accuracy is not None else state.last_eval_accuracy,
+            "round_history": [*state.round_history, int(row["tail/round"])],
         }
     )
-    save = is_last or (iteration + 1) % config.train.checkpoint_every == 0
-    next_state = commit(ctx, next_state, row, save_checkpoint=save)
+    next_state = commit(ctx, next_state, row)
     publish_iteration_summary(row, next_state)
     return next_state
 
+
+
+def fault_injection(ctx: RunContext, iteration: int):
+    """`faults(phase)`: the crash points of engines/faults.py (no-ops unless TAILFLOW_FAULT is set)."""
+    actors = {"kill-rollout": lambda: ctx.rollout.worker_pid(0), "kill-trainer": lambda: ctx.trainer.worker_pid(0)}
+    return lambda phase: fault_point(phase, iteration, actors)

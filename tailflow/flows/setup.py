@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from transformers import AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer
 
 from tailflow.config import ConfigError, RunConfig, config_to_yaml
 from tailflow.engines.cluster.rollout_group import RolloutGroup
@@ -23,7 +23,8 @@ from tailflow.engines.models import check_model_dir
 from tailflow.engines.reward.math import MathReward
 from tailflow.engines.rollout.requests import prompt_token_ids
 from tailflow.engines.run_context import RunContext
-from tailflow.engines.store import LocalStore, open_store
+from tailflow.engines.runs.layout import config_key, metrics_key
+from tailflow.engines.store import ArtifactStore, local_working_dir, open_store
 from tailflow.engines.track import MetricsLogger, start_wandb
 
 
@@ -36,7 +37,7 @@ def new_run_id() -> str:
     return time.strftime("run-%Y%m%d-%H%M%S-") + secrets.token_hex(2)
 
 
-def resolve_model_path(config: RunConfig, store: LocalStore) -> str:
+def resolve_model_path(config: RunConfig, store: ArtifactStore) -> str:
     """model.path; else the warm start of the config's recipe: cached in the store, or shipped."""
     if config.model.path:
         path = Path(config.model.path)
@@ -46,11 +47,11 @@ def resolve_model_path(config: RunConfig, store: LocalStore) -> str:
     return str(path)
 
 
-def warm_start_dir(config: RunConfig, store: LocalStore) -> Path:
+def warm_start_dir(config: RunConfig, store: ArtifactStore) -> Path:
     from tailflow.flows.warmstart import recipe_key, recipe_of
 
     recipe = recipe_of(config)
-    if store.exists(f"{recipe_key(recipe)}/model.safetensors"):
+    if store.has_dir(recipe_key(recipe)):
         return store.local_dir(recipe_key(recipe))
     shipped = shipped_warmstart_dir()
     if json.loads((shipped / "recipe.json").read_text()) == recipe:
@@ -83,16 +84,20 @@ def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int) -> Datas
     return Datasets(train.problems, held_out.problems[: data.num_eval], train.num_skipped + held_out.num_skipped)
 
 
-def prepare_run_dir(config: RunConfig, run_id: str) -> LocalStore:
-    """Create `<storage.uri>/<run_id>/` with the resolved config; refuse to overwrite a run."""
+def prepare_run_dir(config: RunConfig, run_id: str) -> ArtifactStore:
+    """Start `<storage.uri>/<run_id>/` with the resolved config (the run has no commit: anything there is
+    from an attempt that crashed before committing and is replaced)."""
     store = open_store(config.storage.uri)
     if store.exists(f"{run_id}/state.json"):
-        raise ConfigError(f"run {run_id} already exists in {store.uri()}; choose another --run-id")
-    store.write_text(f"{run_id}/config.yaml", config_to_yaml(config))
+        raise ConfigError(f"run {run_id} in {store.uri()} was written by a tailflow without resumable commits; "
+                          "choose another --run-id")
+    store.write_text(config_key(run_id), config_to_yaml(config))
+    if store.exists(metrics_key(run_id)):
+        store.write_text(metrics_key(run_id), "")
     return store
 
 
-def build_context(config: RunConfig, run_id: str, store: LocalStore) -> RunContext:
+def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunContext:
     model_path = resolve_model_path(config, store)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     context_length = _context_length(model_path)
@@ -104,19 +109,37 @@ def build_context(config: RunConfig, run_id: str, store: LocalStore) -> RunConte
     longest_prompt = max(len(prompt_token_ids(p, tokenizer, config.data.prompt_template))
                          for p in datasets.train + datasets.eval)
     start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + config.rollout.num_workers)
-    rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots,
-                           longest_prompt + config.rollout.max_new_tokens, config.train.seed, config.cluster.rollout_threads)
-    trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
-                           num_threads=config.cluster.threads_per_worker)
+    max_seq_len = longest_prompt + config.rollout.max_new_tokens
+    rollout, trainer = start_workers(config, model_path, max_seq_len)
     tracking = config.tracking
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
-                             str(store.path(run_id))) if tracking.wandb else None)
+                             str(local_working_dir(store, run_id))) if tracking.wandb else None)
     return RunContext(
         run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
         eval_problems=datasets.eval, reward=reward_function(config),
         rollout=rollout, trainer=trainer, metrics=MetricsLogger(store, run_id, wandb_run), model_path=model_path,
+        model_config=AutoConfig.from_pretrained(model_path), max_seq_len=max_seq_len,
         num_skipped_rows=datasets.num_skipped,
     )
+
+
+def start_workers(config: RunConfig, model_path: str, max_seq_len: int) -> tuple[RolloutGroup, TrainerGroup]:
+    """The run's Ray actors, every one holding `model_path`'s weights."""
+    rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len,
+                           config.train.seed, config.cluster.rollout_threads)
+    trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
+                           num_threads=config.cluster.threads_per_worker)
+    return rollout, trainer
+
+
+def restart_workers(ctx: RunContext) -> None:
+    """Replace every actor (after one died): fresh processes, the initial weights; the caller restores a commit."""
+    for group in (ctx.rollout, ctx.trainer):
+        try:
+            group.shutdown()
+        except Exception:  # noqa: BLE001 - an actor already gone is what we are recovering from
+            pass
+    ctx.rollout, ctx.trainer = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len)
 
 
 def trainer_kwargs(config: RunConfig) -> dict:
@@ -129,8 +152,6 @@ def trainer_kwargs(config: RunConfig) -> dict:
 
 
 def _context_length(model_path: str) -> int:
-    from transformers import AutoConfig
-
     return int(AutoConfig.from_pretrained(model_path).max_position_embeddings)
 
 

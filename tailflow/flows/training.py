@@ -1,16 +1,31 @@
-"""The parent flow of a run: set up, evaluate, iterate, evaluate, summarise."""
+"""The parent flow of a run: set up (or resume), evaluate, iterate, summarise."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 from prefect import flow
+from prefect.runtime import flow_run
 
 from tailflow.config import RunConfig, config_from_dict, load_config
 from tailflow.engines.run_state import RunState
+from tailflow.engines.store import open_store
 from tailflow.flows.iteration import iteration
-from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, shutdown_context
+from tailflow.flows.resume import (check_config_for_resume, commit_initial_state, find_commit, restore_commit,
+                                   restore_weights)
+from tailflow.flows.retry_policy import no_retry_on_user_error
+from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context
 from tailflow.tasks.evaluate import evaluate
+
+
+def default_run_id() -> str:
+    """The flow run's own id when the caller gave none: the same on every retry of that flow run."""
+    return f"run-{str(flow_run.id)[:8]}" if flow_run.id else new_run_id()
+
+
+def run_name() -> str:
+    return flow_run.parameters.get("run_id") or default_run_id()
 
 
 @dataclass(frozen=True)
@@ -25,27 +40,65 @@ class RunSummary:
     metrics_path: str
 
 
-@flow(name="rl_training", flow_run_name="{run_id}")
+ACTOR_FAILURES = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
+"""A rollout or trainer actor died (process killed, node lost, out of memory) during an iteration."""
+
+
+@flow(name="rl_training", flow_run_name=run_name, retries=2, retry_delay_seconds=10)
 def rl_training(
     config_path: str | None = None,
     overrides: list[str] | None = None,
     run_id: str | None = None,
     config: dict[str, Any] | None = None,
+    allow_change: list[str] | None = None,
 ) -> RunSummary:
-    """Train a policy with RL; the config comes from a YAML file plus overrides, or a dict."""
-    run_config = resolve_config(config_path, overrides or [], config)
-    run_id = run_id or new_run_id()
-    store = prepare_run_dir(run_config, run_id)
-    ctx = build_context(run_config, run_id, store)
+    """Train a policy with RL, or continue run `run_id` from its last commit.
+
+    The config comes from a YAML file plus overrides, or a dict. A retry of this
+    flow run (Prefect's `retries`, or Retry in the UI) resumes the same way: the
+    run id is fixed by the first attempt (the flow run's id when none is given).
+    """
+    with no_retry_on_user_error():
+        run_config = resolve_config(config_path, overrides or [], config)
+        run_id = run_id or default_run_id()
+        committed = find_commit(run_config, run_id)
+        if committed is not None:
+            store = open_store(run_config.storage.uri)
+            check_config_for_resume(store, run_id, run_config, allow_change or [])
+        else:
+            store = prepare_run_dir(run_config, run_id)
+        ctx = build_context(run_config, run_id, store)
     try:
-        state = RunState(run_id=run_id, initial_eval_accuracy=evaluate(ctx))
-        print_start(ctx, state)
-        for step in range(run_config.train.iterations):
-            state = iteration(ctx, state, step)
+        if committed is not None:
+            restore_commit(ctx, committed)
+            state = committed
+            print_resume(ctx, state)
+        else:
+            state = commit_initial_state(ctx, evaluate(ctx))
+            print_start(ctx, state)
+        for step in range(state.iteration, run_config.train.iterations):
+            state = run_iteration(ctx, state, step)
             print_progress(ctx.metrics.rows()[-1])
         return summarize(ctx, state)
     finally:
         shutdown_context(ctx)
+
+
+def run_iteration(ctx, state: RunState, step: int) -> RunState:
+    """One iteration; if an actor dies in it, every actor is replaced, the last commit restored, and the
+    iteration runs again from its start (up to `train.iteration_retries` times)."""
+    retries = ctx.config.train.iteration_retries
+    for attempt in range(retries + 1):
+        try:
+            return iteration(ctx, state, step, attempt)
+        except ACTOR_FAILURES as error:
+            if attempt == retries:
+                raise
+            print(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
+                  f"from the last commit and running the iteration again (attempt {attempt + 2})", flush=True)
+            restart_workers(ctx)
+            restore_weights(ctx, state)
+    raise AssertionError("unreachable")
 
 
 def resolve_config(config_path: str | None, overrides: list[str], config: dict[str, Any] | None) -> RunConfig:
@@ -66,6 +119,12 @@ def summarize(ctx, state: RunState) -> RunSummary:
         latest_checkpoint=ctx.store.uri(state.latest_checkpoint) if state.latest_checkpoint else None,
         metrics_path=ctx.store.uri(ctx.metrics.key),
     )
+
+
+def print_resume(ctx, state: RunState) -> None:
+    print(f"[tailflow] run {ctx.run_id}: resuming after iteration {state.iteration - 1:04d} "
+          f"(checkpoint {state.latest_checkpoint or 'initial model'}, {len(state.long_queue)} prompts queued)",
+          flush=True)
 
 
 def print_start(ctx, state: RunState) -> None:

@@ -8,6 +8,7 @@ two CPU cores; `tailflow warmstart` regenerates it.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import tempfile
@@ -17,7 +18,7 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from tailflow.config import RunConfig, load_config
-from tailflow.engines.data.arith import default_splits
+from tailflow.engines.data.arith import ArithmeticTask, default_splits
 from tailflow.engines.data.tokenizer import build_char_tokenizer
 from tailflow.engines.models import build_tiny_model
 from tailflow.engines.store import open_store
@@ -25,7 +26,9 @@ from tailflow.engines.train.sft import SFTConfig, sft_train
 
 
 def recipe_of(config: RunConfig) -> dict:
-    return {**config.warmstart.model_dump(), "data_seed": config.data.seed, "num_train": config.data.num_train}
+    """Everything the warm-start weights depend on: a change to the task's generator is a new recipe."""
+    return {**config.warmstart.model_dump(), "data_seed": config.data.seed, "num_train": config.data.num_train,
+            "task": dataclasses.asdict(ArithmeticTask())}
 
 
 def recipe_key(recipe: dict) -> str:
@@ -55,7 +58,7 @@ def warm_start(config_path: str | None = None, overrides: list[str] | None = Non
     store = open_store(config.storage.uri)
     recipe = recipe_of(config)
     key = recipe_key(recipe)
-    if store.exists(f"{key}/model.safetensors"):
+    if store.has_dir(key):
         return store.uri(key)
     with tempfile.TemporaryDirectory() as staging:
         train_warm_start(config, staging)

@@ -1,30 +1,39 @@
-"""Commit an iteration: checkpoint (when due), run state, metrics row."""
+"""Commit an iteration: checkpoint, metrics row, state, `latest` (the protocol in engines/runs/commit.py)."""
 from __future__ import annotations
 
 import tempfile
 from typing import Any
 
+import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tailflow.engines.faults import fault_point
 from tailflow.engines.run_context import RunContext
-from tailflow.engines.run_state import RunState
+from tailflow.engines.run_state import RngState, RunState
+from tailflow.engines.runs.checkpoint import weights_sha256, write_checkpoint
+from tailflow.engines.runs.commit import commit_state, prune_checkpoints
+from tailflow.engines.runs.layout import checkpoint_key
 
 
 @task(cache_policy=NO_CACHE)
-def commit(ctx: RunContext, state: RunState, metrics_row: dict[str, Any], save_checkpoint: bool) -> RunState:
-    """Files first, then the state that names them, then the metrics row.
-
-    The checkpoint directory is a Hugging Face model directory (weights,
-    config, tokenizer): `from_pretrained` loads it as it is.
-    """
-    if save_checkpoint:
-        key = ctx.run_key("checkpoints", f"iter-{state.iteration - 1:04d}")  # the iteration just trained
-        with tempfile.TemporaryDirectory() as staging:
-            ctx.trainer.save_hf(staging)
-            ctx.tokenizer.save_pretrained(staging)
-            ctx.store.put_dir(key, staging)
-        state = state.model_copy(update={"latest_checkpoint": key})
-    ctx.store.write_text(ctx.run_key("state.json"), state.model_dump_json(indent=2))
-    ctx.metrics.log(metrics_row)
+def commit(ctx: RunContext, state: RunState, metrics_row: dict[str, Any]) -> RunState:
+    """Every iteration: the checkpoint (model + optimizer, a Hugging Face directory), then the metrics row,
+    then the state naming both, then `latest`. A crash anywhere before `latest` leaves the previous commit."""
+    completed = state.iteration - 1
+    key = checkpoint_key(ctx.run_id, completed)
+    checkpoint = ray.get(ctx.trainer.checkpoint_ref())
+    with tempfile.TemporaryDirectory() as staging:
+        write_checkpoint(staging, checkpoint, ctx.model_config, ctx.tokenizer)
+        sha256 = weights_sha256(staging)
+        ctx.store.put_dir(key, staging)
+    fault_point("checkpoint", completed)
+    ctx.metrics.append(metrics_row)
+    state = state.model_copy(update={"latest_checkpoint": key, "weights_sha256": sha256,
+                                     "rng": RngState.capture(ctx.config.train.seed)})
+    commit_state(ctx.store, state, before_pointer=lambda: fault_point("commit", completed))
+    ctx.metrics.publish(metrics_row)
+    storage = ctx.config.storage
+    prune_checkpoints(ctx.store, ctx.run_id, storage.keep_last, storage.keep_every, protected=key)
     return state
+

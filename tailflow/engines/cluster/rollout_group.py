@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 
 
@@ -30,16 +31,12 @@ class RolloutGroup:
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """Run all requests to completion; completions come back in request order."""
-        import ray
-
         shares = [list(requests[rank :: len(self.workers)]) for rank in range(len(self.workers))]
-        results = ray.get([worker.generate.remote(share) for worker, share in zip(self.workers, shares) if share])
+        results = get_all([worker.generate.remote(share) for worker, share in zip(self.workers, shares) if share])
         by_id = {completion.request_id: completion for result in results for completion in result}
         return [by_id[request.request_id] for request in requests]
 
     def submit(self, requests: Sequence[Request]) -> None:
-        import ray
-
         loads = self.in_flight_per_worker()
         shares: list[list[Request]] = [[] for _ in self.workers]
         for request in requests:
@@ -47,14 +44,12 @@ class RolloutGroup:
             shares[rank].append(request)
             loads[rank] += 1
             self.worker_of[request.request_id] = rank
-        ray.get([self.workers[rank].submit.remote(share) for rank, share in enumerate(shares) if share])
+        get_all([self.workers[rank].submit.remote(share) for rank, share in enumerate(shares) if share])
 
     def poll(self, max_steps: int) -> list[Completion]:
         """Up to `max_steps` engine steps on every busy worker; finished completions, worker by worker."""
-        import ray
-
         busy = [rank for rank, load in enumerate(self.in_flight_per_worker()) if load]
-        results = ray.get([self.workers[rank].step_many.remote(max_steps) for rank in busy])
+        results = get_all([self.workers[rank].step_many.remote(max_steps) for rank in busy])
         finished = [completion for result in results for completion in result]
         for completion in finished:
             self.worker_of.pop(completion.request_id, None)
@@ -62,13 +57,11 @@ class RolloutGroup:
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
         """Abort in-flight requests (unknown or finished ids are ignored); their partial completions."""
-        import ray
-
         by_rank: dict[int, list[str]] = {}
         for request_id in request_ids:
             if request_id in self.worker_of:
                 by_rank.setdefault(self.worker_of.pop(request_id), []).append(request_id)
-        results = ray.get([self.workers[rank].abort.remote(ids) for rank, ids in sorted(by_rank.items())])
+        results = get_all([self.workers[rank].abort.remote(ids) for rank, ids in sorted(by_rank.items())])
         return [completion for result in results for completion in result]
 
     def in_flight_per_worker(self) -> list[int]:
@@ -79,17 +72,21 @@ class RolloutGroup:
 
     def load_weights(self, state_dict_ref, version: int) -> None:
         """Every worker loads the same weights (one object-store copy) before any new request."""
-        import ray
-
-        ray.get([worker.load_weights.remote(state_dict_ref, version) for worker in self.workers])
+        get_all([worker.load_weights.remote(state_dict_ref, version) for worker in self.workers])
 
     def stats(self) -> list[EngineStats]:
+        return get_all([worker.stats.remote() for worker in self.workers])
+
+    def worker_pid(self, index: int = 0) -> int:
+        """The OS process of worker `index` (fault-injection tests kill it)."""
         import ray
 
-        return ray.get([worker.stats.remote() for worker in self.workers])
+        return ray.get(self.workers[index].pid.remote())
 
     def shutdown(self) -> None:
         import ray
 
         for worker in self.workers:
             ray.kill(worker)
+        self.workers = []
+        self.worker_of.clear()

@@ -17,6 +17,7 @@ from typing import Any
 import ray
 import torch
 
+from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
 from tailflow.engines.train.trainer import PolicyTrainer, TrainStepStats
 
@@ -49,6 +50,9 @@ class TrainerWorker:
 
     def is_ready(self) -> bool:
         return True
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def train_step(self, samples: list[TrainSample], num_tokens_total: int) -> TrainStepStats:
         return self.trainer.train_step(samples, num_tokens_total)
@@ -86,7 +90,7 @@ class TrainerGroup:
             actor_class.remote(model_path, rank, world_size, master_port, num_threads, dict(trainer_kwargs or {}))
             for rank in range(world_size)
         ]
-        ray.get([worker.is_ready.remote() for worker in self.workers])
+        get_all([worker.is_ready.remote() for worker in self.workers])
 
     def train_step(self, samples: list[TrainSample]) -> TrainStepStats:
         """One optimizer step on all ranks; every rank returns the same stats, rank 0's are returned."""
@@ -95,7 +99,7 @@ class TrainerGroup:
         if num_tokens_total == 0:
             raise ValueError("train_step needs at least one response token")
         calls = [worker.train_step.remote(shard, num_tokens_total) for worker, shard in zip(self.workers, shards)]
-        return ray.get(calls)[0]
+        return get_all(calls)[0]
 
     def state_dict_ref(self) -> ray.ObjectRef:
         """All ranks gather; the ref to rank 0's full CPU state dict (HF names) is returned unfetched."""
@@ -108,10 +112,14 @@ class TrainerGroup:
     def load_checkpoint(self, state: ray.ObjectRef | dict) -> None:
         """Every rank reads the same full state (a ref is resolved from the object store on each rank)."""
         ref = state if isinstance(state, ray.ObjectRef) else ray.put(state)
-        ray.get([worker.load_checkpoint.remote(ref) for worker in self.workers])
+        get_all([worker.load_checkpoint.remote(ref) for worker in self.workers])
 
     def save_hf(self, path: str) -> None:
-        ray.get([worker.save_hf.remote(path) for worker in self.workers])
+        get_all([worker.save_hf.remote(path) for worker in self.workers])
+
+    def worker_pid(self, rank: int = 0) -> int:
+        """The OS process of `rank` (fault-injection tests kill it)."""
+        return ray.get(self.workers[rank].pid.remote())
 
     def shutdown(self) -> None:
         for worker in self.workers:
@@ -120,6 +128,6 @@ class TrainerGroup:
 
     @staticmethod
     def _rank0_ref(refs: list[ray.ObjectRef]) -> ray.ObjectRef:
-        ray.get(refs[1:])  # the other ranks return {}; this waits for the collective and raises its errors
+        get_all(refs[1:])  # the other ranks return {}; this waits for the collective and raises its errors
         ray.wait(refs[:1], fetch_local=False)
         return refs[0]

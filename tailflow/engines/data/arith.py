@@ -3,8 +3,11 @@
 A problem is a sum of 2-digit terms; the reference solution adds one term per
 line and ends with a `#### <answer>` line (a final-answer marker that
 math-verify extracts). The number of terms follows a truncated power law, so
-most problems take a few lines and a few take twenty: correct responses range
-from ~15 to ~230 tokens, the long-tailed length profile RLVR rollouts have.
+most problems take a few lines and a few take fifty: correct responses range
+from 15 to ~690 tokens with median 27, P75 52, P99 ~540. The longest is ~26x
+the median, inside the 25-32x that RollPacker (arXiv 2509.21009) measured on
+RLVR rollouts: the long tail this system exists for. The longest prompt plus
+its solution (~860 tokens) fits the tiny model's 1024-token context.
 
     prompt   "23+45+11\n"
     solution "23+45=68\n68+11=79\n#### 79"
@@ -22,7 +25,7 @@ class ArithmeticTask:
     """Parameters of the generator; the defaults are the embedded task."""
 
     min_terms: int = 2
-    max_terms: int = 20
+    max_terms: int = 56
     tail_exponent: float = 1.6
     """P(k terms) is proportional to (k - 1) ** -tail_exponent."""
     max_term_value: int = 99

@@ -6,6 +6,7 @@ and completions are frozen dataclasses, which Ray pickles as they are.
 """
 from __future__ import annotations
 
+import os
 from typing import Mapping, Sequence
 
 import torch
@@ -53,6 +54,9 @@ class RolloutWorker:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    def pid(self) -> int:
+        return os.getpid()
 
     def weight_version(self) -> int:
         return self.engine.weight_version

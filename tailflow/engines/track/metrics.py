@@ -9,7 +9,7 @@ import json
 import math
 from typing import Any
 
-from tailflow.engines.store import LocalStore
+from tailflow.engines.store import ArtifactStore
 
 
 def jsonable(value: Any) -> Any:
@@ -20,16 +20,33 @@ def jsonable(value: Any) -> Any:
 
 
 class MetricsLogger:
-    def __init__(self, store: LocalStore, run_id: str, wandb_run: Any = None):
+    def __init__(self, store: ArtifactStore, run_id: str, wandb_run: Any = None):
         self.store = store
         self.key = f"{run_id}/metrics.jsonl"
         self.wandb_run = wandb_run
 
     def log(self, row: dict[str, Any]) -> None:
+        self.append(row)
+        self.publish(row)
+
+    def append(self, row: dict[str, Any]) -> None:
+        """The row into metrics.jsonl (before the iteration commits; `keep_committed` drops it if that fails)."""
         clean = {name: jsonable(value) for name, value in row.items()}
         self.store.append_line(self.key, json.dumps(clean, sort_keys=True))
+
+    def publish(self, row: dict[str, Any]) -> None:
+        """The row to W&B (after the commit, so W&B never sees an iteration that is run again)."""
         if self.wandb_run is not None:
+            clean = {name: jsonable(value) for name, value in row.items()}
             self.wandb_run.log(clean, step=clean.get("iteration"))
+
+    def keep_committed(self, num_iterations: int) -> int:
+        """On resume: drop rows of iterations >= `num_iterations` (written, never committed); returns rows dropped."""
+        rows = self.rows()
+        kept = [row for row in rows if row["iteration"] < num_iterations]
+        if len(kept) != len(rows):
+            self.store.write_text(self.key, "".join(json.dumps(row, sort_keys=True) + "\n" for row in kept))
+        return len(rows) - len(kept)
 
     def rows(self) -> list[dict[str, Any]]:
         if not self.store.exists(self.key):

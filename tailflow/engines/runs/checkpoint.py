@@ -1,0 +1,58 @@
+"""A training checkpoint directory: a Hugging Face model directory plus the optimizer.
+
+`from_pretrained` loads the directory as it is (weights, config, tokenizer);
+`optimizer.pt` next to it is what an exact resume needs beyond the weights
+(Adam's moments and step count). The weights file is written from the full
+state dict that trainer rank 0 gathers, so its bytes, and the sha256 that
+`tailflow runs show` prints, depend only on the weights.
+"""
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+WEIGHTS_FILE = "model.safetensors"
+OPTIMIZER_FILE = "optimizer.pt"
+TIED_HEAD = "lm_head.weight"
+
+
+def write_checkpoint(directory: str | Path, checkpoint: dict[str, Any], model_config: Any, tokenizer: Any) -> None:
+    """`checkpoint` is `TrainerGroup.checkpoint_ref()`'s {"model", "optimizer"}; written into `directory`."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = dict(checkpoint["model"])
+    if getattr(model_config, "tie_word_embeddings", False):
+        weights.pop(TIED_HEAD, None)  # the same tensor as the embedding; HF drops it the same way
+    save_file({name: tensor.contiguous() for name, tensor in weights.items()}, directory / WEIGHTS_FILE,
+              metadata={"format": "pt"})
+    model_config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    if checkpoint.get("optimizer") is not None:
+        torch.save(checkpoint["optimizer"], directory / OPTIMIZER_FILE)
+
+
+def read_checkpoint(directory: str | Path, model_config: Any) -> dict[str, Any]:
+    """The {"model", "optimizer"} dict `TrainerGroup.load_checkpoint` takes (optimizer None if absent)."""
+    directory = Path(directory)
+    weights_path = directory / WEIGHTS_FILE
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"checkpoint {directory} has no {WEIGHTS_FILE}")
+    weights = load_file(weights_path)
+    if getattr(model_config, "tie_word_embeddings", False) and TIED_HEAD not in weights:
+        embedding = next(name for name in weights if name.endswith("embed_tokens.weight"))
+        weights[TIED_HEAD] = weights[embedding]
+    optimizer_path = directory / OPTIMIZER_FILE
+    optimizer = torch.load(optimizer_path, weights_only=True) if optimizer_path.is_file() else None
+    return {"model": weights, "optimizer": optimizer}
+
+
+def weights_sha256(directory: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(Path(directory) / WEIGHTS_FILE, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,0 +1,36 @@
+"""Where a run's files live in the artifact store (keys relative to the store root).
+
+    <run>/config.yaml                 the resolved config the run was started (or last resumed) with
+    <run>/metrics.jsonl               one row per iteration; rows past the committed iteration are dropped on resume
+    <run>/checkpoints/iter-NNNN/      HF model dir + optimizer.pt, after iteration NNNN
+    <run>/states/init.json            the state before iteration 0 (initial eval, no checkpoint)
+    <run>/states/iter-NNNN.json       the state after iteration NNNN
+    <run>/latest.json                 the commit pointer: names the newest committed state; written last
+"""
+from __future__ import annotations
+
+LATEST = "latest.json"
+CONFIG = "config.yaml"
+METRICS = "metrics.jsonl"
+
+
+def checkpoint_key(run_id: str, iteration: int) -> str:
+    return f"{run_id}/checkpoints/iter-{iteration:04d}"
+
+
+def state_key(run_id: str, completed_iteration: int | None) -> str:
+    """The state after `completed_iteration`; None: the initial state."""
+    name = "init" if completed_iteration is None else f"iter-{completed_iteration:04d}"
+    return f"{run_id}/states/{name}.json"
+
+
+def latest_key(run_id: str) -> str:
+    return f"{run_id}/{LATEST}"
+
+
+def config_key(run_id: str) -> str:
+    return f"{run_id}/{CONFIG}"
+
+
+def metrics_key(run_id: str) -> str:
+    return f"{run_id}/{METRICS}"

@@ -1,0 +1,84 @@
+"""Starting a run, or picking it up at its last commit.
+
+A run id that has a commit (`latest.json`) resumes: same config (a changed
+key is refused unless named in `allow_change`), the committed state, the
+committed checkpoint's weights and optimizer in every actor, metrics rows past
+the commit dropped, the driver's RNG restored. A run id with no commit starts
+from the beginning (a crash before the first commit lost nothing).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import ray
+import yaml
+
+from tailflow.config import ConfigError, RunConfig, config_from_dict, config_to_yaml
+from tailflow.engines.run_context import RunContext
+from tailflow.engines.run_state import RunState
+from tailflow.engines.runs.checkpoint import read_checkpoint
+from tailflow.engines.runs.commit import commit_state, read_committed_state
+from tailflow.engines.runs.layout import config_key
+from tailflow.engines.store import open_store
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def changed_keys(saved: RunConfig, requested: RunConfig) -> list[str]:
+    old, new = flatten(saved.model_dump(mode="json")), flatten(requested.model_dump(mode="json"))
+    return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+
+
+def saved_config(store: Any, run_id: str) -> RunConfig:
+    key = config_key(run_id)
+    try:
+        return config_from_dict(yaml.safe_load(store.read_text(key)) or {}, source=store.uri(key))
+    except FileNotFoundError:
+        raise ConfigError(f"run {run_id} has a commit but no {store.uri(key)}") from None
+
+
+def check_config_for_resume(store: Any, run_id: str, requested: RunConfig, allow_change: list[str]) -> None:
+    """Refuse a resume whose config differs from the run's, except in the keys the user named."""
+    changed = changed_keys(saved_config(store, run_id), requested)
+    unexpected = [key for key in changed if key not in allow_change]
+    if unexpected:
+        raise ConfigError(f"run {run_id} was started with a different config: {', '.join(unexpected)} changed; "
+                          f"resume with the run's own config (`tailflow resume {run_id}`) or name the keys with "
+                          f"--allow-change {','.join(unexpected)}")
+    if changed:
+        store.write_text(config_key(run_id), config_to_yaml(requested))
+
+
+def find_commit(config: RunConfig, run_id: str) -> RunState | None:
+    return read_committed_state(open_store(config.storage.uri), run_id)
+
+
+def commit_initial_state(ctx: RunContext, initial_eval_accuracy: float) -> RunState:
+    state = RunState(run_id=ctx.run_id, initial_eval_accuracy=initial_eval_accuracy)
+    commit_state(ctx.store, state)
+    return state
+
+
+def restore_weights(ctx: RunContext, state: RunState) -> None:
+    """Put the committed checkpoint's weights and optimizer into every actor (fresh actors hold the initial
+    model, which is what a state without a checkpoint means)."""
+    if state.latest_checkpoint is not None:
+        checkpoint = read_checkpoint(ctx.store.local_dir(state.latest_checkpoint), ctx.model_config)
+        ctx.trainer.load_checkpoint(ray.put(checkpoint))
+        ctx.rollout.load_weights(ray.put(checkpoint["model"]), state.weight_version)
+
+
+def restore_commit(ctx: RunContext, state: RunState) -> None:
+    """Resume: the committed weights and optimizer, no metrics rows past the commit, the driver's RNG."""
+    restore_weights(ctx, state)
+    if state.rng is not None:
+        state.rng.restore()
+    ctx.metrics.keep_committed(state.iteration)

@@ -1,0 +1,202 @@
+"""What the artifact store says about runs: for `tailflow runs`, `resume` and `export`.
+
+Everything here trusts only what a run's `latest.json` names (the commit
+protocol, `tailflow.engines.runs.commit`): a checkpoint or state written after
+the last commit is invisible, so a report, a resume and an export all agree on
+one iteration. The CLI parses and prints; this module reads the store and
+returns named records.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from tailflow.config import ConfigError, RunConfig, apply_override, config_from_dict, load_config
+from tailflow.engines.run_state import RunState
+from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, WEIGHTS_FILE, weights_sha256
+from tailflow.engines.runs.commit import CommitError, read_committed_state
+from tailflow.engines.runs.layout import config_key, latest_key
+from tailflow.engines.store.local import PROCESS_UMASK
+from tailflow.engines.tail.queue import LongPromptQueue
+
+QUEUE_PREVIEW = 5
+"""How many of the oldest queued prompt ids a report names."""
+
+
+class RunError(ValueError):
+    """A run that does not exist, or cannot do what was asked (nothing to resume, no checkpoint to export)."""
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """One run as its last commit describes it (`tailflow runs show --json` prints these fields)."""
+
+    run_id: str
+    config: str
+    """URI of the run's saved config.yaml."""
+    committed: bool
+    """False: the run never committed (not started, or crashed before its first commit)."""
+    iteration: int
+    """Iterations completed and committed."""
+    iterations_planned: int
+    """`train.iterations` of the run's config."""
+    round_history: list[int]
+    """Per iteration: 0 short round, 1 long round (tail batching)."""
+    long_queue_size: int
+    long_queue_oldest: list[str]
+    """Problem ids of the oldest queued prompts (at most QUEUE_PREVIEW), oldest first."""
+    latest_checkpoint: str | None
+    """URI of the committed checkpoint; None: the run's initial model."""
+    weights_sha256: str | None
+    initial_eval_accuracy: float | None
+    last_eval_accuracy: float | None
+
+
+@dataclass(frozen=True)
+class UnreadableRun:
+    """A run directory `tailflow runs list` could not report on (the reason is one line)."""
+
+    run_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    directory: Path
+    checkpoint: str
+    """URI of the exported checkpoint."""
+    iteration: int
+    weights_sha256: str
+
+
+def run_exists(store: Any, run_id: str) -> bool:
+    return store.exists(config_key(run_id)) or store.exists(latest_key(run_id))
+
+
+def require_run(store: Any, run_id: str) -> None:
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise RunError(f"run id {run_id!r} is not a run directory name")
+    if not run_exists(store, run_id):
+        raise RunError(f"run {run_id} does not exist in {store.uri()}")
+
+
+def read_run_config(store: Any, run_id: str) -> RunConfig:
+    from tailflow.flows.resume import saved_config
+
+    try:
+        return saved_config(store, run_id)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{store.uri(config_key(run_id))} is not valid YAML: {error}") from None
+
+
+def report_run(store: Any, run_id: str) -> RunReport:
+    require_run(store, run_id)
+    config = read_run_config(store, run_id)
+    state = read_committed_state(store, run_id)
+    committed = state is not None
+    state = state or RunState(run_id=run_id)
+    return RunReport(
+        run_id=run_id,
+        config=store.uri(config_key(run_id)),
+        committed=committed,
+        iteration=state.iteration,
+        iterations_planned=config.train.iterations,
+        round_history=list(state.round_history),
+        long_queue_size=len(state.long_queue),
+        long_queue_oldest=[p.problem_id for p in LongPromptQueue.from_state(state.long_queue).oldest(QUEUE_PREVIEW)],
+        latest_checkpoint=store.uri(state.latest_checkpoint) if state.latest_checkpoint else None,
+        weights_sha256=state.weights_sha256,
+        initial_eval_accuracy=state.initial_eval_accuracy,
+        last_eval_accuracy=state.last_eval_accuracy,
+    )
+
+
+def list_runs(store: Any) -> list[RunReport | UnreadableRun]:
+    """Every directory under the store root with a config.yaml, by run id; one broken run does not hide
+    the others."""
+    reports: list[RunReport | UnreadableRun] = []
+    for name in store.list_dir():
+        if not store.exists(config_key(name)):
+            continue  # not a run: a warm-start cache, or something else sharing the store
+        try:
+            reports.append(report_run(store, name))
+        except (CommitError, TypeError, ValueError) as error:  # ValueError: a ConfigError, or a bad queue record
+            reports.append(UnreadableRun(name, " ".join(str(error).split())))
+    return reports
+
+
+def rounds_text(history: list[int], limit: int = 60) -> str:
+    """'SSSSL SSSSL SS (12 short, 2 long)': S short, L long, in fives by iteration; only the newest
+    `limit` (rounded up to a group) are spelled out."""
+    if not history:
+        return "none yet"
+    start = max(0, (len(history) - limit) // 5 * 5)
+    letters = "".join("L" if kind else "S" for kind in history[start:])
+    groups = " ".join(letters[i:i + 5] for i in range(0, len(letters), 5))
+    skipped = f"... ({start} earlier) " if start else ""
+    num_long = sum(1 for kind in history if kind)
+    return f"{skipped}{groups} ({len(history) - num_long} short, {num_long} long)"
+
+
+def config_for_resume(store: Any, run_id: str, config_path: str | None, overrides: list[str],
+                      store_uri: str) -> RunConfig:
+    """The config `tailflow resume` continues with: `-c FILE` plus `--set` as given, else the run's saved config
+    with the `--set` overrides on top. storage.uri is always `store_uri`, where the run was found (a moved or
+    copied run resumes where it is). Refuses a run without a commit: there is nothing to resume."""
+    require_run(store, run_id)
+    if read_committed_state(store, run_id) is None:
+        raise RunError(f"run {run_id} has nothing to resume in {store.uri()}: it never committed an iteration; "
+                       f"start it again with `tailflow train --run-id {run_id}`")
+    if config_path is not None:
+        tree = load_config(config_path, overrides).model_dump(mode="json")
+    else:
+        tree = read_run_config(store, run_id).model_dump(mode="json")
+        for assignment in overrides:
+            apply_override(tree, assignment)
+    tree["storage"]["uri"] = store_uri
+    return config_from_dict(tree, source=config_path or store.uri(config_key(run_id)))
+
+
+def check_export_target(directory: Path) -> None:
+    if directory.exists() and not directory.is_dir():
+        raise RunError(f"export directory {directory} is a file")
+    if directory.is_dir() and any(directory.iterdir()):
+        raise RunError(f"export directory {directory} is not empty; name a new or empty directory")
+
+
+def export_checkpoint(store: Any, run_id: str, directory: str | Path) -> ExportResult:
+    """Copy the committed checkpoint, minus optimizer.pt, into `directory` as a Hugging Face model directory.
+
+    The copy is staged beside `directory` and renamed into place only after its weights match the sha256
+    the commit recorded, so a refused or failed export leaves nothing behind."""
+    target = Path(directory).expanduser().absolute()
+    check_export_target(target)
+    require_run(store, run_id)
+    state = read_committed_state(store, run_id)
+    if state is None or state.latest_checkpoint is None:
+        done = 0 if state is None else state.iteration
+        raise RunError(f"run {run_id} in {store.uri()} has no checkpoint yet ({done} iterations committed)")
+    checkpoint_uri = store.uri(state.latest_checkpoint)
+    source = store.local_dir(state.latest_checkpoint)
+    if not (source / WEIGHTS_FILE).is_file():
+        raise RunError(f"checkpoint {checkpoint_uri} has no {WEIGHTS_FILE}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.export-"))
+    try:
+        os.chmod(staging, 0o777 & ~PROCESS_UMASK)  # mkdtemp makes 0700; an export is an ordinary directory
+        shutil.copytree(source, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(OPTIMIZER_FILE, ".*"))
+        digest = weights_sha256(staging)
+        if state.weights_sha256 is not None and digest != state.weights_sha256:
+            raise RunError(f"checkpoint {checkpoint_uri}: {WEIGHTS_FILE} has sha256 {digest} but the commit "
+                           f"recorded {state.weights_sha256}; not exported")
+        check_export_target(target)  # still empty: nothing appeared while copying
+        os.replace(staging, target)  # onto a missing or empty directory
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ExportResult(target, checkpoint_uri, state.iteration, digest)

@@ -1,0 +1,208 @@
+"""Durable runs end to end: real processes SIGKILLed at every phase, resumed, compared with a clean run.
+
+Each run is `python -m tailflow.cli train` in its own session (process group),
+so a kill takes the driver and whatever it started with it, as a lost node
+would. The fault points are engines/faults.py's (TAILFLOW_FAULT).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from tailflow.engines.runs.checkpoint import weights_sha256
+from tailflow.engines.runs.commit import read_committed_state
+from tailflow.engines.store import LocalStore
+from tailflow.flows.setup import shipped_warmstart_dir
+
+pytestmark = pytest.mark.slow
+
+UNTIMED_EXCLUDED = ("time/",)
+
+
+def run_config(storage) -> dict:
+    """3 iterations, tail batching with a long round at iteration 2 (so the queue crosses commits),
+    one rollout worker (bit-for-bit), two FSDP ranks (sharded optimizer state)."""
+    return {
+        "model": {"path": str(shipped_warmstart_dir())},
+        "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
+        "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16},
+        "train": {"iterations": 3, "eval_every": 2, "num_workers": 2, "lr": 1e-3},
+        "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
+        "storage": {"uri": str(storage)},
+    }
+
+
+@pytest.fixture(scope="module")
+def cli_env(prefect_api):
+    """The children talk to this session's Prefect server instead of starting their own."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value())
+    env.pop("TAILFLOW_FAULT", None)
+    return env
+
+
+def run_cli(args: list[str], env: dict, fault: str | None = None) -> subprocess.CompletedProcess:
+    child_env = dict(env, **({"TAILFLOW_FAULT": fault} if fault else {}))
+    process = subprocess.Popen([sys.executable, "-m", "tailflow.cli", *args], env=child_env, start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        output, _ = process.communicate(timeout=600)
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # what the driver started dies with it
+        except ProcessLookupError:
+            pass
+    return subprocess.CompletedProcess(process.args, process.returncode, output, "")
+
+
+def outcome(storage, run_id: str, ignore: tuple[str, ...] = UNTIMED_EXCLUDED):
+    state = read_committed_state(LocalStore(storage), run_id)
+    rows = [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines()]
+    untimed = [{k: v for k, v in row.items() if not k.startswith(ignore)} for row in rows]
+    return state, untimed
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, cli_env):
+    storage = tmp_path_factory.mktemp("reference")
+    config_path = storage / "run.yaml"
+    config_path.write_text(yaml.safe_dump(run_config(storage)))
+    result = run_cli(["train", "-c", str(config_path), "--run-id", "clean"], cli_env)
+    assert result.returncode == 0, result.stdout[-4000:]
+    state, rows = outcome(storage, "clean")
+    assert state.iteration == 3 and state.round_history == [0, 0, 1]
+    return state, rows
+
+
+def test_sigkill_in_every_phase_then_resume_ends_exactly_where_a_clean_run_does(tmp_path, cli_env, reference):
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(run_config(tmp_path)))
+    train = ["train", "-c", str(config_path), "--run-id", "crashy"]
+    store = LocalStore(tmp_path)
+
+    # (fault, iterations committed after the kill)
+    for fault, committed in [("crash-rollout@1", 1), ("crash-reward@1", 1), ("crash-train@1", 1),
+                             ("crash-sync@1", 1), ("crash-checkpoint@1", 1), ("crash-commit@2", 2)]:
+        result = run_cli(train, cli_env, fault)
+        assert result.returncode == -signal.SIGKILL, f"{fault}: exit {result.returncode}\n{result.stdout[-3000:]}"
+        assert "fault injection: SIGKILL" in result.stdout
+        state = read_committed_state(store, "crashy")
+        assert state.iteration == committed, fault
+        if fault == "crash-checkpoint@1":
+            # iteration 1's checkpoint is stored but was never committed: the previous one is what counts
+            assert store.has_dir("crashy/checkpoints/iter-0001")
+            assert state.latest_checkpoint == "crashy/checkpoints/iter-0000"
+            assert weights_sha256(tmp_path / state.latest_checkpoint) == state.weights_sha256
+
+    # the last resume by `tailflow resume` with the run's own saved config
+    result = run_cli(["resume", "crashy", "--set", f"storage.uri={tmp_path}"], cli_env)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "resuming after iteration 0001" in result.stdout
+
+    expected_state, expected_rows = reference
+    state, rows = outcome(tmp_path, "crashy")
+    assert rows == expected_rows  # one row per iteration, none duplicated by the re-runs
+    assert state.weights_sha256 == expected_state.weights_sha256
+    assert state.long_queue == expected_state.long_queue and state.cursor == expected_state.cursor
+
+
+def test_a_dead_rollout_or_trainer_actor_costs_a_retry_not_the_run(tmp_path, cli_env, reference):
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(run_config(tmp_path)))
+    result = run_cli(["train", "-c", str(config_path), "--run-id", "actors"], cli_env,
+                     fault="kill-rollout@1,kill-trainer@2")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.stdout.count("an actor died") == 2
+
+    state, rows = outcome(tmp_path, "actors", ignore=("time/", "iteration/attempt"))
+    _, rows_with_attempts = outcome(tmp_path, "actors")
+    assert [row["iteration/attempt"] for row in rows_with_attempts] == [0, 1, 1]
+    expected_state, expected_rows = reference
+    assert rows == [{k: v for k, v in row.items() if k != "iteration/attempt"} for row in expected_rows]
+    assert state.weights_sha256 == expected_state.weights_sha256
+
+
+def test_a_retried_flow_run_resumes_from_its_last_commit(tmp_path, prefect_api, reference, monkeypatch):
+    """The parent flow's own retry (as the UI's Retry button does): same flow run, same run id, no lost or
+    repeated iteration. The driver raises in iteration 2's train phase on the first attempt only."""
+    import asyncio
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    from tailflow.flows.training import rl_training
+
+    monkeypatch.setenv("TAILFLOW_FAULT", "raise-train@2")
+    summary = rl_training.with_options(retry_delay_seconds=0)(config=run_config(tmp_path))
+    state, rows = outcome(tmp_path, summary.run_id)
+    expected_state, expected_rows = reference
+    assert rows == expected_rows and state.weights_sha256 == expected_state.weights_sha256
+
+    async def parent_run():
+        async with get_client() as client:
+            runs = await client.read_flow_runs(limit=200, sort=FlowRunSort.START_TIME_DESC)
+            return next(run for run in runs if run.name == summary.run_id)
+
+    run = asyncio.run(parent_run())
+    assert run.run_count == 2 and run.state.is_completed()
+    assert summary.run_id == f"run-{str(run.id)[:8]}"  # the run id came from the flow run, so the retry found it
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """moto's S3 server on 127.0.0.1 behind the fault proxy of the store tests."""
+    from moto.server import ThreadedMotoServer
+
+    from s3_faults import FaultProxy
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    proxy = FaultProxy(*server.get_host_and_port()).start()
+    yield server.get_host_and_port(), proxy
+    proxy.stop()
+    server.stop()
+
+
+def test_a_run_on_s3_through_transient_faults_matches_the_local_run(tmp_path, cli_env, reference, s3_endpoint,
+                                                                    monkeypatch):
+    """Every 5th S3 request fails (503 Slow Down, or the connection reset); the run rides through on retries,
+    and what `latest` names is whole and verified (sha256) and equal to the local run's result."""
+    import boto3
+
+    from tailflow.engines.store import S3Store
+
+    (host, port), proxy = s3_endpoint
+    aws = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none")}
+    for name, value in aws.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{host}:{port}")  # the test's own view: moto directly
+    boto3.client("s3").create_bucket(Bucket="runs")
+
+    config = run_config("s3://runs/team")
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    env = dict(cli_env, **aws, AWS_ENDPOINT_URL=proxy.url, HOME=str(tmp_path))  # the run's: through the proxy
+    proxy.inject_every("503", 5)
+    first = run_cli(["train", "-c", str(config_path), "--run-id", "on-s3"], env, fault="crash-train@2")
+    assert first.returncode == -signal.SIGKILL, first.stdout[-3000:]
+    proxy.inject_every("reset", 5)
+    second = run_cli(["resume", "on-s3", "--set", "storage.uri=s3://runs/team"], env)
+    assert second.returncode == 0, second.stdout[-4000:]
+    assert proxy.faults_served > 0
+
+    store = S3Store("runs", "team", cache_dir=tmp_path / "verify-cache")
+    state = read_committed_state(store, "on-s3")
+    checkpoint = store.local_dir(state.latest_checkpoint)  # every file checked against the manifest's sha256
+    assert weights_sha256(checkpoint) == state.weights_sha256
+    rows = [json.loads(line) for line in store.read_text("on-s3/metrics.jsonl").splitlines()]
+    expected_state, expected_rows = reference
+    assert [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows] == expected_rows
+    assert state.weights_sha256 == expected_state.weights_sha256
