@@ -134,3 +134,21 @@ def test_weights_sha256_depends_only_on_the_weights(tiny_model_dir, tmp_path):
     other = build_tiny_model(22, 1, 0, seed=1)
     write_checkpoint(tmp_path / "c", {"model": other.state_dict(), "optimizer": None}, config, tokenizer)
     assert weights_sha256(tmp_path / "c") != weights_sha256(tmp_path / "a")
+
+
+def test_a_resume_with_a_changed_config_is_refused_unless_the_keys_are_named(tmp_path):
+    from tailflow.config import ConfigError, config_to_yaml, load_config
+    from tailflow.flows.resume import check_config_for_resume, saved_config
+
+    store = LocalStore(tmp_path)
+    started = load_config(None, [f"storage.uri={tmp_path}", "train.iterations=10"])
+    store.write_text("r/config.yaml", config_to_yaml(started))
+    longer = load_config(None, [f"storage.uri={tmp_path}", "train.iterations=20", "train.lr=1e-3"])
+
+    with pytest.raises(ConfigError, match="train.iterations, train.lr changed"):
+        check_config_for_resume(store, "r", longer, allow_change=["train.iterations"])
+    assert saved_config(store, "r") == started  # nothing rewritten by a refused resume
+
+    check_config_for_resume(store, "r", longer, allow_change=["train.iterations", "train.lr"])
+    assert saved_config(store, "r") == longer  # the run now records what it continues with
+    check_config_for_resume(store, "r", longer, allow_change=[])  # the same config needs no permission
