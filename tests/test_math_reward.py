@@ -173,3 +173,20 @@ def test_expressions_after_the_marker_do_not_count(copied):
     assert reward.score("#### 79", "79").correct
     assert reward.score("#### -5", "-5").correct
     assert MathReward(literal_answers_only=False).score("#### 23+45+11", "79").correct
+
+
+def test_a_killed_checker_process_does_not_change_a_reward():
+    """The child that runs math-verify dies (killed from outside): the check is asked again of a fresh
+    child, so the right answer still scores right and nothing counts as an error."""
+    import os
+    import signal
+
+    reward = MathReward()
+    try:
+        assert reward.score(SOLUTION, "79").correct
+        os.kill(reward._checker._process.pid, signal.SIGKILL)
+        reward._checker._process.wait()
+        assert reward.score(SOLUTION, "79").correct
+        assert (reward.num_errors, reward.num_timeouts) == (0, 0)
+    finally:
+        reward.close()

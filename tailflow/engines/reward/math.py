@@ -145,19 +145,31 @@ class MathReward:
                 self._checker = None
 
     def _check(self, answer_text: str, gold_answer: str) -> bool:
+        """A child that dies (killed from outside, out of memory) is replaced and the check asked once more:
+        losing the process must not change a reward. A second death on the same check (the input itself kills
+        it), a check that raises, or one past the timeout scores incorrect."""
         with self._lock:  # one check in flight per child
-            if self._checker is None:
-                self._checker = _CheckerProcess()
-            try:
-                return self._checker.check(answer_text, gold_answer, self.timeout_s)
-            except TimeoutError:
-                self.num_timeouts += 1
-            except _CheckFailed:
-                self.num_errors += 1
-            if not self._checker.is_alive():
-                self._checker.stop()
-                self._checker = None
+            for attempt in range(2):
+                if self._checker is None:
+                    self._checker = _CheckerProcess()
+                try:
+                    return self._checker.check(answer_text, gold_answer, self.timeout_s)
+                except TimeoutError:
+                    self.num_timeouts += 1
+                    self._drop_dead_checker()
+                    return False
+                except _CheckFailed:
+                    if self._checker.is_alive():  # math-verify raised; the child is fine
+                        self.num_errors += 1
+                        return False
+                    self._drop_dead_checker()
+            self.num_errors += 1
             return False
+
+    def _drop_dead_checker(self) -> None:
+        if self._checker is not None and not self._checker.is_alive():
+            self._checker.stop()
+            self._checker = None
 
     def __getstate__(self) -> dict:  # picklable (Ray): the child and lock are per process
         state = dict(self.__dict__)
@@ -226,7 +238,10 @@ def _kill(process: subprocess.Popen) -> None:
     process.kill()
     process.wait()
     for stream in (process.stdin, process.stdout):
-        stream.close()
+        try:
+            stream.close()
+        except OSError:  # stdin's unflushed request to a dead child: a broken pipe, nothing to keep
+            pass
 
 
 def serve_answer_checks() -> None:
