@@ -53,3 +53,25 @@ def test_wandb_offline_run_gets_the_rows(tmp_path, monkeypatch):
     logger.close()
     run_dirs = list((tmp_path / "wandb").glob("offline-run-*-r-wandb"))
     assert run_dirs and list(run_dirs[0].glob("*.wandb"))
+
+
+def test_stored_directories_get_ordinary_permissions(tmp_path):
+    """put_dir stages in a mkdtemp (0700) and libraries write some files 0600: a run's checkpoints must still
+    be readable by whoever may read the store (the process umask decides, as for any file)."""
+    import os
+    import stat
+
+    from tailflow.engines.store.local import PROCESS_UMASK
+
+    source = tmp_path / "src"
+    (source / "sub").mkdir(parents=True)
+    (source / "model.safetensors").write_bytes(b"w")
+    os.chmod(source / "model.safetensors", 0o600)
+    (source / "sub" / "x.json").write_text("{}")
+    store = LocalStore(tmp_path / "store")
+    store.put_dir("r/checkpoints/iter-0000", source)
+    stored = store.path("r/checkpoints/iter-0000")
+    assert stat.S_IMODE(stored.stat().st_mode) == 0o777 & ~PROCESS_UMASK
+    assert stat.S_IMODE((stored / "model.safetensors").stat().st_mode) == 0o666 & ~PROCESS_UMASK
+    assert (stored / "sub" / "x.json").read_text() == "{}"
+    assert not [p for p in stored.parent.iterdir() if p.name.startswith(".")]  # no staging left behind

@@ -22,6 +22,14 @@ def _read_umask() -> int:
 PROCESS_UMASK = _read_umask()
 
 
+def _fsync_dir(path: str | Path) -> None:
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
 class StoreError(OSError):
     pass
 
@@ -53,6 +61,7 @@ class LocalStore:
                 temp.flush()
                 os.fsync(temp.fileno())
             os.replace(temp_name, target)
+            _fsync_dir(target.parent)  # the rename itself survives a power loss
         except BaseException:
             Path(temp_name).unlink(missing_ok=True)
             raise
@@ -79,14 +88,29 @@ class LocalStore:
             os.fsync(handle.fileno())
 
     def put_dir(self, key: str, local_dir: str | Path) -> None:
-        """Copy a local directory under `key`, replacing what was there, atomically."""
+        """Copy a local directory under `key`, replacing what was there, atomically: every file is fsynced in
+        a hidden staging directory, which is then renamed into place (a power loss cannot leave a named but
+        empty checkpoint behind a later commit)."""
         target = self.path(key)
         target.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}."))
-        shutil.copytree(local_dir, staging, dirs_exist_ok=True)
-        if target.exists():
-            shutil.rmtree(target)
-        os.replace(staging, target)
+        try:
+            shutil.copytree(local_dir, staging, dirs_exist_ok=True)
+            for folder, _, files in os.walk(staging):
+                os.chmod(folder, 0o777 & ~PROCESS_UMASK)  # mkdtemp makes 0700; store folders are ordinary ones
+                for name in files:
+                    path = os.path.join(folder, name)
+                    os.chmod(path, 0o666 & ~PROCESS_UMASK)
+                    with open(path, "rb") as handle:
+                        os.fsync(handle.fileno())
+                _fsync_dir(folder)
+            if target.exists():
+                shutil.rmtree(target)
+            os.replace(staging, target)
+            _fsync_dir(target.parent)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
 
     def has_dir(self, key: str) -> bool:
         """A complete directory stored by `put_dir` (atomic here: the rename is the commit)."""
