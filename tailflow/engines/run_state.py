@@ -5,7 +5,9 @@ Committed with every iteration (`<run_id>/states/iter-NNNN.json`, named by the
 run is derived from seeds and names (the data order from `data.seed` and the
 epoch, each request's sampling seed from `train.seed`, the iteration and the
 request id), so the RNG states recorded here are the driver's own, restored on
-resume for anything that draws from the global generators.
+resume for anything that draws from the global generators. The reward's
+adaptive-timeout anchors will join this state with the reward scheduler; today
+the reward has one fixed timeout, which the saved config holds.
 """
 from __future__ import annotations
 
