@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from dataclasses import asdict
+from pathlib import Path
 
 
 def quiet_prefect_defaults() -> None:
@@ -63,6 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("config", help="print the resolved config as YAML")
     config_arguments(show)
     show.add_argument("--reference", action="store_true", help="print the configuration reference (markdown)")
+    sandbox = commands.add_parser("sandbox", help="run untrusted Python the way rewards do")
+    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    sandbox_run = sandbox_commands.add_parser("run", help="run FILE in the sandbox; print one JSON object")
+    sandbox_run.add_argument("file", metavar="FILE", help="a Python program")
+    sandbox_run.add_argument("--timeout", type=float, default=10.0, metavar="S", help="wall-clock limit in seconds")
+    sandbox_run.add_argument("--stdin", metavar="FILE", help="file to feed the program on stdin")
+    sandbox_run.add_argument("--backend", default="process", choices=["process", "bwrap", "docker"])
     return parser
 
 
@@ -72,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     from tailflow.config import config_reference_markdown, config_to_yaml, load_config
 
     try:
+        if args.command == "sandbox":
+            return run_sandbox(args)  # needs no run config
         config = load_config(args.config, args.overrides)  # fail before any work starts
         if args.command == "config":
             print(config_reference_markdown() if args.reference else config_to_yaml(config), end="")
@@ -157,6 +167,22 @@ def run_runs(args, config) -> int:
         print(json.dumps(asdict(report_run(store, args.run_id)), indent=2))
     else:
         print_run_report(report_run(store, args.run_id))
+    return 0
+
+
+def run_sandbox(args) -> int:
+    from tailflow.engines.reward.sandbox import SandboxError, SandboxLimits, run_python
+
+    try:
+        missing = next((path for path in (args.file, args.stdin) if path and not os.path.isfile(path)), None)
+        if missing:
+            raise SandboxError(f"no such file: {missing}")
+        stdin = Path(args.stdin).read_text() if args.stdin else ""
+        result = run_python(Path(args.file).read_text(), stdin, SandboxLimits(timeout_s=args.timeout), args.backend)
+    except (SandboxError, ValueError) as error:  # answered here: the config-error imports take seconds
+        print(f"tailflow: error: {error}", file=sys.stderr)
+        return 2
+    print(json.dumps(asdict(result)))
     return 0
 
 

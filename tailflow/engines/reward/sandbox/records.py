@@ -1,0 +1,49 @@
+"""The records that cross the sandbox boundary: what a run may use, and what came back."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+STATUSES = ("ok", "error", "timeout", "killed")
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Bounds on one run of untrusted code; every one is enforced by the kernel, not by trust.
+
+    `max_output_bytes` bounds stdout and stderr each: the reader stops there and
+    kills the run, so printing 1 GB costs at most that much parent memory.
+    """
+
+    timeout_s: float = 10.0
+    cpu_time_s: int = 10
+    memory_bytes: int = 1 << 30
+    max_processes: int = 32
+    max_file_bytes: int = 16 << 20
+    max_output_bytes: int = 1 << 20
+
+    def __post_init__(self) -> None:
+        for name in ("timeout_s", "cpu_time_s", "memory_bytes", "max_processes", "max_file_bytes",
+                     "max_output_bytes"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SandboxLimits.{name} must be positive, got {getattr(self, name)!r}")
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """One run's outcome.
+
+    status: "ok" (exit 0), "error" (non-zero exit, e.g. an uncaught exception),
+    "timeout" (wall clock ran out; everything was killed), "killed" (a signal:
+    CPU or output limit, or the code killed itself). `isolation` names the
+    protections that were actually in force, so a weaker fallback is visible.
+    """
+
+    status: str
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    duration_s: float
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    isolation: tuple[str, ...] = field(default_factory=tuple)
+    detail: str = ""
