@@ -53,7 +53,11 @@ def run_cli(args: list[str], env: dict, fault: str | None = None) -> subprocess.
     process = subprocess.Popen([sys.executable, "-m", "tailflow.cli", *args], env=child_env, start_new_session=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        output, _ = process.communicate(timeout=600)
+        output, _ = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"{' '.join(args)} (TAILFLOW_FAULT={fault}) hung for 300 s:\n{output[-4000:]}")
     finally:
         try:
             os.killpg(process.pid, signal.SIGKILL)  # what the driver started dies with it

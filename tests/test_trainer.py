@@ -197,3 +197,24 @@ def test_fsdp_group_matches_single_process(model_path, ray_cluster, tmp_path):
     fresh.load_state_dict(weights, strict=True)
     saved = load_model(tmp_path / "hf").state_dict()
     assert max_abs_diff({k: saved[k] for k in weights}, weights) == 0.0
+
+
+def test_a_taken_rendezvous_port_is_retried_not_waited_on(model_path, ray_cluster, monkeypatch):
+    """Rank 0 cannot bind the port picked for it (another process took it): the group starts again on a new
+    port instead of leaving rank 1 waiting for a rank 0 that died."""
+    import socket
+
+    from tailflow.engines.cluster import trainer_group
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    ports = iter([taken.getsockname()[1]])
+    real = trainer_group.find_free_port
+    monkeypatch.setattr(trainer_group, "find_free_port", lambda: next(ports, None) or real())
+    try:
+        group = TrainerGroup(model_path, world_size=2, trainer_kwargs={"lr": 1e-3})
+        assert group.train_step(make_samples(4, seed=1)).grad_norm > 0
+        group.shutdown()
+    finally:
+        taken.close()

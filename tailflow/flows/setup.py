@@ -110,10 +110,10 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunCo
                          for p in datasets.train + datasets.eval)
     start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + config.rollout.num_workers)
     max_seq_len = longest_prompt + config.rollout.max_new_tokens
-    rollout, trainer = start_workers(config, model_path, max_seq_len)
     tracking = config.tracking
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
                              str(local_working_dir(store, run_id))) if tracking.wandb else None)
+    rollout, trainer = start_workers(config, model_path, max_seq_len)  # last: nothing after it can fail and leak them
     return RunContext(
         run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
         eval_problems=datasets.eval, reward=reward_function(config),
@@ -127,8 +127,12 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int) -> tuple
     """The run's Ray actors, every one holding `model_path`'s weights."""
     rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len,
                            config.train.seed, config.cluster.rollout_threads)
-    trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
-                           num_threads=config.cluster.threads_per_worker)
+    try:
+        trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
+                               num_threads=config.cluster.threads_per_worker)
+    except BaseException:
+        rollout.shutdown()  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
+        raise
     return rollout, trainer
 
 

@@ -21,6 +21,7 @@ from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
 from tailflow.engines.train.trainer import PolicyTrainer, TrainStepStats
 
+START_ATTEMPTS = 3
 MASTER_ADDR = "127.0.0.1"
 """Single-node for now; a multi-node group needs rank 0's node IP here."""
 
@@ -80,17 +81,29 @@ class TrainerGroup:
         num_gpus_per_worker: float = 0,
         num_threads: int = 1,
     ) -> None:
-        """Start `world_size` actors and wait until their process group is up."""
+        """Start `world_size` actors and wait until their process group is up.
+
+        The rendezvous port is picked free here, then bound by rank 0 a moment later: another process can take
+        it in between (seen in CI: EADDRINUSE, and the other ranks waited forever for rank 0). So a failed
+        start kills every actor of the attempt and tries again on a new port.
+        """
         self.world_size = world_size
-        master_port = find_free_port()
         actor_class = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, max_restarts=0)(
             TrainerWorker
         )
-        self.workers = [
-            actor_class.remote(model_path, rank, world_size, master_port, num_threads, dict(trainer_kwargs or {}))
-            for rank in range(world_size)
-        ]
-        get_all([worker.is_ready.remote() for worker in self.workers])
+        for attempt in range(START_ATTEMPTS):
+            master_port = find_free_port()
+            self.workers = [
+                actor_class.remote(model_path, rank, world_size, master_port, num_threads, dict(trainer_kwargs or {}))
+                for rank in range(world_size)
+            ]
+            try:
+                get_all([worker.is_ready.remote() for worker in self.workers])
+                return
+            except ray.exceptions.RayActorError:
+                self.shutdown()
+                if attempt == START_ATTEMPTS - 1:
+                    raise
 
     def train_step(self, samples: list[TrainSample]) -> TrainStepStats:
         """One optimizer step on all ranks; every rank returns the same stats, rank 0's are returned."""
