@@ -87,7 +87,7 @@ def test_a_run_without_resumable_commits_is_not_overwritten(tiny_model_dir, tmp_
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "state.json").write_text("{}")
     with pytest.raises(ConfigError, match="run taken .* without resumable commits"):
-        prepare_run_dir(config, "taken")
+        prepare_run_dir(LocalStore(tmp_path), config, "taken")
     assert (tmp_path / "taken" / "state.json").read_text() == "{}"
 
 

@@ -70,7 +70,6 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
     return next_state
 
 
-
 def fault_injection(ctx: RunContext, iteration: int):
     """`faults(phase)`: the crash points of engines/faults.py (no-ops unless TAILFLOW_FAULT is set)."""
     actors = {"kill-rollout": lambda: ctx.rollout.worker_pid(0), "kill-trainer": lambda: ctx.trainer.worker_pid(0)}

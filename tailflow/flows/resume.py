@@ -17,9 +17,8 @@ from tailflow.config import ConfigError, RunConfig, config_from_dict, config_to_
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import read_checkpoint
-from tailflow.engines.runs.commit import commit_state, read_committed_state
+from tailflow.engines.runs.commit import commit_state
 from tailflow.engines.runs.layout import config_key
-from tailflow.engines.store import open_store
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -55,10 +54,6 @@ def check_config_for_resume(store: Any, run_id: str, requested: RunConfig, allow
                           f"--allow-change {','.join(unexpected)}")
     if changed:
         store.write_text(config_key(run_id), config_to_yaml(requested))
-
-
-def find_commit(config: RunConfig, run_id: str) -> RunState | None:
-    return read_committed_state(open_store(config.storage.uri), run_id)
 
 
 def commit_initial_state(ctx: RunContext, initial_eval_accuracy: float) -> RunState:

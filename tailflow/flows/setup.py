@@ -24,7 +24,7 @@ from tailflow.engines.reward.math import MathReward
 from tailflow.engines.rollout.requests import prompt_token_ids
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.layout import config_key, metrics_key
-from tailflow.engines.store import ArtifactStore, local_working_dir, open_store
+from tailflow.engines.store import ArtifactStore, local_working_dir
 from tailflow.engines.track import MetricsLogger, start_wandb
 
 
@@ -84,17 +84,15 @@ def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int) -> Datas
     return Datasets(train.problems, held_out.problems[: data.num_eval], train.num_skipped + held_out.num_skipped)
 
 
-def prepare_run_dir(config: RunConfig, run_id: str) -> ArtifactStore:
-    """Start `<storage.uri>/<run_id>/` with the resolved config (the run has no commit: anything there is
+def prepare_run_dir(store: ArtifactStore, config: RunConfig, run_id: str) -> None:
+    """Start `<run_id>/` in the store with the resolved config (the run has no commit: anything there is
     from an attempt that crashed before committing and is replaced)."""
-    store = open_store(config.storage.uri)
     if store.exists(f"{run_id}/state.json"):
         raise ConfigError(f"run {run_id} in {store.uri()} was written by a tailflow without resumable commits; "
                           "choose another --run-id")
     store.write_text(config_key(run_id), config_to_yaml(config))
     if store.exists(metrics_key(run_id)):
         store.write_text(metrics_key(run_id), "")
-    return store
 
 
 def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunContext:

@@ -10,10 +10,10 @@ from prefect.runtime import flow_run
 
 from tailflow.config import RunConfig, config_from_dict, load_config
 from tailflow.engines.run_state import RunState
+from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
 from tailflow.flows.iteration import iteration
-from tailflow.flows.resume import (check_config_for_resume, commit_initial_state, find_commit, restore_commit,
-                                   restore_weights)
+from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
 from tailflow.flows.retry_policy import no_retry_on_user_error
 from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context
 from tailflow.tasks.evaluate import evaluate
@@ -61,12 +61,12 @@ def rl_training(
     with no_retry_on_user_error():
         run_config = resolve_config(config_path, overrides or [], config)
         run_id = run_id or default_run_id()
-        committed = find_commit(run_config, run_id)
+        store = open_store(run_config.storage.uri)
+        committed = read_committed_state(store, run_id)
         if committed is not None:
-            store = open_store(run_config.storage.uri)
             check_config_for_resume(store, run_id, run_config, allow_change or [])
         else:
-            store = prepare_run_dir(run_config, run_id)
+            prepare_run_dir(store, run_config, run_id)
         ctx = build_context(run_config, run_id, store)
     try:
         if committed is not None:

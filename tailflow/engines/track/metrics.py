@@ -9,6 +9,7 @@ import json
 import math
 from typing import Any
 
+from tailflow.engines.runs.layout import metrics_key
 from tailflow.engines.store import ArtifactStore
 
 
@@ -19,10 +20,14 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {name: jsonable(value) for name, value in row.items()}
+
+
 class MetricsLogger:
     def __init__(self, store: ArtifactStore, run_id: str, wandb_run: Any = None):
         self.store = store
-        self.key = f"{run_id}/metrics.jsonl"
+        self.key = metrics_key(run_id)
         self.wandb_run = wandb_run
 
     def log(self, row: dict[str, Any]) -> None:
@@ -31,14 +36,12 @@ class MetricsLogger:
 
     def append(self, row: dict[str, Any]) -> None:
         """The row into metrics.jsonl (before the iteration commits; `keep_committed` drops it if that fails)."""
-        clean = {name: jsonable(value) for name, value in row.items()}
-        self.store.append_line(self.key, json.dumps(clean, sort_keys=True))
+        self.store.append_line(self.key, json.dumps(jsonable_row(row), sort_keys=True))
 
     def publish(self, row: dict[str, Any]) -> None:
         """The row to W&B (after the commit, so W&B never sees an iteration that is run again)."""
         if self.wandb_run is not None:
-            clean = {name: jsonable(value) for name, value in row.items()}
-            self.wandb_run.log(clean, step=clean.get("iteration"))
+            self.wandb_run.log(jsonable_row(row), step=row.get("iteration"))
 
     def keep_committed(self, num_iterations: int) -> int:
         """On resume: drop rows of iterations >= `num_iterations` (written, never committed); returns rows dropped."""
