@@ -28,6 +28,20 @@ def prefect_api():
 
 
 @pytest.fixture(scope="session")
+def random_tiny_model_dir(tmp_path_factory):
+    """The embedded tiny Qwen2 freshly initialised (seed 0) with its tokenizer, as a HF directory."""
+    from tailflow.engines.data.tokenizer import build_char_tokenizer
+    from tailflow.engines.models import build_tiny_model
+
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0)
+    path = tmp_path_factory.mktemp("tiny") / "model"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the whole session (starting Ray costs seconds)."""
     import ray

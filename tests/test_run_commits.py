@@ -6,7 +6,6 @@ import random
 import pytest
 import torch
 
-from tailflow.engines.data.tokenizer import build_char_tokenizer
 from tailflow.engines.models import build_tiny_model
 from tailflow.engines.run_state import RngState, RunState
 from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, read_checkpoint, weights_sha256, write_checkpoint
@@ -75,59 +74,49 @@ def test_rng_state_round_trips_through_json():
     assert (random.random(), torch.rand(3).tolist()) == draws
 
 
-@pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory):
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0)
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
-
-
 def samples(seed: int) -> list[TrainSample]:
     rng = random.Random(seed)
     return [TrainSample(tuple(rng.randrange(3, 22) for _ in range(5)), tuple(rng.randrange(3, 22) for _ in range(9)),
                         rng.choice([-1.0, 1.0])) for _ in range(6)]
 
 
-def test_a_trainer_resumed_from_a_checkpoint_takes_the_same_next_step(tiny_model_dir, tmp_path):
+def test_a_trainer_resumed_from_a_checkpoint_takes_the_same_next_step(random_tiny_model_dir, tmp_path):
     """Model + Adam state written, read back into a fresh trainer: step 3 equals the uninterrupted one's."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     def count(batch):
         return sum(len(s.response_token_ids) for s in batch)
 
-    uninterrupted = PolicyTrainer(str(tiny_model_dir), lr=1e-3)
+    uninterrupted = PolicyTrainer(str(random_tiny_model_dir), lr=1e-3)
     for step in range(2):
         uninterrupted.train_step(samples(step), count(samples(step)))
     checkpoint_dir = tmp_path / "ckpt"
-    write_checkpoint(checkpoint_dir, uninterrupted.state_for_checkpoint(), AutoConfig.from_pretrained(tiny_model_dir),
-                     AutoTokenizer.from_pretrained(tiny_model_dir))
+    write_checkpoint(checkpoint_dir, uninterrupted.state_for_checkpoint(), AutoConfig.from_pretrained(random_tiny_model_dir),
+                     AutoTokenizer.from_pretrained(random_tiny_model_dir))
     assert (checkpoint_dir / OPTIMIZER_FILE).is_file()
     AutoModelForCausalLM.from_pretrained(checkpoint_dir)  # an HF directory as it is
     AutoTokenizer.from_pretrained(checkpoint_dir)
 
-    resumed = PolicyTrainer(str(tiny_model_dir), lr=1e-3)
-    resumed.load_checkpoint(read_checkpoint(checkpoint_dir, AutoConfig.from_pretrained(tiny_model_dir)))
+    resumed = PolicyTrainer(str(random_tiny_model_dir), lr=1e-3)
+    resumed.load_checkpoint(read_checkpoint(checkpoint_dir, AutoConfig.from_pretrained(random_tiny_model_dir)))
     for trainer in (uninterrupted, resumed):
         trainer.train_step(samples(2), count(samples(2)))
     after, again = uninterrupted.full_state_dict(), resumed.full_state_dict()
     assert all(torch.equal(after[name], again[name]) for name in after)
 
     # without the optimizer state the same step lands elsewhere: the test can tell the difference
-    weights_only = PolicyTrainer(str(tiny_model_dir), lr=1e-3)
-    weights_only.load_checkpoint({**read_checkpoint(checkpoint_dir, AutoConfig.from_pretrained(tiny_model_dir)),
+    weights_only = PolicyTrainer(str(random_tiny_model_dir), lr=1e-3)
+    weights_only.load_checkpoint({**read_checkpoint(checkpoint_dir, AutoConfig.from_pretrained(random_tiny_model_dir)),
                                   "optimizer": None})
     weights_only.train_step(samples(2), count(samples(2)))
     assert not all(torch.equal(after[name], weights_only.full_state_dict()[name]) for name in after)
 
 
-def test_weights_sha256_depends_only_on_the_weights(tiny_model_dir, tmp_path):
+def test_weights_sha256_depends_only_on_the_weights(random_tiny_model_dir, tmp_path):
     from transformers import AutoConfig, AutoTokenizer
 
     model = build_tiny_model(22, 1, 0, seed=0)
-    config, tokenizer = AutoConfig.from_pretrained(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
+    config, tokenizer = AutoConfig.from_pretrained(random_tiny_model_dir), AutoTokenizer.from_pretrained(random_tiny_model_dir)
     for name in ("a", "b"):
         write_checkpoint(tmp_path / name, {"model": model.state_dict(), "optimizer": None}, config, tokenizer)
     assert weights_sha256(tmp_path / "a") == weights_sha256(tmp_path / "b")

@@ -7,8 +7,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tailflow.engines.cluster.trainer_group import TrainerGroup
-from tailflow.engines.data.tokenizer import build_char_tokenizer
-from tailflow.engines.models import build_tiny_model, load_model
+from tailflow.engines.models import load_model
 from tailflow.engines.train.batch import (
     TrainSample,
     collate,
@@ -23,12 +22,8 @@ torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0)
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    model.save_pretrained(path)
-    return str(path)
+def model_path(random_tiny_model_dir):
+    return str(random_tiny_model_dir)
 
 
 @pytest.fixture(scope="module")
