@@ -30,7 +30,11 @@ class ModelConfig(Section):
 
 class DataConfig(Section):
     train_path: str | None = None
-    """JSONL or Parquet file of training problems. None: the embedded arithmetic task."""
+    """JSONL or Parquet file of training problems. None: the embedded task (arithmetic; with reward.type `code`,
+    the built-in code task)."""
+    code_format: Literal["kodcode", "apps"] = "kodcode"
+    """With reward.type `code`: the rows of train_path / eval_path are KodCode-style (`question`, `test` with
+    assert lines / pytest functions) or APPS-style (`question`, `input_output` with stdin/stdout pairs)."""
     eval_path: str | None = None
     """JSONL or Parquet file of held-out problems (required when train_path is set)."""
     prompt_field: str = "prompt"
@@ -70,14 +74,69 @@ class RolloutConfig(Section):
 
 
 class RewardConfig(Section):
-    type: Literal["math"] = "math"
-    """Reward function: `math` checks the final answer with math-verify."""
+    type: Literal["math", "code", "judge"] = "math"
+    """Reward function: `math` checks the final answer with math-verify; `code` runs the response against the
+    problem's tests in the sandbox; `judge` asks a judge model whether the response matches the reference."""
     format_reward: float = Field(0.0, ge=0.0, le=1.0)
-    """Added when the response ends with the answer marker line, right or wrong."""
+    """math: added when the response ends with the answer marker line, right or wrong."""
     answer_marker: str = "####"
-    """A response counts only if its last line starts with this marker."""
+    """math: a response counts only if its last line starts with this marker."""
     literal_answers_only: bool = True
-    """The final answer must be a value, not an expression (math-verify scores '#### 23+45' as 68)."""
+    """math: the final answer must be a value, not an expression (math-verify scores '#### 23+45' as 68)."""
+    all_or_nothing: bool = False
+    """code: reward 1 only when every test passes; False: the fraction of tests passed."""
+    sandbox: Literal["auto", "bwrap", "process", "docker"] = "auto"
+    """code: sandbox backend for model-written programs; `auto` is bwrap where installed, else process."""
+    sandbox_memory_mb: int = Field(1024, ge=16)
+    """code: address-space limit of one execution."""
+    sandbox_max_processes: int = Field(32, ge=1)
+    """code: processes (and threads) one execution may have at once."""
+    adaptive_timeout: bool = True
+    """code: T = min(max(timeout_min_s, timeout_scale * T_anchor), timeout_max_s), T_anchor the slowest execution
+    of a correct response so far (RollPacker); False: every execution gets timeout_max_s."""
+    timeout_scale: float = Field(1.5, ge=1.0)
+    """code: lambda, the headroom over the anchor."""
+    timeout_min_s: float = Field(2.0, gt=0.0)
+    """code: the shortest timeout an execution gets."""
+    timeout_max_s: float = Field(30.0, gt=0.0)
+    """code: the longest timeout, and the timeout before any anchor exists."""
+    timeout_anchor: Literal["task", "problem"] = "task"
+    """code: one anchor for the whole task, or one per problem (a problem without its own anchor falls back to
+    the dataset's reference time, then timeout_max_s)."""
+    judge_model_path: str | None = None
+    """judge: local Hugging Face causal-LM directory of the judge; None: the policy's initial model."""
+    judge_template: str = "Question: {prompt}\nReference: {reference}\nResponse: {response}\nCorrect? "
+    """judge: the judge's prompt; `{prompt}`, `{reference}` (the gold answer) and `{response}` are filled in."""
+    judge_yes: str = "Yes"
+    """judge: the text whose first token means yes; reward = p(yes) / (p(yes) + p(no))."""
+    judge_no: str = "No"
+    """judge: the text whose first token means no."""
+    streaming: bool = True
+    """Score each response as soon as its engine finishes it, on the reward workers, while rollout goes on;
+    False: score the whole round after rollout (the batch baseline)."""
+    min_workers: int = Field(1, ge=1)
+    """Reward workers (Ray actors) kept alive; the pool grows with the backlog up to max_workers."""
+    max_workers: int = Field(4, ge=1)
+    """Most reward workers at once."""
+    backlog_per_worker: int = Field(8, ge=1)
+    """Responses waiting per worker before the pool adds a worker."""
+
+    @model_validator(mode="after")
+    def _check_ranges(self) -> "RewardConfig":
+        if self.max_workers < self.min_workers:
+            raise ValueError(f"reward.max_workers ({self.max_workers}) must be >= reward.min_workers "
+                             f"({self.min_workers})")
+        if self.timeout_max_s < self.timeout_min_s:
+            raise ValueError(f"reward.timeout_max_s ({self.timeout_max_s}) must be >= reward.timeout_min_s "
+                             f"({self.timeout_min_s})")
+        for name in ("judge_template",):
+            template = getattr(self, name)
+            try:
+                template.format(prompt="p", reference="r", response="x")
+            except (KeyError, IndexError, ValueError) as error:
+                raise ValueError(f"reward.{name}: only {{prompt}}, {{reference}} and {{response}} may appear "
+                                 f"({error!r})") from None
+        return self
 
 
 class TrainConfig(Section):

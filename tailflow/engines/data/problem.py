@@ -5,15 +5,44 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class IOCase:
+    """One stdin/stdout test (APPS style): the program reads `stdin`; its stdout must equal `expected_stdout`
+    (compared line by line with trailing whitespace ignored)."""
+
+    stdin: str
+    expected_stdout: str
+
+
+@dataclass(frozen=True)
+class CodeTests:
+    """How a code problem is checked: assert lines run after the response's code (KodCode style), and/or
+    stdin/stdout cases (APPS style), each case one sandboxed execution.
+
+    `reference_time_s` is how long a known-correct solution takes for one execution, when the dataset
+    knows it: the adaptive timeout's first anchor for this problem.
+    """
+
+    asserts: tuple[str, ...] = ()
+    io_cases: tuple[IOCase, ...] = ()
+    reference_time_s: float | None = None
+
+    @property
+    def num_tests(self) -> int:
+        return len(self.asserts) + len(self.io_cases)
+
+
+@dataclass(frozen=True)
 class Problem:
     """One prompt with its checkable answer.
 
     `problem_id` is stable across runs (the long-prompt queue and resume refer
     to problems by it); `solution` is a reference response, used only by the
-    warm-start SFT and absent for most real datasets.
+    warm-start SFT and absent for most real datasets. A code problem carries
+    `tests` (its `answer` is then unused, conventionally "").
     """
 
     problem_id: str
     prompt: str
     answer: str
     solution: str | None = None
+    tests: CodeTests | None = None

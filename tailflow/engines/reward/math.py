@@ -63,9 +63,17 @@ WORKER_START_TIMEOUT_S = 120.0
 
 @dataclass(frozen=True)
 class RewardResult:
+    """One response's score; every reward function returns it.
+
+    `timeouts` counts executions that ran out of time (code rewards); `exec_s` is the longest single
+    execution (code rewards: the adaptive timeout anchors on it when `correct`), None where nothing ran.
+    """
+
     reward: float
     correct: bool
     formatted: bool
+    timeouts: int = 0
+    exec_s: float | None = None
 
 
 def is_literal_answer(answer_text: str) -> bool:
@@ -131,6 +139,10 @@ class MathReward:
         )
         reward = 1.0 * is_correct + self.format_reward * is_formatted
         return RewardResult(reward=reward, correct=is_correct, formatted=is_formatted)
+
+    def score_problem(self, response_text: str, problem, timeout_s: float | None = None) -> RewardResult:
+        """The reward-function protocol (`engines/reward/scoring.py`); math has no adaptive timeout."""
+        return self.score(response_text, problem.answer)
 
     def score_batch(self, texts: Sequence[str], golds: Sequence[str]) -> list[RewardResult]:
         if len(texts) != len(golds):
