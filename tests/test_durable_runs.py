@@ -18,11 +18,11 @@ import yaml
 from tailflow.engines.runs.checkpoint import weights_sha256
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
+from tailflow.engines.track.metrics import without_timing
 from tailflow.flows.setup import shipped_warmstart_dir
 
 pytestmark = pytest.mark.slow
 
-UNTIMED_EXCLUDED = ("time/",)
 
 
 def run_config(storage) -> dict:
@@ -66,10 +66,10 @@ def run_cli(args: list[str], env: dict, fault: str | None = None) -> subprocess.
     return subprocess.CompletedProcess(process.args, process.returncode, output, "")
 
 
-def outcome(storage, run_id: str, ignore: tuple[str, ...] = UNTIMED_EXCLUDED):
+def outcome(storage, run_id: str, ignore: tuple[str, ...] = ()):
     state = read_committed_state(LocalStore(storage), run_id)
     rows = [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines()]
-    untimed = [{k: v for k, v in row.items() if not k.startswith(ignore)} for row in rows]
+    untimed = [{k: v for k, v in without_timing(row).items() if k not in ignore} for row in rows]
     return state, untimed
 
 
@@ -125,7 +125,7 @@ def test_a_dead_rollout_or_trainer_actor_costs_a_retry_not_the_run(tmp_path, cli
     assert result.returncode == 0, result.stdout[-4000:]
     assert result.stdout.count("an actor died") == 2
 
-    state, rows = outcome(tmp_path, "actors", ignore=("time/", "iteration/attempt"))
+    state, rows = outcome(tmp_path, "actors", ignore=("iteration/attempt",))
     _, rows_with_attempts = outcome(tmp_path, "actors")
     assert [row["iteration/attempt"] for row in rows_with_attempts] == [0, 1, 1]
     expected_state, expected_rows = reference
@@ -208,5 +208,5 @@ def test_a_run_on_s3_through_transient_faults_matches_the_local_run(tmp_path, cl
     assert weights_sha256(checkpoint) == state.weights_sha256
     rows = [json.loads(line) for line in store.read_text("on-s3/metrics.jsonl").splitlines()]
     expected_state, expected_rows = reference
-    assert [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows] == expected_rows
+    assert [without_timing(row) for row in rows] == expected_rows
     assert state.weights_sha256 == expected_state.weights_sha256

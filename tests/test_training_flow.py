@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from tailflow.engines.runs.checkpoint import weights_sha256
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
+from tailflow.engines.track.metrics import without_timing
 from tailflow.flows.setup import shipped_warmstart_dir
 
 pytestmark = pytest.mark.slow
@@ -100,7 +101,7 @@ def test_seeded_run_repeats_bit_for_bit(prefect_api, tiny_model_dir, tmp_path):
     def outcome(run_id):
         rl_training(config=tiny_run_config(tiny_model_dir, tmp_path), run_id=run_id)
         rows = [json.loads(line) for line in (tmp_path / run_id / "metrics.jsonl").read_text().splitlines()]
-        untimed = [{k: v for k, v in row.items() if not k.startswith("time/")} for row in rows]
+        untimed = [without_timing(row) for row in rows]
         weights = (tmp_path / run_id / "checkpoints" / "iter-0001" / "model.safetensors").read_bytes()
         return untimed, hashlib.sha256(weights).hexdigest()
 

@@ -7,9 +7,9 @@ tests), every call is a dictionary lookup that does nothing. What:
   the whole run dies as on a lost node, with no chance to clean up.
 - `raise-<phase>`: raise `InjectedFault` there: the flow fails like any bug or
   outage in the driver, and Prefect's flow retry takes over.
-- `kill-rollout` / `kill-trainer`: SIGKILL the process of rollout worker 0 /
-  trainer rank 0 at the first phase that can reach it (a dead actor inside a
-  live run).
+- `kill-rollout` / `kill-trainer` / `kill-reward`: SIGKILL the process of
+  rollout worker 0 / trainer rank 0 / reward worker 0 at the first phase that
+  can reach it (a dead actor inside a live run).
 
 Phases: `rollout`, `reward`, `train`, `sync`, `checkpoint` (checkpoint stored,
 state not yet), `commit` (state stored, `latest` not yet). Each armed fault

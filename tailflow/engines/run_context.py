@@ -27,7 +27,8 @@ class RunContext:
         tokenizer: Any,
         train_problems: list[Problem],
         eval_problems: list[Problem],
-        reward: Any,
+        reward_pool: Any,
+        timeouts: Any,
         rollout: Any,
         trainer: Any,
         metrics: MetricsLogger,
@@ -43,8 +44,10 @@ class RunContext:
         self.train_problems = train_problems
         self.eval_problems = eval_problems
         self.problems_by_id = {problem.problem_id: problem for problem in train_problems}
-        self.reward = reward
-        """MathReward"""
+        self.reward_pool = reward_pool
+        """RewardPool: the reward workers (math, code or judge)."""
+        self.timeouts = timeouts
+        """TimeoutPolicy: the code reward's adaptive timeout (anchors live in the run state)."""
         self.rollout = rollout
         """RolloutGroup"""
         self.trainer = trainer

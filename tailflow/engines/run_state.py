@@ -5,9 +5,8 @@ Committed with every iteration (`<run_id>/states/iter-NNNN.json`, named by the
 run is derived from seeds and names (the data order from `data.seed` and the
 epoch, each request's sampling seed from `train.seed`, the iteration and the
 request id), so the RNG states recorded here are the driver's own, restored on
-resume for anything that draws from the global generators. The reward's
-adaptive-timeout anchors will join this state with the reward scheduler; today
-the reward has one fixed timeout, which the saved config holds.
+resume for anything that draws from the global generators. The code reward's
+adaptive-timeout anchors (`engines/reward/timeouts.py`) are part of it too.
 """
 from __future__ import annotations
 
@@ -17,6 +16,8 @@ import random
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict, Field
+
+from tailflow.engines.reward.timeouts import TimeoutAnchors
 
 
 class CursorState(BaseModel):
@@ -75,5 +76,7 @@ class RunState(BaseModel):
     rng: RngState | None = None
     round_history: list[int] = Field(default_factory=list)
     """`tail/round` of every iteration so far (0 short, 1 long; 0 for synchronous rounds)."""
+    reward_anchors: TimeoutAnchors = Field(default_factory=TimeoutAnchors)
+    """The code reward's adaptive-timeout anchors after this commit's iteration."""
     initial_eval_accuracy: float | None = None
     last_eval_accuracy: float | None = None

@@ -23,5 +23,5 @@ def evaluate_model(config_path: str | None = None, overrides: list[str] | None =
                                           max_seq_len=longest + config.rollout.max_new_tokens, seed=config.train.seed)
     requests = greedy_requests(problems, config.rollout.max_new_tokens, tokenizer, config.data.prompt_template)
     groups = score_groups(problems, engine.generate(requests),
-                          reward_function(config), tokenizer)
+                          reward_function(config, model_path), tokenizer, config.reward.timeout_max_s)
     return sum(group.responses[0].correct for group in groups) / len(groups)

@@ -14,7 +14,7 @@ from tailflow.tasks.commit import commit
 from tailflow.tasks.evaluate import evaluate
 from tailflow.tasks.plan import plan_round
 from tailflow.tasks.rollout import rollout
-from tailflow.tasks.score import score
+from tailflow.tasks.score import score, start_scoring
 from tailflow.tasks.sync import sync_weights
 from tailflow.tasks.train import train_step
 
@@ -25,12 +25,13 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
     faults = fault_injection(ctx, iteration)
     started = time.perf_counter()
     prepared = plan_round(ctx, state, iteration)
+    scorer = start_scoring(ctx, prepared.problems, state.reward_anchors)
     faults("rollout")
-    round_result, rollout_stats = rollout(ctx, prepared)
+    round_result, rollout_stats = rollout(ctx, prepared, scorer)
     t_reward = time.perf_counter()
     problems, completions = round_result.trained_in_launch_order(prepared.problems)
     faults("reward")
-    groups = score(ctx, problems, completions)
+    groups, scoring_stats = score(ctx, scorer, problems, completions)
     t_train = time.perf_counter()
     faults("train")
     train_stats = train_step(ctx, groups)
@@ -52,6 +53,11 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
     prepared.queue.defer(round_result.deferred_problem_ids, iteration)
     row = iteration_metrics(iteration, groups, rollout_stats, train_stats, timings, accuracy)
     row.update(tail_metrics(prepared.plan, prepared.queue, round_result))
+    row.update(scoring_stats.metrics())
+    anchors = ctx.timeouts.updated(state.reward_anchors, [(group.problem, response.correct, response.exec_s)
+                                                          for group in groups for response in group.responses])
+    if ctx.config.reward.type == "code":
+        row["reward/timeout_anchor_s"] = anchors.task_s
     row["iteration/attempt"] = attempt
     if iteration == 0:
         row["eval/accuracy_initial"] = state.initial_eval_accuracy
@@ -63,6 +69,7 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
             "long_queue": prepared.queue.to_state(),
             "last_eval_accuracy": accuracy if accuracy is not None else state.last_eval_accuracy,
             "round_history": [*state.round_history, int(row["tail/round"])],
+            "reward_anchors": anchors,
         }
     )
     next_state = commit(ctx, next_state, row)
@@ -72,5 +79,6 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
 
 def fault_injection(ctx: RunContext, iteration: int):
     """`faults(phase)`: the crash points of engines/faults.py (no-ops unless TAILFLOW_FAULT is set)."""
-    actors = {"kill-rollout": lambda: ctx.rollout.worker_pid(0), "kill-trainer": lambda: ctx.trainer.worker_pid(0)}
+    actors = {"kill-rollout": lambda: ctx.rollout.worker_pid(0), "kill-trainer": lambda: ctx.trainer.worker_pid(0),
+              "kill-reward": lambda: ctx.reward_pool.worker_pid(0)}
     return lambda phase: fault_point(phase, iteration, actors)

@@ -20,7 +20,9 @@ from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.data.arith import default_splits
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.models import check_model_dir
-from tailflow.engines.reward.math import MathReward
+from tailflow.engines.reward.pool import RewardPool
+from tailflow.engines.reward.spec import build_reward, reward_spec
+from tailflow.engines.reward.timeouts import TimeoutPolicy
 from tailflow.engines.rollout.requests import prompt_token_ids
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.layout import config_key, metrics_key
@@ -69,6 +71,8 @@ class Datasets:
 
 def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int) -> Datasets:
     data = config.data
+    if config.reward.type == "code":
+        return load_code_datasets(config, tokenizer, max_prompt_tokens)
     if data.train_path is None:
         train, held_out = default_splits(data.num_train, data.num_eval, data.seed)
         return Datasets(train, held_out, 0)
@@ -81,6 +85,21 @@ def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int) -> Datas
     )
     train = load_problems(data.train_path, source_name="data.train_path", **common)
     held_out = load_problems(data.eval_path, source_name="data.eval_path", **common)
+    return Datasets(train.problems, held_out.problems[: data.num_eval], train.num_skipped + held_out.num_skipped)
+
+
+def load_code_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int) -> Datasets:
+    """Code problems: the built-in code task, or KodCode / APPS style JSONL (`data.code_format`)."""
+    from tailflow.engines.data.code_task import builtin_code_problems, load_code_problems
+
+    data = config.data
+    if data.train_path is None:
+        train, held_out = builtin_code_problems(data.seed)
+        return Datasets(train, held_out[: data.num_eval], 0)
+    common = dict(id_field=data.id_field, prompt_template=data.prompt_template, tokenizer=tokenizer,
+                  max_prompt_tokens=max_prompt_tokens, on_invalid=data.on_invalid)
+    train = load_code_problems(data.train_path, data.code_format, source_name="data.train_path", **common)
+    held_out = load_code_problems(data.eval_path, data.code_format, source_name="data.eval_path", **common)
     return Datasets(train.problems, held_out.problems[: data.num_eval], train.num_skipped + held_out.num_skipped)
 
 
@@ -111,37 +130,44 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunCo
     tracking = config.tracking
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
                              str(local_working_dir(store, run_id))) if tracking.wandb else None)
-    rollout, trainer = start_workers(config, model_path, max_seq_len)  # last: nothing after it can fail and leak them
-    return RunContext(
+    rollout, trainer, reward_pool = start_workers(config, model_path, max_seq_len)  # last: nothing after it
+    return RunContext(                                                                # can fail and leak them
         run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
-        eval_problems=datasets.eval, reward=reward_function(config),
+        eval_problems=datasets.eval, reward_pool=reward_pool, timeouts=TimeoutPolicy.from_config(config.reward),
         rollout=rollout, trainer=trainer, metrics=MetricsLogger(store, run_id, wandb_run), model_path=model_path,
         model_config=AutoConfig.from_pretrained(model_path), max_seq_len=max_seq_len,
         num_skipped_rows=datasets.num_skipped,
     )
 
 
-def start_workers(config: RunConfig, model_path: str, max_seq_len: int) -> tuple[RolloutGroup, TrainerGroup]:
-    """The run's Ray actors, every one holding `model_path`'s weights."""
-    rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len,
-                           config.train.seed, config.cluster.rollout_threads)
+def start_workers(config: RunConfig, model_path: str, max_seq_len: int
+                  ) -> tuple[RolloutGroup, TrainerGroup, RewardPool]:
+    """The run's Ray actors: rollout and trainer holding `model_path`'s weights, and the reward pool."""
+    reward = config.reward
+    pool = RewardPool(reward_spec(reward, model_path), reward.min_workers, reward.max_workers,
+                      reward.backlog_per_worker)
+    started = [pool]
     try:
+        rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len,
+                               config.train.seed, config.cluster.rollout_threads)
+        started.append(rollout)
         trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
                                num_threads=config.cluster.threads_per_worker)
     except BaseException:
-        rollout.shutdown()  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
+        for group in started:  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
+            group.shutdown()
         raise
-    return rollout, trainer
+    return rollout, trainer, pool
 
 
 def restart_workers(ctx: RunContext) -> None:
     """Replace every actor (after one died): fresh processes, the initial weights; the caller restores a commit."""
-    for group in (ctx.rollout, ctx.trainer):
+    for group in (ctx.rollout, ctx.trainer, ctx.reward_pool):
         try:
             group.shutdown()
         except Exception:  # noqa: BLE001 - an actor already gone is what we are recovering from
             pass
-    ctx.rollout, ctx.trainer = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len)
+    ctx.rollout, ctx.trainer, ctx.reward_pool = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len)
 
 
 def trainer_kwargs(config: RunConfig) -> dict:
@@ -160,9 +186,10 @@ def _context_length(model_path: str) -> int:
 def shutdown_context(ctx: RunContext) -> None:
     ctx.rollout.shutdown()
     ctx.trainer.shutdown()
+    ctx.reward_pool.shutdown()
     ctx.metrics.close()
 
 
-def reward_function(config: RunConfig) -> MathReward:
-    reward = config.reward
-    return MathReward(reward.format_reward, reward.answer_marker, literal_answers_only=reward.literal_answers_only)
+def reward_function(config: RunConfig, model_path: str):
+    """The reward in this process (standalone evaluation); runs use the pool of reward workers."""
+    return build_reward(reward_spec(config.reward, model_path))

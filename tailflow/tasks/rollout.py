@@ -6,6 +6,7 @@ import time
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tailflow.engines.reward.streaming import StreamingScorer
 from tailflow.engines.rollout.protocol import SamplingParams
 from tailflow.engines.rollout.requests import sampling_requests
 from tailflow.engines.rollout.rollout_stats import RolloutStats, summarize_rollout
@@ -17,7 +18,8 @@ from tailflow.engines.tail.prepare import PreparedRound
 
 # Never cached: a cache hit would silently skip the call into a stateful Ray actor.
 @task(cache_policy=NO_CACHE)
-def rollout(ctx: RunContext, prepared: PreparedRound) -> tuple[RoundResult, RolloutStats]:
+def rollout(ctx: RunContext, prepared: PreparedRound, scorer: StreamingScorer) -> tuple[RoundResult, RolloutStats]:
+    """Generate the round; with streamed scoring, `scorer` gets each response as it finishes."""
     config = ctx.config
     params = SamplingParams(
         temperature=config.rollout.temperature,
@@ -30,7 +32,8 @@ def rollout(ctx: RunContext, prepared: PreparedRound) -> tuple[RoundResult, Roll
                                  config.train.seed, plan.iteration, config.data.prompt_template)
     before = ctx.rollout.stats()
     started = time.perf_counter()
-    result = run_round(ctx.rollout, requests, rule_for(plan, requests), config.tail.steps_per_poll)
+    on_finished = scorer.on_finished if scorer.streaming else None
+    result = run_round(ctx.rollout, requests, rule_for(plan, requests), config.tail.steps_per_poll, on_finished)
     seconds = time.perf_counter() - started
     kept = [completion for _, completions in result.completed for completion in completions]
     return result, summarize_rollout(kept, before, ctx.rollout.stats(), seconds)

@@ -6,14 +6,16 @@ within a group, so grouping happens here, once, by problem id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Mapping, Protocol, Sequence
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion
 
 
 class RewardFunction(Protocol):
-    def score(self, response_text: str, gold_answer: str): ...
+    """What every reward (math, code, judge) offers; `timeout_s` bounds each code execution."""
+
+    def score_problem(self, response_text: str, problem: Problem, timeout_s: float | None = None): ...
 
 
 @dataclass(frozen=True)
@@ -22,6 +24,8 @@ class ScoredResponse:
     text: str
     reward: float
     correct: bool
+    exec_s: float | None = None
+    """Longest code execution of this response (code rewards), for the adaptive timeout."""
 
 
 @dataclass(frozen=True)
@@ -53,15 +57,33 @@ def group_completions(problems: Sequence[Problem], completions: Sequence[Complet
 
 
 def score_groups(
-    problems: Sequence[Problem], completions: Sequence[Completion], reward: RewardFunction, tokenizer
+    problems: Sequence[Problem], completions: Sequence[Completion], reward: RewardFunction, tokenizer,
+    timeout_s: float | None = None,
 ) -> list[ScoredGroup]:
+    """Score in this process, one response after another (standalone evaluation, tests)."""
     by_problem = group_completions(problems, completions)
     groups = []
     for problem in problems:
         scored = []
         for completion in by_problem[problem.problem_id]:
             text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            result = reward.score(text, problem.answer)
-            scored.append(ScoredResponse(completion, text, result.reward, result.correct))
+            result = reward.score_problem(text, problem, timeout_s)
+            scored.append(ScoredResponse(completion, text, result.reward, result.correct, result.exec_s))
+        groups.append(ScoredGroup(problem, tuple(scored)))
+    return groups
+
+
+def groups_from_outcomes(problems: Sequence[Problem], completions: Sequence[Completion], outcomes: Mapping,
+                         texts: Mapping[str, str] | None = None, tokenizer=None) -> list[ScoredGroup]:
+    """Scored groups from reward-pool outcomes (`request_id -> ScoreOutcome`), in `problems` order."""
+    by_problem = group_completions(problems, completions)
+    groups = []
+    for problem in problems:
+        scored = []
+        for completion in by_problem[problem.problem_id]:
+            result = outcomes[completion.request_id].result
+            text = texts[completion.request_id] if texts else tokenizer.decode(completion.token_ids,
+                                                                                skip_special_tokens=True)
+            scored.append(ScoredResponse(completion, text, result.reward, result.correct, result.exec_s))
         groups.append(ScoredGroup(problem, tuple(scored)))
     return groups

@@ -170,6 +170,25 @@ class NativeEngine:
             completions.extend(self.step())
         return completions
 
+    @torch.no_grad()
+    def next_token_logprobs(self, prompt_token_ids: Seq[int], candidate_ids: Seq[int]) -> list[float]:
+        """Log-probabilities of `candidate_ids` as the token after the prompt (temperature 1).
+
+        A prefill-only query, the judge's whole use of an engine (vLLM answers the same question with
+        `SamplingParams(max_tokens=1, logprobs=k)`). It runs outside the slot cache, so it may interleave
+        with generation.
+        """
+        if not prompt_token_ids:
+            raise ValueError("next_token_logprobs: empty prompt")
+        if len(prompt_token_ids) > self.max_seq_len:
+            raise ValueError(f"next_token_logprobs: prompt of {len(prompt_token_ids)} tokens exceeds the engine's "
+                             f"max_seq_len {self.max_seq_len}")
+        bad = [t for t in candidate_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"next_token_logprobs: candidate ids {bad} are outside the vocabulary [0, {self.vocab_size})")
+        logits = self.runner.model(torch.tensor([list(prompt_token_ids)])).logits[0, -1].float()
+        return torch.log_softmax(logits, dim=-1)[list(candidate_ids)].tolist()
+
     # ---- control -----------------------------------------------------------------------------
 
     def abort(self, request_ids: Seq[str]) -> list[Completion]:

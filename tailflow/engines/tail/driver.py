@@ -7,11 +7,14 @@ reproducible bit for bit.
 
 A round that waits for every response (long rounds, the synchronous
 baseline) has nothing to abort, so it runs as one batch call per worker:
-streaming it would only add a round trip every few engine steps.
+streaming it would only add a round trip every few engine steps. Unless
+someone wants each response as it finishes (`on_finished`, streamed
+scoring): then every round streams. On one worker the engine runs the same
+steps either way, so the completions are identical.
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from tailflow.engines.rollout.protocol import Completion, Request
 from tailflow.engines.tail.completion import CompletionRule, RoundResult, WaitForAllRule
@@ -25,14 +28,19 @@ class StreamingRollout(Protocol):
 
 
 def run_round(rollout: StreamingRollout, requests: Sequence[Request], rule: CompletionRule,
-              steps_per_poll: int) -> RoundResult:
-    if isinstance(rule, WaitForAllRule):
+              steps_per_poll: int, on_finished: Callable[[list[Completion]], None] | None = None) -> RoundResult:
+    """`on_finished` sees every batch of finished requests (in finish order) right after the rule does."""
+    if isinstance(rule, WaitForAllRule) and on_finished is None:
         rule.observe(rollout.generate(requests))
         return rule.result()
     rollout.submit(requests)
     aborted_partials: list[Completion] = []
     while not rule.is_done:
-        to_abort = rule.observe(rollout.poll(steps_per_poll))
+        finished = rollout.poll(steps_per_poll)
+        to_abort = rule.observe(finished)
         if to_abort:
             aborted_partials += rollout.abort(to_abort)
+        if on_finished is not None and finished:
+            aborted = set(to_abort)
+            on_finished([c for c in finished if c.request_id not in aborted])
     return rule.result(aborted_partials)

@@ -13,6 +13,16 @@ from tailflow.engines.runs.layout import metrics_key
 from tailflow.engines.store import ArtifactStore
 
 
+WALL_CLOCK_METRICS = ("reward/overlap_ratio", "reward/workers")
+"""Metrics outside `time/` that still depend on timing (how scoring overlapped rollout, how far the
+reward pool grew): a seeded rerun or a resume reproduces every other value exactly."""
+
+
+def without_timing(row: dict[str, Any]) -> dict[str, Any]:
+    """The row's reproducible part: no `time/*` key and none of `WALL_CLOCK_METRICS`."""
+    return {k: v for k, v in row.items() if not k.startswith("time/") and k not in WALL_CLOCK_METRICS}
+
+
 def jsonable(value: Any) -> Any:
     """Plain JSON numbers: NaN/inf become None so every row parses anywhere."""
     if isinstance(value, float) and not math.isfinite(value):

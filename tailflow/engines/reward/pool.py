@@ -1,0 +1,142 @@
+"""The reward workers of a run: a pool of Ray actors sized by the backlog.
+
+Each scoring call carries one response, sent to the worker with the fewest
+calls outstanding (lowest index on ties): a response whose program runs for
+seconds then delays only its own worker. When the backlog (responses sent
+but not scored) exceeds `backlog_per_worker` per worker, a worker is added,
+up to `max_workers`. When a round has been scored, the pool shrinks to what
+that round's peak backlog needed, never below `min_workers`: a round of slow
+code keeps its workers for the next, a quick round gives them back.
+
+Reward actors ask Ray for no CPU: they mostly wait on sandboxed children or
+on a math-verify child, and a 2-core machine already gives its CPUs to the
+rollout and trainer actors. A judge model runs in the actor itself and
+does use a core; on a real cluster, budget for it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+from tailflow.engines.reward.spec import RewardSpec
+from tailflow.engines.reward.worker import RewardWorker, ScoreItem, ScoreOutcome
+
+
+class RewardPool:
+    def __init__(self, spec: RewardSpec, min_workers: int = 1, max_workers: int = 4, backlog_per_worker: int = 8,
+                 num_threads: int = 1) -> None:
+        if not 1 <= min_workers <= max_workers:
+            raise ValueError(f"need 1 <= min_workers ({min_workers}) <= max_workers ({max_workers})")
+        if backlog_per_worker < 1:
+            raise ValueError(f"backlog_per_worker must be >= 1, got {backlog_per_worker}")
+        import ray
+
+        self.spec = spec
+        self.min_workers, self.max_workers, self.backlog_per_worker = min_workers, max_workers, backlog_per_worker
+        self._actor_class = ray.remote(num_cpus=0, max_restarts=0)(RewardWorker)
+        self._num_threads = num_threads
+        self.workers: list = []
+        self._outstanding: dict = {}
+        """ObjectRef -> index of the worker scoring it."""
+        self.peak_workers = 0
+        self.peak_backlog = 0
+        self.workers_started = 0
+        for _ in range(min_workers):
+            self._add_worker()
+        self.check_started()
+
+    # ---- sizing ------------------------------------------------------------------------------
+
+    def _add_worker(self) -> None:
+        self.workers.append(self._actor_class.remote(self.spec, self._num_threads))
+        self.workers_started += 1
+        self.peak_workers = max(self.peak_workers, len(self.workers))
+
+    def check_started(self) -> None:
+        """Wait until every worker has built its reward function (a bad judge path fails here, named)."""
+        from tailflow.engines.cluster.calls import get_all
+
+        get_all([worker.ping.remote() for worker in self.workers])
+
+    def workers_wanted(self, backlog: int) -> int:
+        return min(self.max_workers, max(self.min_workers, math.ceil(backlog / self.backlog_per_worker)))
+
+    def _grow_for(self, backlog: int) -> None:
+        while len(self.workers) < self.workers_wanted(backlog):
+            self._add_worker()
+
+    def shrink_to_recent_need(self) -> None:
+        """After a round: keep what its peak backlog needed; idle workers beyond that are stopped."""
+        import ray
+
+        wanted = self.workers_wanted(self.peak_backlog)
+        busy = set(self._outstanding.values())
+        while len(self.workers) > wanted and (len(self.workers) - 1) not in busy:
+            ray.kill(self.workers.pop())
+        self.peak_backlog = 0
+        self.peak_workers = len(self.workers)
+
+    # ---- scoring -----------------------------------------------------------------------------
+
+    @property
+    def backlog(self) -> int:
+        return len(self._outstanding)
+
+    def submit(self, items: Sequence[ScoreItem]) -> None:
+        for item in items:
+            self._grow_for(self.backlog + 1)
+            load = [0] * len(self.workers)
+            for index in self._outstanding.values():
+                load[index] += 1
+            index = min(range(len(self.workers)), key=lambda i: (load[i], i))
+            self._outstanding[self.workers[index].score.remote([item])] = index
+            self.peak_backlog = max(self.peak_backlog, self.backlog)
+
+    def ready(self, timeout_s: float = 0.0) -> list[ScoreOutcome]:
+        """Outcomes finished by now (waiting up to `timeout_s` for the first); a failed call raises."""
+        import ray
+
+        if not self._outstanding:
+            return []
+        if timeout_s > 0:
+            ray.wait(list(self._outstanding), num_returns=1, timeout=timeout_s)
+        done, _ = ray.wait(list(self._outstanding), num_returns=len(self._outstanding), timeout=0)
+        outcomes = []
+        for ref in done:
+            del self._outstanding[ref]
+            outcomes.extend(ray.get(ref))
+        return outcomes
+
+    def wait_all(self) -> list[ScoreOutcome]:
+        import ray
+
+        outcomes = []
+        while self._outstanding:
+            done, _ = ray.wait(list(self._outstanding), num_returns=1)
+            for ref in done:
+                del self._outstanding[ref]
+                outcomes.extend(ray.get(ref))  # a dead worker raises RayActorError: the iteration retries
+        return outcomes
+
+    def score_all(self, items: Sequence[ScoreItem]) -> list[ScoreOutcome]:
+        """Score a batch and wait for it (evaluation, batch-after-rollout); outcomes in `items` order."""
+        self.submit(items)
+        by_id = {outcome.request_id: outcome for outcome in self.wait_all()}
+        return [by_id[item.request_id] for item in items]
+
+    def worker_pid(self, index: int = 0) -> int:
+        import ray
+
+        return ray.get(self.workers[index].pid.remote())
+
+    def shutdown(self) -> None:
+        import ray
+
+        for worker in self.workers:
+            try:
+                ray.get(worker.close.remote(), timeout=10)
+            except Exception:  # noqa: BLE001 - a dead or stuck worker is killed below anyway
+                pass
+            ray.kill(worker)
+        self.workers = []
+        self._outstanding.clear()

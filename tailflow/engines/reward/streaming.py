@@ -1,0 +1,111 @@
+"""Streamed scoring: every response goes to the reward pool the moment its engine finishes it.
+
+The rollout driver hands each finished response to `on_finished` while the
+round goes on; when rollout ends, `finish` waits only for what is still
+being scored. The reward time a step pays (`time/step_reward`) is that wait.
+With `streaming=False` nothing is sent early and `finish` scores the whole
+round at once: the batch-after-rollout baseline, on the same pool.
+
+What was hidden: each outcome carries its wall-clock start and end in the
+worker; the part of it before rollout ended ran alongside rollout.
+`reward/overlap_ratio` is that hidden scoring time over all scoring time.
+Responses of prompts the round later defers were scored for nothing; they
+are counted (`reward/unused_scores`), not used.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from tailflow.engines.data.problem import Problem
+from tailflow.engines.reward.pool import RewardPool
+from tailflow.engines.reward.scoring import problem_id_of
+from tailflow.engines.reward.worker import ScoreItem, ScoreOutcome
+from tailflow.engines.rollout.protocol import Completion, FinishReason
+
+
+@dataclass(frozen=True)
+class ScoringStats:
+    exposed_s: float
+    """Wall time from the end of rollout until every kept response was scored: the step's reward time."""
+    busy_s: float
+    """Scoring time summed over responses (worker wall clock)."""
+    hidden_s: float
+    """The part of busy_s that ran before rollout ended."""
+    num_scored: int
+    num_unused: int
+    """Scored responses the round did not keep (their prompt was deferred, or they raced an abort)."""
+    num_timeouts: int
+    """Code executions that timed out, in kept responses."""
+    workers: int
+    """Most reward workers alive during the round."""
+
+    @property
+    def overlap_ratio(self) -> float:
+        return self.hidden_s / self.busy_s if self.busy_s > 0 else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "reward/overlap_ratio": self.overlap_ratio,
+            "reward/timeouts": self.num_timeouts,
+            "reward/workers": self.workers,
+            "time/reward_busy": self.busy_s,
+            "reward/unused_scores": self.num_unused,
+        }
+
+
+class StreamingScorer:
+    """One round's scoring; build a new one per round."""
+
+    def __init__(self, pool: RewardPool, tokenizer, problems: Sequence[Problem],
+                 timeout_of: Callable[[Problem], float | None], streaming: bool = True) -> None:
+        self.pool = pool
+        self.tokenizer = tokenizer
+        self.problems_by_id = {problem.problem_id: problem for problem in problems}
+        self.timeout_of = timeout_of
+        self.streaming = streaming
+        self._outcomes: dict[str, ScoreOutcome] = {}
+        self._sent: set[str] = set()
+        self.rollout_ended_at: float | None = None
+
+    def item_for(self, completion: Completion) -> ScoreItem:
+        problem = self.problems_by_id[problem_id_of(completion.request_id)]
+        text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        return ScoreItem(completion.request_id, text, problem, self.timeout_of(problem))
+
+    def on_finished(self, completions: Sequence[Completion]) -> None:
+        """Called by the rollout driver with each batch of finished requests (finish order)."""
+        if not self.streaming:
+            return
+        items = [self.item_for(c) for c in completions
+                 if c.finish_reason is not FinishReason.ABORT and c.request_id not in self._sent]
+        self._sent.update(item.request_id for item in items)
+        self.pool.submit(items)
+        self._collect(self.pool.ready())
+
+    def _collect(self, outcomes: Sequence[ScoreOutcome]) -> None:
+        self._outcomes.update((outcome.request_id, outcome) for outcome in outcomes)
+
+    def finish(self, kept: Sequence[Completion]) -> tuple[dict[str, ScoreOutcome], ScoringStats]:
+        """Outcomes of the kept completions (scoring any not yet sent), and the round's figures."""
+        self.rollout_ended_at = time.time()
+        started = time.perf_counter()
+        missing = [self.item_for(c) for c in kept if c.request_id not in self._sent]
+        self._sent.update(item.request_id for item in missing)
+        self.pool.submit(missing)
+        self._collect(self.pool.wait_all())
+        exposed_s = time.perf_counter() - started
+        kept_ids = {c.request_id for c in kept}
+        outcomes = {request_id: self._outcomes[request_id] for request_id in kept_ids}
+        busy = sum(o.seconds for o in self._outcomes.values())
+        hidden = sum(max(0.0, min(o.finished_at, self.rollout_ended_at) - o.started_at)
+                     for o in self._outcomes.values())
+        stats = ScoringStats(
+            exposed_s=exposed_s, busy_s=busy, hidden_s=hidden, num_scored=len(self._outcomes),
+            num_unused=len(self._outcomes) - len(kept_ids),
+            num_timeouts=sum(outcome.result.timeouts for outcome in outcomes.values()),
+            workers=self.pool.peak_workers,
+        )
+        self.pool.shrink_to_recent_need()
+        return outcomes, stats
