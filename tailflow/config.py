@@ -228,6 +228,9 @@ class RunConfig(Section):
     def _check_cross_fields(self) -> "RunConfig":
         if self.data.train_path and not self.data.eval_path:
             raise ValueError("data.eval_path is required when data.train_path is set")
+        if self.reward.type == "code" and not self.model.path:
+            raise ValueError("model.path is required with reward.type code: the embedded model's vocabulary "
+                             "(digits and + - * = #) cannot write Python")
         if self.data.train_path and not self.model.path:
             raise ValueError("model.path is required with a custom dataset (the embedded model only knows arithmetic)")
         if self.tail.responses_launched is not None and self.tail.responses_launched < self.rollout.n:

@@ -42,6 +42,20 @@ def random_tiny_model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def random_code_model_dir(tmp_path_factory):
+    """A freshly initialised tiny Qwen2 over printable ASCII: it can write (random) Python."""
+    from tailflow.engines.data.tokenizer import PRINTABLE_ASCII, build_char_tokenizer
+    from tailflow.engines.models import build_tiny_model
+
+    tokenizer = build_char_tokenizer(PRINTABLE_ASCII)
+    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0)
+    path = tmp_path_factory.mktemp("tiny-code") / "model"
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def ray_session():
     """One local Ray for the whole session (starting Ray costs seconds)."""
     import ray

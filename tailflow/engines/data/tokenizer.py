@@ -14,6 +14,9 @@ from transformers import PreTrainedTokenizerFast
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 CHARACTERS = "0123456789+-*=#:? \n"
+"""The embedded arithmetic task's alphabet (the shipped warm start's vocabulary)."""
+PRINTABLE_ASCII = "".join(chr(code) for code in range(32, 127)) + "\n\t"
+"""Enough to write Python: the vocabulary of a tiny code model (tests, benchmarks of code rewards)."""
 
 
 def byte_level_symbol(character: str) -> str:
@@ -37,8 +40,8 @@ def _bytes_to_unicode() -> dict[int, str]:
 _BYTE_TO_SYMBOL = _bytes_to_unicode()
 
 
-def build_char_tokenizer() -> PreTrainedTokenizerFast:
-    symbols = [byte_level_symbol(character) for character in CHARACTERS]
+def build_char_tokenizer(characters: str = CHARACTERS) -> PreTrainedTokenizerFast:
+    symbols = [byte_level_symbol(character) for character in characters]
     vocab = {token: index for index, token in enumerate([PAD, EOS, UNK, *symbols])}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

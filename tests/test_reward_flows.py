@@ -1,0 +1,42 @@
+"""Training runs with the code and the judge rewards, through the normal flow (Prefect + Ray)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tailflow.engines.runs.commit import read_committed_state
+from tailflow.engines.store import LocalStore
+from tailflow.flows.setup import shipped_warmstart_dir
+
+pytestmark = pytest.mark.slow
+
+
+def rows_of(storage, run_id):
+    return [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_judge_reward_run(prefect_api, tmp_path):
+    """The tiny judge is the policy's own warm start; its vocabulary has no letters, so yes/no are '1'/'0'."""
+    from tailflow.flows.training import rl_training
+
+    config = {
+        "model": {"path": str(shipped_warmstart_dir())},
+        "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
+        "rollout": {"n": 4, "max_new_tokens": 32, "num_slots": 16},
+        "reward": {"type": "judge", "judge_template": "{prompt}{response}?{reference}=", "judge_yes": "1",
+                   "judge_no": "0", "min_workers": 1, "max_workers": 2},
+        "train": {"iterations": 2, "eval_every": 1, "num_workers": 2, "lr": 1e-3},
+        "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
+        "storage": {"uri": str(tmp_path)},
+    }
+    summary = rl_training(config=config, run_id="judged")
+    rows = rows_of(tmp_path, "judged")
+    assert [row["iteration"] for row in rows] == [0, 1]
+    for row in rows:
+        assert 0 < row["reward/mean"] < 1  # graded p(yes) / (p(yes) + p(no)), not 0/1
+        assert 1 <= row["reward/workers"] <= 2
+        assert 0 <= row["reward/overlap_ratio"] <= 1
+        assert row["reward/timeouts"] == 0
+    assert summary.final_accuracy is not None
+    assert read_committed_state(LocalStore(tmp_path), "judged").iteration == 2
