@@ -117,17 +117,17 @@ def test_sigkill_in_every_phase_then_resume_ends_exactly_where_a_clean_run_does(
     assert state.long_queue == expected_state.long_queue and state.cursor == expected_state.cursor
 
 
-def test_a_dead_rollout_or_trainer_actor_costs_a_retry_not_the_run(tmp_path, cli_env, reference):
+def test_a_dead_rollout_trainer_or_reward_actor_costs_a_retry_not_the_run(tmp_path, cli_env, reference):
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump(run_config(tmp_path)))
     result = run_cli(["train", "-c", str(config_path), "--run-id", "actors"], cli_env,
-                     fault="kill-rollout@1,kill-trainer@2")
+                     fault="kill-reward@0,kill-rollout@1,kill-trainer@2")
     assert result.returncode == 0, result.stdout[-4000:]
-    assert result.stdout.count("an actor died") == 2
+    assert result.stdout.count("an actor died") == 3
 
     state, rows = outcome(tmp_path, "actors", ignore=("iteration/attempt",))
     _, rows_with_attempts = outcome(tmp_path, "actors")
-    assert [row["iteration/attempt"] for row in rows_with_attempts] == [0, 1, 1]
+    assert [row["iteration/attempt"] for row in rows_with_attempts] == [1, 1, 1]
     expected_state, expected_rows = reference
     assert rows == [{k: v for k, v in row.items() if k != "iteration/attempt"} for row in expected_rows]
     assert state.weights_sha256 == expected_state.weights_sha256
