@@ -19,7 +19,7 @@ import pytest
 
 from tailflow.engines.reward.sandbox import SandboxError, SandboxLimits, run_python
 from tailflow.engines.reward.sandbox import process as process_backend
-from tailflow.engines.reward.sandbox.bwrap import bwrap_available
+from tailflow.engines.reward.sandbox.bwrap import bwrap_available, bwrap_works
 
 SMALL = SandboxLimits(timeout_s=2, cpu_time_s=2, memory_bytes=512 << 20, max_processes=32,
                       max_file_bytes=1 << 20, max_output_bytes=64 << 10)
@@ -32,6 +32,14 @@ def marker() -> str:
     return f"tfmark{uuid.uuid4().hex}"
 
 
+@pytest.fixture(params=["process", "bwrap"])
+def sandbox(request):
+    """`run_python` on one backend; every attack runs on both."""
+    if request.param == "bwrap" and not bwrap_works():
+        pytest.skip("bubblewrap (bwrap) is not installed or cannot build its sandbox here")
+    return lambda code, **kwargs: run_python(code, backend=request.param, **kwargs)
+
+
 def leftovers(marker: str) -> list[str]:
     """Live processes that belong to a sandbox: its dir or this test's marker in their command line."""
     found = []
@@ -41,93 +49,96 @@ def leftovers(marker: str) -> list[str]:
         try:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
+            uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
+        except (OSError, IndexError, ValueError):
             continue
-        if state != "Z" and (marker in cmdline or "tailflow-sandbox-" in cmdline):
+        if state != "Z" and (marker in cmdline or "tailflow-sandbox-" in cmdline or uid == 65534):
             found.append(f"{entry.name}: {cmdline[:120]}")
     return found
 
 
-def assert_contained(marker: str) -> None:
-    """Nothing survived the run, and the next run still works."""
+def assert_contained(marker: str, sandbox=run_python) -> None:
+    """Nothing survived the run (no process of uid 65534 either), and the next run still works."""
     assert leftovers(marker) == []
-    after = run_python("print(6 * 7)", limits=SMALL)
+    after = sandbox("print(6 * 7)", limits=SMALL)
     assert (after.status, after.stdout) == ("ok", "42\n")
 
 
-def test_program_reads_stdin_and_returns_stdout_and_exit_code(marker):
-    result = run_python("import sys\nprint(sys.stdin.read().upper())\nsys.exit(3)", stdin="hello", limits=SMALL)
+def test_program_reads_stdin_and_returns_stdout_and_exit_code(marker, sandbox):
+    result = sandbox("import sys\nprint(sys.stdin.read().upper())\nsys.exit(3)", stdin="hello", limits=SMALL)
     assert (result.status, result.exit_code, result.stdout) == ("error", 3, "HELLO\n")
-    ok = run_python("print('fine')", limits=SMALL)
+    ok = sandbox("print('fine')", limits=SMALL)
     assert (ok.status, ok.exit_code, ok.stdout, ok.stdout_truncated) == ("ok", 0, "fine\n", False)
 
 
-def test_syntax_error_is_an_error_with_the_traceback(marker):
-    result = run_python("def broken(:\n    pass\n", limits=SMALL)
+def test_syntax_error_is_an_error_with_the_traceback(marker, sandbox):
+    result = sandbox("def broken(:\n    pass\n", limits=SMALL)
     assert result.status == "error" and result.exit_code == 1
     assert "SyntaxError" in result.stderr
 
 
 @needs_namespaces
-def test_runs_as_nobody_with_every_namespace(marker):
-    result = run_python("import os\nprint(os.getuid(), os.getgid(), os.getgroups())", limits=SMALL)
-    assert result.stdout == "65534 65534 []\n"
+def test_runs_as_nobody_with_every_namespace(marker, sandbox):
+    code = ("import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n"
+            "print([l.split()[1] for l in open('/proc/self/status') if l.startswith(('CapEff', 'NoNewPrivs'))])")
+    result = sandbox(code, limits=SMALL)
+    assert result.stdout == "65534 65534 []\n['0000000000000000', '1']\n"  # no capabilities, no setuid way back
     assert {"net-ns", "pid-ns", "mount-ns", "uid-nobody"} <= set(result.isolation)
 
 
 @needs_namespaces
-def test_fork_bomb_hits_the_process_limit_and_dies(marker):
+def test_fork_bomb_hits_the_process_limit_and_dies(marker, sandbox):
     code = ("import os, time\nhit = False\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
             "        if not hit:\n            hit = True\n            print('EAGAIN', flush=True)\n")
-    result = run_python(code, limits=SMALL)
+    result = sandbox(code, limits=SMALL)
     assert result.status in ("timeout", "killed")
     assert "EAGAIN" in result.stdout  # RLIMIT_NPROC refused forks
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
-def test_memory_bomb_gets_memory_error(marker):
-    result = run_python("block = bytearray(4 << 30)\nprint('allocated')", limits=SMALL)
+def test_memory_bomb_gets_memory_error(marker, sandbox):
+    result = sandbox("block = bytearray(4 << 30)\nprint('allocated')", limits=SMALL)
     assert result.status == "error" and "MemoryError" in result.stderr and "allocated" not in result.stdout
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
-def test_cpu_loop_is_killed_by_the_cpu_limit(marker):
+def test_cpu_loop_is_killed_by_the_cpu_limit(marker, sandbox):
     limits = SandboxLimits(timeout_s=10, cpu_time_s=1, memory_bytes=512 << 20)
-    result = run_python("while True:\n    pass\n", limits=limits)
+    result = sandbox("while True:\n    pass\n", limits=limits)
     assert result.status == "killed" and "SIGXCPU" in result.detail
     assert result.duration_s < 4  # the CPU rlimit, not the 10 s wall clock, ended it
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
-def test_printing_a_gigabyte_is_truncated_quickly_with_bounded_memory(marker):
+def test_printing_a_gigabyte_is_truncated_quickly_with_bounded_memory(marker, sandbox):
     code = "import sys\nchunk = 'x' * (1 << 20)\nfor _ in range(1024):\n    sys.stdout.write(chunk)\n"
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    result = run_python(code, limits=SandboxLimits(timeout_s=30, max_output_bytes=64 << 10))
+    result = sandbox(code, limits=SandboxLimits(timeout_s=30, max_output_bytes=64 << 10))
     rss_growth_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss_before
     assert result.status == "killed" and result.stdout_truncated
     assert len(result.stdout) == 64 << 10
     assert result.duration_s < 3
     assert rss_growth_kb < 50_000
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
 @needs_namespaces
-def test_writes_outside_the_sandbox_dir_do_not_reach_the_host(marker, tmp_path):
+def test_writes_outside_the_sandbox_dir_do_not_reach_the_host(marker, tmp_path, sandbox):
     repo = Path(__file__).resolve().parents[1]
     targets = [f"/tmp/{marker}", f"/var/tmp/{marker}", f"/dev/shm/{marker}", f"/work/{marker}", f"{repo}/{marker}",
                f"/root/{marker}"]
     code = (f"import os\nfor path in {targets!r}:\n    try:\n        open(path, 'w').write('x')\n"
             "        print('wrote', path)\n    except OSError as error:\n        print('refused', path, error)\n"
             "open('own.txt', 'w').write('mine')\nprint('cwd', open('own.txt').read())\n")
-    result = run_python(code, limits=SMALL)
+    result = sandbox(code, limits=SMALL)
     assert result.status == "ok" and "cwd mine" in result.stdout  # its own dir is writable
     for target in targets:
         assert not os.path.exists(target), target
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
 @needs_namespaces
-def test_parent_credentials_and_environment_are_invisible(marker, monkeypatch):
+def test_parent_credentials_and_environment_are_invisible(marker, monkeypatch, sandbox):
     secret = f"SECRET{uuid.uuid4().hex}"
     home = Path(tempfile.mkdtemp(prefix="tf-home-"))
     try:
@@ -144,18 +155,18 @@ def test_parent_credentials_and_environment_are_invisible(marker, monkeypatch):
         code = (f"import os\nprint(dict(os.environ))\nfor path in {paths!r}:\n    try:\n"
                 "        print(path, open(path, 'rb').read())\n    except OSError as error:\n"
                 "        print('refused', path, type(error).__name__)\n")
-        result = run_python(code, limits=SMALL)
+        result = sandbox(code, limits=SMALL)
     finally:
         for path in (home / ".aws" / "credentials", home / ".aws", home):
             path.unlink() if path.is_file() else path.rmdir()
     assert result.status == "ok" and "PATH" in result.stdout
     assert secret not in result.stdout + result.stderr
     assert f"refused {paths[0]}" in result.stdout
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
 @needs_namespaces
-def test_cannot_connect_to_a_server_on_the_host_loopback(marker):
+def test_cannot_connect_to_a_server_on_the_host_loopback(marker, sandbox):
     with socket.socket() as server:
         server.bind(("127.0.0.1", 0))
         server.listen()
@@ -163,53 +174,53 @@ def test_cannot_connect_to_a_server_on_the_host_loopback(marker):
         port = server.getsockname()[1]
         code = (f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=1)\n"
                 "    print('connected')\nexcept OSError as error:\n    print('refused', error)\n")
-        result = run_python(code, limits=SMALL)
+        result = sandbox(code, limits=SMALL)
         with pytest.raises(BlockingIOError):
             server.accept()
     assert result.status == "ok" and "refused" in result.stdout and "connected" not in result.stdout
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
 @needs_namespaces
-def test_cannot_kill_the_parent_or_the_test_process(marker):
+def test_cannot_kill_the_parent_or_the_test_process(marker, sandbox):
     me = os.getpid()
     code = (f"import os\nfor pid in (os.getppid(), {me}, 1):\n    try:\n        os.kill(pid, 9)\n"
             "        print('sent', pid)\n    except OSError as error:\n        print('refused', pid, type(error).__name__)\n"
             "print('still here', flush=True)\nos.kill(-1, 9)\n")
-    result = run_python(code, limits=SMALL)
+    result = sandbox(code, limits=SMALL)
     os.kill(me, 0)  # reached at all means this process survived; say so explicitly
     assert f"refused {me} ProcessLookupError" in result.stdout  # the pid namespace hides the host
     assert "still here" in result.stdout
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
-def test_sleeping_past_the_timeout_is_a_timeout(marker):
-    result = run_python("import time\ntime.sleep(30)\n", limits=SandboxLimits(timeout_s=1))
+def test_sleeping_past_the_timeout_is_a_timeout(marker, sandbox):
+    result = sandbox("import time\ntime.sleep(30)\n", limits=SandboxLimits(timeout_s=1))
     assert (result.status, result.exit_code) == ("timeout", None)
     assert 0.9 <= result.duration_s < 1.6
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
 @needs_namespaces
-def test_a_setsid_daemon_does_not_outlive_the_run(marker):
+def test_a_setsid_daemon_does_not_outlive_the_run(marker, sandbox):
     code = ("import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
             f"        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)  # {marker}'])\n"
             "    os._exit(0)\ntime.sleep(0.5)\n"
             f"alive = [p for p in os.listdir('/proc') if p.isdigit() and b'{marker}' in "
             "open(f'/proc/{p}/cmdline', 'rb').read()]\nprint('daemon-alive' if alive else 'no daemon')\n")
-    result = run_python(code, limits=SMALL)
+    result = sandbox(code, limits=SMALL)
     assert result.status == "ok" and "daemon-alive" in result.stdout  # it really was running
-    assert_contained(marker)
+    assert_contained(marker, sandbox)
 
 
 def test_fallback_without_namespaces_still_limits_and_kills_the_group(marker, monkeypatch):
     monkeypatch.setattr(process_backend, "namespaces_available", lambda: False)
-    ok = run_python("import os\nprint(sorted(os.environ))", limits=SMALL)
+    ok = run_python("import os\nprint(sorted(os.environ))", limits=SMALL, backend="process")
     assert ok.status == "ok" and "net-ns" not in ok.isolation
     assert "AWS" not in ok.stdout and "HOME" in ok.stdout
     code = (f"import subprocess, sys\nsubprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)  # {marker}'])"
             "\nimport time\ntime.sleep(30)\n")
-    result = run_python(code, limits=SandboxLimits(timeout_s=1))
+    result = run_python(code, limits=SandboxLimits(timeout_s=1), backend="process")
     assert result.status == "timeout"
     assert leftovers(marker) == []
 
@@ -222,9 +233,14 @@ def test_unknown_and_unavailable_backends_are_one_line_errors():
 
 
 @pytest.mark.skipif(not bwrap_available(), reason="bubblewrap (bwrap) is not installed on this machine")
-def test_bwrap_backend_runs_a_program(marker):
-    result = run_python("print(6 * 7)", limits=SMALL, backend="bwrap")
-    assert (result.status, result.stdout) == ("ok", "42\n")
+def test_auto_picks_bwrap_where_it_works_and_bwrap_sees_a_read_only_root(marker):
+    from tailflow.engines.reward.sandbox import default_backend
+
+    assert default_backend() == ("bwrap" if bwrap_works() else "process")
+    result = run_python("import os\ntry:\n    open('/etc/tailflow-probe', 'w')\nexcept OSError as error:\n"
+                        "    print(type(error).__name__, error.errno)\nprint(os.getcwd())", limits=SMALL, backend="bwrap")
+    assert result.status == "ok" and "OSError 30" in result.stdout  # EROFS: the system is read-only
+    assert "/tmp/sandbox" in result.stdout
 
 
 def test_cli_prints_one_json_object(tmp_path, capsys):

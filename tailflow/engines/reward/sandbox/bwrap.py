@@ -1,10 +1,25 @@
-"""The `bwrap` backend: bubblewrap does the namespaces, for hosts where we are not root.
+"""The `bwrap` backend: bubblewrap builds the namespaces; the default wherever `bwrap` works.
 
-Written against bubblewrap's documented CLI but NOT exercised by the tests
-here (no bwrap on the development machine); only used when `bwrap` is on PATH.
+What the program sees: `/` read-only; empty tmpfs over /tmp, /root, /home and
+$HOME (the host's secrets and scratch space), with only the interpreter's
+prefix bound back read-only; a private writable directory `/tmp/sandbox`
+(its cwd, deleted afterwards); no network (new net namespace, loopback
+down); its own pid namespace (it cannot see or signal host processes, and
+when the namespace's init dies every process in it dies, so a setsid daemon
+cannot outlive the run); a scrubbed environment; uid 65534.
+
+Limits: `prlimit` sets CPU time, address space, process count, file size
+and no core dumps; `setpriv` then drops to uid/gid 65534 with no
+supplementary groups and no_new_privs. As root the uid drop is a real one
+(RLIMIT_NPROC then counts uid 65534's processes, shared by concurrent
+runs). Without root, bubblewrap needs unprivileged user namespaces: the uid
+is 65534 only inside the user namespace, and RLIMIT_NPROC counts the
+caller's own processes; that path is written but not tested here (the
+tests run as root).
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -17,29 +32,60 @@ from tailflow.engines.reward.sandbox.records import SandboxLimits, SandboxResult
 from tailflow.engines.reward.sandbox.supervise import supervise
 
 ISOLATION = ("rlimits", "session", "clean-env", "net-ns", "pid-ns", "mount-ns", "uid-nobody", "ro-root")
-SANDBOX_DIR = "/sandbox"
+SANDBOX_DIR = "/tmp/sandbox"
+NOBODY = "65534"
+
+
+def limits_command(limits: SandboxLimits) -> list[str]:
+    cpu = limits.cpu_time_s
+    return ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={limits.memory_bytes}", f"--nproc={limits.max_processes}",
+            f"--fsize={limits.max_file_bytes}", "--core=0"]
 
 
 def bwrap_command(workdir: str, limits: SandboxLimits) -> list[str]:
-    cpu = limits.cpu_time_s
-    rlimits = (f"ulimit -t {cpu} -v {limits.memory_bytes // 1024} -u {limits.max_processes} "
-               f"-f {limits.max_file_bytes // 512} -c 0")
+    prefix = os.path.realpath(sys.base_prefix)
+    home = os.environ.get("HOME", "/root")
+    hidden = ["/tmp", "/root", "/home", *([home] if home not in ("", "/") else [])]
+    is_root = os.geteuid() == 0
+    namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup"]
+    if not is_root:
+        namespaces += ["--unshare-user", "--uid", NOBODY, "--gid", NOBODY]
+    mounts = ["--ro-bind", "/", "/"]
+    for path in dict.fromkeys(hidden):
+        if os.path.isdir(path):
+            mounts += ["--tmpfs", path]
+    for parent in reversed(Path(prefix).parents):  # inside a hidden dir, bwrap would create them 0700
+        if any(parent != Path(h) and parent.is_relative_to(h) for h in hidden):
+            mounts += ["--perms", "0755", "--dir", str(parent)]
+    mounts += ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--bind", workdir, SANDBOX_DIR,
+               "--chdir", SANDBOX_DIR]
     env = [arg for key, value in clean_env(SANDBOX_DIR).items() for arg in ("--setenv", key, value)]
-    return ["bwrap", "--unshare-all", "--die-with-parent", "--new-session", "--uid", "65534", "--gid", "65534",
-            "--ro-bind", "/", "/", "--tmpfs", "/tmp", "--tmpfs", "/root", "--tmpfs", "/home",
-            "--tmpfs", os.environ.get("HOME", "/root"), "--ro-bind", os.path.realpath(sys.base_prefix),
-            os.path.realpath(sys.base_prefix), "--proc", "/proc", "--dev", "/dev",
-            "--bind", workdir, SANDBOX_DIR, "--chdir", SANDBOX_DIR, "--clearenv", *env,
-            "/bin/sh", "-c", f'{rlimits} && exec "$0" -I -S main.py', interpreter()]
+    drop = (["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--no-new-privs"]
+            if is_root else [])
+    return ["bwrap", *namespaces, "--die-with-parent", "--new-session", *mounts, "--clearenv", *env,
+            *limits_command(limits), *drop, interpreter(), "-I", "-S", "main.py"]
 
 
 def bwrap_available() -> bool:
-    return shutil.which("bwrap") is not None
+    return shutil.which("bwrap") is not None and shutil.which("prlimit") is not None
+
+
+@functools.cache
+def bwrap_works() -> bool:
+    """bwrap is installed and can build its sandbox here (containers may forbid namespaces); probed once."""
+    if not bwrap_available():
+        return False
+    try:
+        result = run_bwrap("print(6 * 7)", "", SandboxLimits(timeout_s=20, cpu_time_s=10))
+    except OSError:
+        return False
+    return result.status == "ok" and result.stdout == "42\n"
 
 
 def run_bwrap(code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
     if not bwrap_available():
-        raise RuntimeError("sandbox backend 'bwrap' needs bubblewrap on PATH (apt-get install bubblewrap)")
+        raise RuntimeError("sandbox backend 'bwrap' needs bubblewrap and prlimit on PATH "
+                           "(apt-get install bubblewrap util-linux)")
     with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
         (Path(workdir) / "main.py").write_text(code)
         os.chmod(workdir, 0o777)  # uid 65534 inside must be able to write its own cwd
