@@ -15,20 +15,27 @@ class IOCase:
 
 @dataclass(frozen=True)
 class CodeTests:
-    """How a code problem is checked: assert lines run after the response's code (KodCode style), and/or
-    stdin/stdout cases (APPS style), each case one sandboxed execution.
+    """How a code problem is checked.
 
-    `reference_time_s` is how long a known-correct solution takes for one execution, when the dataset
-    knows it: the adaptive timeout's first anchor for this problem.
+    - `asserts`: statements run after the response's code, in its namespace (one test each);
+    - `test_module` + `test_functions`: a pytest-style module (KodCode's `test` field) that may
+      `from solution import f`; each named `test_*` function is one test;
+    - `io_cases`: stdin/stdout pairs (APPS style), one execution each.
+
+    Asserts and test functions of one response share one execution. `reference_time_s` is how long
+    a known-correct solution takes for one execution, when the dataset knows it: the adaptive
+    timeout's first anchor for this problem.
     """
 
     asserts: tuple[str, ...] = ()
     io_cases: tuple[IOCase, ...] = ()
+    test_module: str = ""
+    test_functions: tuple[str, ...] = ()
     reference_time_s: float | None = None
 
     @property
     def num_tests(self) -> int:
-        return len(self.asserts) + len(self.io_cases)
+        return len(self.asserts) + len(self.test_functions) + len(self.io_cases)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,330 @@
+"""Code problems: a small built-in task, and KodCode / APPS style JSONL files.
+
+Built-in task (tests, demos, `bench/reward.py`): ten families of ordinary
+programming exercises, each instantiated with different constants, each with
+a reference solution that passes its tests. Half are checked by asserts on
+a function, half by stdin/stdout cases. One family (counting primes by trial
+division) has a correct solution that takes ~0.1-0.5 s, so adaptive
+timeouts have real run times to anchor on.
+
+KodCode rows: `question` (the prompt), `test` (a pytest module that does
+`from solution import f` and defines `test_*` functions; each function is
+one test), optional `solution`, optional id field.
+
+APPS rows: `question`, `input_output` (a JSON object, or a string holding
+one, with `inputs` and `outputs` lists; with `fn_name` the tests call that
+function, with `class Solution` in `starter_code` its method, on the given
+argument lists), optional `solutions` (a JSON list; the first is kept),
+`starter_code` (appended to the prompt), and `problem_id`.
+
+Either may carry `reference_time_s`, the run time of a known-correct
+solution: the adaptive timeout's first anchor for that problem.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+from typing import Any, Callable, Literal
+
+from tailflow.engines.data.dataset import (
+    DatasetError,
+    LoadedProblems,
+    _check_arguments,
+    _InvalidRow,
+    _id_text,
+    _read_rows,
+    _require_text,
+)
+from tailflow.engines.data.problem import CodeTests, IOCase, Problem
+
+ANSWER_FORMAT = "Answer with the complete program in one ```python code block."
+
+# ---- the built-in task ---------------------------------------------------------------------------
+
+
+def _sum_times(rng: random.Random):
+    k = rng.randint(2, 9)
+    cases = [[rng.randint(-50, 99) for _ in range(rng.randint(1, 8))] for _ in range(3)]
+    prompt = (f"Write a Python program that reads integers separated by spaces from one line of standard input "
+              f"and prints their sum multiplied by {k}.")
+    solution = f"print(sum(int(x) for x in input().split()) * {k})"
+    return prompt, solution, (), tuple(IOCase(" ".join(map(str, c)) + "\n", f"{sum(c) * k}\n") for c in cases)
+
+
+def _caesar(rng: random.Random):
+    k = rng.randint(1, 25)
+    solution = ("def shift_text(s):\n    out = []\n    for ch in s:\n        if ch.islower():\n"
+                f"            out.append(chr((ord(ch) - 97 + {k}) % 26 + 97))\n        elif ch.isupper():\n"
+                f"            out.append(chr((ord(ch) - 65 + {k}) % 26 + 65))\n        else:\n"
+                "            out.append(ch)\n    return ''.join(out)")
+    namespace: dict = {}
+    exec(solution, namespace)
+    words = ["hello", "World", "xyz", "Tail flow!", "abc-DEF"]
+    picked = rng.sample(words, 3)
+    prompt = (f"Write a Python function `shift_text(s)` that returns `s` with every letter moved {k} places "
+              "forward in the alphabet, wrapping around and keeping case; other characters stay as they are.")
+    return prompt, solution, tuple(f"assert shift_text({w!r}) == {namespace['shift_text'](w)!r}" for w in picked), ()
+
+
+def _fizzbuzz(rng: random.Random):
+    a, b = rng.sample([2, 3, 4, 5, 7], 2)
+    def expected(n: int) -> str:
+        return "".join(("FizzBuzz" if i % a == 0 and i % b == 0 else "Fizz" if i % a == 0 else "Buzz"
+                        if i % b == 0 else str(i)) + "\n" for i in range(1, n + 1))
+    prompt = (f"Write a Python program that reads n from standard input and prints the numbers 1 to n, one per "
+              f"line, printing Fizz instead of multiples of {a}, Buzz instead of multiples of {b} and FizzBuzz "
+              "instead of multiples of both.")
+    solution = ("n = int(input())\nfor i in range(1, n + 1):\n"
+                f"    print('FizzBuzz' if i % {a} == 0 and i % {b} == 0 else 'Fizz' if i % {a} == 0 else "
+                f"'Buzz' if i % {b} == 0 else i)")
+    return prompt, solution, (), tuple(IOCase(f"{n}\n", expected(n)) for n in rng.sample(range(5, 40), 2))
+
+
+def _count_char(rng: random.Random):
+    c = rng.choice("aeiostxz")
+    texts = ["banana split", "test the tests", "zebra crossing", "a", "", "sassy asides"]
+    prompt = f"Write a Python function `count_char(s)` that returns how many times the character '{c}' occurs in `s`."
+    solution = f"def count_char(s):\n    return s.count({c!r})"
+    return prompt, solution, tuple(f"assert count_char({t!r}) == {t.count(c)}" for t in rng.sample(texts, 3)), ()
+
+
+def _nth_prime(rng: random.Random):
+    def nth(k: int) -> int:
+        count, n = 0, 1
+        while count < k:
+            n += 1
+            if all(n % d for d in range(2, int(n ** 0.5) + 1)):
+                count += 1
+        return n
+    ks = rng.sample(range(1, 60), 3)
+    prompt = (f"Write a Python function `nth_prime(k)` that returns the k-th prime number (nth_prime(1) == 2). "
+              f"For example nth_prime({ks[0]}) == {nth(ks[0])}.")
+    solution = ("def nth_prime(k):\n    count, n = 0, 1\n    while count < k:\n        n += 1\n"
+                "        if all(n % d for d in range(2, int(n ** 0.5) + 1)):\n            count += 1\n    return n")
+    return prompt, solution, tuple(f"assert nth_prime({k}) == {nth(k)}" for k in ks), ()
+
+
+def _kth_largest(rng: random.Random):
+    k = rng.randint(1, 3)
+    cases = [rng.sample(range(-99, 100), rng.randint(k, k + 6)) for _ in range(3)]
+    prompt = (f"Write a Python program that reads distinct integers separated by spaces from standard input and "
+              f"prints the {['', 'largest', 'second largest', 'third largest'][k]} of them.")
+    solution = f"print(sorted(map(int, input().split()), reverse=True)[{k - 1}])"
+    return prompt, solution, (), tuple(IOCase(" ".join(map(str, c)) + "\n", f"{sorted(c, reverse=True)[k - 1]}\n")
+                                       for c in cases)
+
+
+def _gcd_all(rng: random.Random):
+    import math
+
+    cases = [[rng.randint(1, 30) * g for _ in range(rng.randint(2, 5))] for g in rng.sample(range(1, 13), 3)]
+    prompt = (f"Write a Python function `gcd_all(numbers)` that returns the greatest common divisor of a list of "
+              f"positive integers. For example gcd_all({cases[0]}) == {math.gcd(*cases[0])}.")
+    solution = "import math\n\ndef gcd_all(numbers):\n    return math.gcd(*numbers)"
+    return prompt, solution, tuple(f"assert gcd_all({c}) == {math.gcd(*c)}" for c in cases), ()
+
+
+def _join_sorted(rng: random.Random):
+    sep = rng.choice([",", ";", "-", "|"])
+    words = ["pear", "apple", "fig", "kiwi", "plum", "date", "lime"]
+    cases = [rng.sample(words, rng.randint(2, 6)) for _ in range(2)]
+    prompt = (f"Write a Python program that reads words separated by spaces from standard input and prints them in "
+              f"alphabetical order joined by '{sep}'.")
+    solution = f"print({sep!r}.join(sorted(input().split())))"
+    return prompt, solution, (), tuple(IOCase(" ".join(c) + "\n", sep.join(sorted(c)) + "\n") for c in cases)
+
+
+def _digit_power_sum(rng: random.Random):
+    p = rng.randint(1, 4)
+    ns = rng.sample(range(0, 100000), 3)
+    prompt = (f"Write a Python function `digit_power_sum(n)` that returns the sum of the digits of the non-negative "
+              f"integer n, each raised to the power {p}.")
+    solution = f"def digit_power_sum(n):\n    return sum(int(d) ** {p} for d in str(n))"
+    return prompt, solution, tuple(f"assert digit_power_sum({n}) == {sum(int(d) ** p for d in str(n))}"
+                                   for n in ns), ()
+
+
+def _count_primes_slow(rng: random.Random):
+    """The slow family: its reference solution takes ~0.1-0.5 s (trial division)."""
+    def count(n: int) -> int:
+        sieve = bytearray([1]) * n
+        sieve[:2] = b"\0\0"[:n]
+        for i in range(2, int(n ** 0.5) + 1):
+            if sieve[i]:
+                sieve[i * i::i] = bytearray(len(sieve[i * i::i]))
+        return sum(sieve)
+    n = rng.randint(40_000, 80_000)
+    prompt = (f"Write a Python program that reads n from standard input and prints how many primes are below n. "
+              f"For example the answer for {n} is {count(n)}.")
+    solution = ("n = int(input())\ntotal = 0\nfor k in range(2, n):\n    d = 2\n    while d * d <= k:\n"
+                "        if k % d == 0:\n            break\n        d += 1\n    else:\n        total += 1\nprint(total)")
+    other = rng.randint(40_000, 80_000)
+    return prompt, solution, (), (IOCase(f"{other}\n", f"{count(other)}\n"),)
+
+
+FAMILIES: dict[str, Callable[[random.Random], tuple]] = {
+    "sum_times": _sum_times, "caesar": _caesar, "fizzbuzz": _fizzbuzz, "count_char": _count_char,
+    "nth_prime": _nth_prime, "kth_largest": _kth_largest, "gcd_all": _gcd_all, "join_sorted": _join_sorted,
+    "digit_power_sum": _digit_power_sum, "count_primes": _count_primes_slow,
+}
+
+
+def builtin_code_problems(seed: int = 0, num_train: int = 400, num_eval: int = 40) -> tuple[list[Problem], list[Problem]]:
+    """Train and held-out problems of the built-in code task (no prompt in both); ids `code-<split>-<i>`."""
+    def generate(split: str, count: int, taken: set[str]) -> list[Problem]:
+        rng = random.Random(f"code:{split}:{seed}")
+        problems, seen, names = [], set(taken), list(FAMILIES)
+        for attempt in range(count * 50):
+            if len(problems) == count:
+                break
+            family = names[attempt % len(names)]
+            prompt, solution, asserts, io_cases = FAMILIES[family](rng)
+            prompt = f"{prompt}\n{ANSWER_FORMAT}\n"
+            if prompt in seen:
+                continue
+            seen.add(prompt)
+            problems.append(Problem(f"code-{split}-{len(problems)}", prompt, "", solution=solution,
+                                    tests=CodeTests(asserts=asserts, io_cases=io_cases)))
+        return problems
+
+    train = generate("train", num_train, set())
+    held_out = generate("eval", num_eval, {p.prompt for p in train})
+    return train, held_out
+
+
+# ---- KodCode / APPS files ------------------------------------------------------------------------
+
+
+def load_code_problems(
+    path: str | os.PathLike,
+    style: Literal["kodcode", "apps"] = "kodcode",
+    *,
+    id_field: str | None = None,
+    prompt_template: str = "{prompt}",
+    tokenizer=None,
+    max_prompt_tokens: int | None = None,
+    on_invalid: Literal["error", "skip"] = "error",
+    source_name: str = "data",
+) -> LoadedProblems:
+    """Code problems from a JSONL (or Parquet) file; bad rows are errors naming file, line and field, or
+    (`on_invalid="skip"`) are skipped and counted by reason."""
+    from pathlib import Path
+
+    if style not in ("kodcode", "apps"):
+        raise DatasetError(f"data.code_format must be 'kodcode' or 'apps', got {style!r}")
+    path = Path(path)
+    where = f"{source_name}: {path}"
+    _check_arguments(where, prompt_template, tokenizer, max_prompt_tokens, on_invalid)
+    id_field = id_field or ("problem_id" if style == "apps" else None)
+    to_problem = _kodcode_problem if style == "kodcode" else _apps_problem
+    loaded, seen, num_rows = LoadedProblems(problems=[]), set(), 0
+    for index, label, record in _read_rows(path, where):
+        num_rows += 1
+        try:
+            if isinstance(record, _InvalidRow):
+                raise record
+            if not isinstance(record, dict):
+                raise _InvalidRow("not_an_object", f"expected a JSON object, got {type(record).__name__}")
+            default_id = f"{path.stem}-{index}"
+            problem_id = _id_text(record, id_field) if id_field and id_field in record else default_id
+            if id_field and id_field not in record and style == "kodcode":
+                raise _InvalidRow("missing_field", f"missing field '{id_field}'; fields present: {sorted(record)}")
+            if problem_id in seen:
+                raise _InvalidRow("duplicate_id", f"field '{id_field}': duplicate problem id {problem_id!r}")
+            prompt, solution, tests = to_problem(record)
+            prompt = prompt_template.format(prompt=prompt)
+            if max_prompt_tokens is not None:
+                num_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+                if num_tokens > max_prompt_tokens:
+                    raise _InvalidRow("prompt_too_long", f"field 'question': prompt is {num_tokens} tokens (with the "
+                                                         f"template), over max_prompt_tokens={max_prompt_tokens}")
+        except _InvalidRow as invalid:
+            message = f"{where}: {label}: {invalid}"
+            if on_invalid == "error":
+                raise DatasetError(message) from None
+            loaded.num_skipped += 1
+            loaded.skip_reasons[invalid.reason] = loaded.skip_reasons.get(invalid.reason, 0) + 1
+            loaded.first_skip_messages.setdefault(invalid.reason, message)
+            continue
+        seen.add(problem_id)
+        loaded.problems.append(Problem(problem_id, prompt, "", solution=solution, tests=tests))
+    if num_rows == 0:
+        raise DatasetError(f"{where} is empty: no rows")
+    if not loaded.problems:
+        raise DatasetError(f"{where}: no valid problems in {num_rows} rows; skipped by reason: {loaded.skip_reasons}")
+    return loaded
+
+
+def _reference_time(record: dict) -> float | None:
+    value = record.get("reference_time_s")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise _InvalidRow("bad_type", f"field 'reference_time_s' must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _optional_string(record: dict, name: str) -> str | None:
+    value = record.get(name)
+    if value is not None and not isinstance(value, str):
+        raise _InvalidRow("bad_type", f"field '{name}' must be a string or null, got {type(value).__name__}")
+    return value
+
+
+def _kodcode_problem(record: dict) -> tuple[str, str | None, CodeTests]:
+    prompt = _require_text(record, "question", "empty_prompt")
+    test_code = _require_text(record, "test", "bad_tests")
+    try:
+        tree = ast.parse(test_code)
+    except SyntaxError as error:
+        raise _InvalidRow("bad_tests", f"field 'test' is not valid Python: {error.msg} (line {error.lineno})") from None
+    names = tuple(node.name for node in tree.body
+                  if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"))
+    if not names:
+        raise _InvalidRow("bad_tests", "field 'test' defines no test_* function")
+    tests = CodeTests(test_module=test_code, test_functions=names, reference_time_s=_reference_time(record))
+    return prompt, _optional_string(record, "solution"), tests
+
+
+def _json_field(record: dict, name: str) -> Any:
+    if name not in record:
+        raise _InvalidRow("missing_field", f"missing field '{name}'; fields present: {sorted(record)}")
+    value = record[name]
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as error:
+            raise _InvalidRow("bad_tests", f"field '{name}' is not valid JSON: {error.msg}") from None
+    return value
+
+
+def _apps_problem(record: dict) -> tuple[str, str | None, CodeTests]:
+    prompt = _require_text(record, "question", "empty_prompt")
+    starter = _optional_string(record, "starter_code") or ""
+    io = _json_field(record, "input_output")
+    if not isinstance(io, dict) or not isinstance(io.get("inputs"), list) or not isinstance(io.get("outputs"), list):
+        raise _InvalidRow("bad_tests", "field 'input_output' must hold lists 'inputs' and 'outputs'")
+    inputs, outputs = io["inputs"], io["outputs"]
+    if not inputs or len(inputs) != len(outputs):
+        raise _InvalidRow("bad_tests", f"field 'input_output': {len(inputs)} inputs and {len(outputs)} outputs "
+                                       "(need the same number, at least one)")
+    fn_name = io.get("fn_name")
+    if fn_name:
+        call = f"Solution().{fn_name}" if "class Solution" in starter else fn_name
+        asserts = []
+        for args, expected in zip(inputs, outputs):
+            args = args if isinstance(args, list) else [args]
+            asserts.append(f"_result = {call}(*{args!r})\nassert _result == {expected!r} or [_result] == {expected!r}")
+        tests = CodeTests(asserts=tuple(asserts), reference_time_s=_reference_time(record))
+    else:
+        if not all(isinstance(x, str) for x in inputs + outputs):
+            raise _InvalidRow("bad_tests", "field 'input_output': stdin/stdout cases must be strings")
+        tests = CodeTests(io_cases=tuple(IOCase(i, o) for i, o in zip(inputs, outputs)),
+                          reference_time_s=_reference_time(record))
+    solutions = _json_field(record, "solutions") if record.get("solutions") else []
+    solution = solutions[0] if isinstance(solutions, list) and solutions and isinstance(solutions[0], str) else None
+    if starter:
+        prompt = f"{prompt}\n\nStarter code:\n```python\n{starter}\n```"
+    return prompt, solution, tests
