@@ -40,3 +40,41 @@ def test_judge_reward_run(prefect_api, tmp_path):
         assert row["reward/timeouts"] == 0
     assert summary.final_accuracy is not None
     assert read_committed_state(LocalStore(tmp_path), "judged").iteration == 2
+
+
+def test_code_reward_run(prefect_api, tmp_path, random_code_model_dir):
+    """The built-in code task; the policy is a random printable-ASCII tiny model, so its programs fail, but
+    every one of them runs in the sandbox on the reward workers, streamed."""
+    from tailflow.engines.reward.timeouts import TimeoutAnchors
+    from tailflow.flows.training import rl_training
+
+    config = {
+        "model": {"path": str(random_code_model_dir)},
+        "data": {"prompts_per_step": 4, "num_eval": 4},
+        "rollout": {"n": 2, "max_new_tokens": 24, "num_slots": 16},
+        "reward": {"type": "code", "min_workers": 1, "max_workers": 2, "timeout_max_s": 5.0},
+        "train": {"iterations": 2, "eval_every": 1, "num_workers": 2},
+        "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 3},
+        "storage": {"uri": str(tmp_path)},
+    }
+    rl_training(config=config, run_id="coded")
+    rows = rows_of(tmp_path, "coded")
+    assert [row["iteration"] for row in rows] == [0, 1]
+    for row in rows:
+        assert row["reward/mean"] == 0.0  # random text is not a program that passes tests
+        assert row["time/reward_busy"] > 0.02 * 8  # 8 responses, each at least one sandboxed execution
+        assert row["reward/timeouts"] == 0 and row["reward/timeout_anchor_s"] is None
+    state = read_committed_state(LocalStore(tmp_path), "coded")
+    assert state.iteration == 2 and state.reward_anchors == TimeoutAnchors()  # no correct response: no anchor
+
+
+def test_code_datasets_come_from_the_configured_file():
+    from tailflow.config import config_from_dict
+    from tailflow.flows.setup import load_datasets
+
+    data_file = str(__import__("pathlib").Path(__file__).parent / "data" / "apps_sample.jsonl")
+    config = config_from_dict({"model": {"path": "/any"}, "reward": {"type": "code"},
+                               "data": {"train_path": data_file, "eval_path": data_file, "code_format": "apps"}})
+    datasets = load_datasets(config, tokenizer=None, max_prompt_tokens=None)
+    assert [p.problem_id for p in datasets.train] == ["101", "102"]
+    assert datasets.train[0].tests.io_cases and datasets.train[1].tests.asserts
