@@ -75,9 +75,10 @@ def test_pool_scores_like_the_function_in_process_and_sizes_with_the_backlog(ray
         assert all(o.finished_at >= o.started_at for o in outcomes)
         pool.shrink_to_recent_need()
         assert len(pool.workers) == 3  # that round needed 3
-        pool.score_all(math_items(2))
-        pool.shrink_to_recent_need()
-        assert len(pool.workers) == 1  # a quick round gives them back, down to min_workers
+        for expected in (2, 1, 1):  # quick rounds give them back one per round, down to min_workers
+            pool.score_all(math_items(2))
+            pool.shrink_to_recent_need()
+            assert len(pool.workers) == expected
     finally:
         pool.shutdown()
 

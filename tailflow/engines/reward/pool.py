@@ -4,9 +4,13 @@ Each scoring call carries one response, sent to the worker with the fewest
 calls outstanding (lowest index on ties): a response whose program runs for
 seconds then delays only its own worker. When the backlog (responses sent
 but not scored) exceeds `backlog_per_worker` per worker, a worker is added,
-up to `max_workers`. When a round has been scored, the pool shrinks to what
-that round's peak backlog needed, never below `min_workers`: a round of slow
-code keeps its workers for the next, a quick round gives them back.
+up to `max_workers`; it gets work only once it has started (building a
+reward function takes seconds: a response queued behind a starting worker
+would wait for it). When a round has been scored, the pool gives back at
+most one worker if that round's peak backlog needed fewer, never going
+below `min_workers`: a round of slow code keeps its workers, a run of quick
+rounds gives them back one by one without starting and stopping actors
+every round.
 
 Reward actors ask Ray for no CPU: they mostly wait on sandboxed children or
 on a math-verify child, and a 2-core machine already gives its CPUs to the
@@ -38,6 +42,8 @@ class RewardPool:
         self.workers: list = []
         self._outstanding: dict = {}
         """ObjectRef -> index of the worker scoring it."""
+        self._starting: dict[int, object] = {}
+        """Index -> its `ping` call, for workers that have not answered yet."""
         self.peak_workers = 0
         self.peak_backlog = 0
         self.workers_started = 0
@@ -48,7 +54,9 @@ class RewardPool:
     # ---- sizing ------------------------------------------------------------------------------
 
     def _add_worker(self) -> None:
-        self.workers.append(self._actor_class.remote(self.spec, self._num_threads))
+        worker = self._actor_class.remote(self.spec, self._num_threads)
+        self._starting[len(self.workers)] = worker.ping.remote()
+        self.workers.append(worker)
         self.workers_started += 1
         self.peak_workers = max(self.peak_workers, len(self.workers))
 
@@ -56,7 +64,21 @@ class RewardPool:
         """Wait until every worker has built its reward function (a bad judge path fails here, named)."""
         from tailflow.engines.cluster.calls import get_all
 
-        get_all([worker.ping.remote() for worker in self.workers])
+        get_all(list(self._starting.values()))
+        self._starting.clear()
+
+    def _ready_indices(self) -> list[int]:
+        """Workers that have started; waits for the first one if none has."""
+        import ray
+
+        if self._starting:
+            refs = list(self._starting.values())
+            if len(self._starting) == len(self.workers):
+                ray.wait(refs, num_returns=1)
+            done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+            for index in [i for i, ref in self._starting.items() if ref in done]:
+                ray.get(self._starting.pop(index))  # a worker that failed to start raises here, named
+        return [i for i in range(len(self.workers)) if i not in self._starting]
 
     def workers_wanted(self, backlog: int) -> int:
         return min(self.max_workers, max(self.min_workers, math.ceil(backlog / self.backlog_per_worker)))
@@ -70,8 +92,9 @@ class RewardPool:
         import ray
 
         wanted = self.workers_wanted(self.peak_backlog)
-        busy = set(self._outstanding.values())
-        while len(self.workers) > wanted and (len(self.workers) - 1) not in busy:
+        last = len(self.workers) - 1
+        if len(self.workers) > wanted and last not in set(self._outstanding.values()):
+            self._starting.pop(last, None)
             ray.kill(self.workers.pop())
         self.peak_backlog = 0
         self.peak_workers = len(self.workers)
@@ -88,7 +111,7 @@ class RewardPool:
             load = [0] * len(self.workers)
             for index in self._outstanding.values():
                 load[index] += 1
-            index = min(range(len(self.workers)), key=lambda i: (load[i], i))
+            index = min(self._ready_indices(), key=lambda i: (load[i], i))
             self._outstanding[self.workers[index].score.remote([item])] = index
             self.peak_backlog = max(self.peak_backlog, self.backlog)
 
@@ -140,3 +163,4 @@ class RewardPool:
             ray.kill(worker)
         self.workers = []
         self._outstanding.clear()
+        self._starting.clear()
