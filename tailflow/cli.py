@@ -70,7 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_run.add_argument("file", metavar="FILE", help="a Python program")
     sandbox_run.add_argument("--timeout", type=float, default=10.0, metavar="S", help="wall-clock limit in seconds")
     sandbox_run.add_argument("--stdin", metavar="FILE", help="file to feed the program on stdin")
-    sandbox_run.add_argument("--backend", default="process", choices=["process", "bwrap", "docker"])
+    sandbox_run.add_argument("--backend", default="auto", choices=["auto", "bwrap", "process", "docker"],
+                             help="auto: bwrap where it works, else process (as reward.sandbox)")
     return parser
 
 
@@ -241,6 +242,8 @@ def print_run_report(report) -> None:
           f"  weights sha256: {report.weights_sha256 or '-'}\n"
           f"  eval accuracy: {percent(report.initial_eval_accuracy)} initial, "
           f"{percent(report.last_eval_accuracy)} last")
+    if report.reward_timeout_anchor_s is not None:
+        print(f"  code timeout anchor: {report.reward_timeout_anchor_s:.3f}s (slowest correct execution)")
 
 
 def print_summary(summary) -> None:

@@ -56,6 +56,8 @@ class RunReport:
     weights_sha256: str | None
     initial_eval_accuracy: float | None
     last_eval_accuracy: float | None
+    reward_timeout_anchor_s: float | None = None
+    """Code rewards: the slowest correct execution so far (the adaptive timeout's task anchor)."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ def report_run(store: Any, run_id: str) -> RunReport:
         weights_sha256=state.weights_sha256,
         initial_eval_accuracy=state.initial_eval_accuracy,
         last_eval_accuracy=state.last_eval_accuracy,
+        reward_timeout_anchor_s=state.reward_anchors.task_s,
     )
 
 

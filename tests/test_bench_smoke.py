@@ -41,3 +41,10 @@ def test_sensitivity_quick(tmp_path):
     last_line = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT best_speedup=\S+ prompt_ratio=\S+ responses_launched=\d+", last_line)
     assert out.stat().st_size > 0 and out.read_bytes().startswith(b"\x89PNG")
+
+
+def test_reward_quick():
+    stdout = run_bench("reward.py")
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT adaptive_timeout_speedup=\S+ reward_hidden_fraction=\S+", last_line)
+    assert "VERDICT:" in stdout and "sandbox backend:" in stdout
