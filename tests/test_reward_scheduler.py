@@ -104,8 +104,12 @@ def test_a_judge_that_cannot_start_fails_the_pool_start_with_the_key(ray_session
 
     spec = RewardSpec("judge", {"model_path": str(random_tiny_model_dir), "template": "{response}",
                                 "yes_text": "1", "no_text": "1"})
-    with pytest.raises(ray.exceptions.RayActorError, match="reward.judge_yes"):
-        RewardPool(spec, 1, 1)
+    pool = RewardPool(spec, 1, 1)  # starts in the background, alongside the rollout and trainer actors
+    try:
+        with pytest.raises(ray.exceptions.RayActorError, match="reward.judge_yes"):
+            pool.check_started()
+    finally:
+        pool.shutdown()
 
 
 # ---- streamed scoring ------------------------------------------------------------------------

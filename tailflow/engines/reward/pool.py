@@ -48,8 +48,7 @@ class RewardPool:
         self.peak_backlog = 0
         self.workers_started = 0
         for _ in range(min_workers):
-            self._add_worker()
-        self.check_started()
+            self._add_worker()  # starting meanwhile: the first submit waits for one, or check_started for all
 
     # ---- sizing ------------------------------------------------------------------------------
 
