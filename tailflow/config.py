@@ -184,6 +184,11 @@ class ClusterConfig(Section):
     """torch threads in each trainer actor."""
     rollout_threads: int = Field(2, ge=1)
     """torch threads in each rollout actor."""
+    device: Literal["cpu", "gpu"] = "cpu"
+    """What actors ask Ray for: CPUs, or GPUs (untested here: no GPU on the development machine)."""
+    placement: Literal["colocated", "disaggregated"] = "colocated"
+    """colocated: a rollout worker and a trainer rank share a device (half each; the phases take turns);
+    disaggregated: every actor has a whole device. Checked against the Ray cluster before any actor starts."""
 
 
 class StorageConfig(Section):

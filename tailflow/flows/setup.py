@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from tailflow.config import ConfigError, RunConfig, config_to_yaml
 from tailflow.engines.cluster.rollout_group import RolloutGroup
+from tailflow.engines.cluster.placement import check_cluster_fits, placement_of
 from tailflow.engines.cluster.runtime import start_ray
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.data.arith import default_splits
@@ -126,6 +127,7 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunCo
     longest_prompt = max(len(prompt_token_ids(p, tokenizer, config.data.prompt_template))
                          for p in datasets.train + datasets.eval)
     start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + config.rollout.num_workers)
+    check_cluster_fits(config)
     max_seq_len = longest_prompt + config.rollout.max_new_tokens
     tracking = config.tracking
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
@@ -147,12 +149,18 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int
     pool = RewardPool(reward_spec(reward, model_path), reward.min_workers, reward.max_workers,
                       reward.backlog_per_worker)
     started = [pool]
+    placement = placement_of(config)
     try:
         rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len,
-                               config.train.seed, config.cluster.rollout_threads)
+                               config.train.seed, config.cluster.rollout_threads,
+                               placement.rollout.num_cpus, placement.rollout.num_gpus)
         started.append(rollout)
         trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
+                               num_cpus_per_worker=placement.trainer.num_cpus,
+                               num_gpus_per_worker=placement.trainer.num_gpus,
                                num_threads=config.cluster.threads_per_worker)
+        started.append(trainer)
+        pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
     except BaseException:
         for group in started:  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
             group.shutdown()

@@ -16,12 +16,13 @@ from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 
 
 class RolloutGroup:
-    def __init__(self, model_path: str, num_workers: int, num_slots: int, max_seq_len: int, seed: int, num_threads: int):
+    def __init__(self, model_path: str, num_workers: int, num_slots: int, max_seq_len: int, seed: int, num_threads: int,
+                 num_cpus: float = 1, num_gpus: float = 0):
         import ray
 
         from tailflow.engines.rollout.worker import RolloutWorker
 
-        actor_class = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
+        actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(RolloutWorker)
         self.workers = [
             actor_class.remote(model_path, num_slots, max_seq_len, seed + rank * 1_000_003, num_threads)
             for rank in range(num_workers)

@@ -1,0 +1,31 @@
+"""Resource mapping: what colocated and disaggregated runs ask Ray for, refused clearly when it cannot fit."""
+from __future__ import annotations
+
+import pytest
+
+from tailflow.config import ConfigError, load_config
+from tailflow.engines.cluster.placement import check_cluster_fits, check_fits, placement_of
+
+
+def test_colocated_actors_share_devices_and_disaggregated_ones_do_not():
+    colocated = placement_of(load_config(None, ["rollout.num_workers=2", "train.num_workers=2"]))
+    assert colocated.needs() == {"CPU": 2.0}
+    apart = placement_of(load_config(None, ["rollout.num_workers=2", "train.num_workers=2",
+                                            "cluster.placement=disaggregated"]))
+    assert apart.needs() == {"CPU": 4.0}
+    gpu = placement_of(load_config(None, ["cluster.device=gpu", "train.num_workers=4", "rollout.num_workers=4"]))
+    assert gpu.needs() == {"CPU": 8.0, "GPU": 4.0}  # 8 actors, two per GPU
+
+
+def test_a_run_that_cannot_fit_is_refused_with_the_numbers():
+    placement = placement_of(load_config(None, ["cluster.device=gpu", "cluster.placement=disaggregated"]))
+    with pytest.raises(ConfigError, match=r"needs 3 GPU \(the cluster has 1\)"):
+        check_fits(placement, {"CPU": 64.0, "GPU": 1.0}, "disaggregated")
+    check_fits(placement, {"CPU": 64.0, "GPU": 3.0}, "disaggregated")
+
+
+def test_checked_against_the_attached_ray_cluster(ray_session):
+    check_cluster_fits(load_config(None, []))  # the session's Ray has 4 CPUs; colocated 1 + 2 needs 1.5
+    with pytest.raises(ConfigError, match=r"needs 6 CPU \(the cluster has 4\)"):
+        check_cluster_fits(load_config(None, ["rollout.num_workers=2", "train.num_workers=4",
+                                              "cluster.placement=disaggregated"]))
