@@ -1,22 +1,33 @@
 """Prefect artifacts: what a person browsing the UI sees of each iteration."""
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 
 from tailflow.engines.run_state import RunState
 
 SHOWN = (
     "time/step_total", "time/step_generate", "time/step_reward", "time/step_train", "time/step_model_update",
     "reward/mean", "reward/accuracy", "token/response_length/mean", "token/response_length/max",
-    "rollout/bubble_ratio", "tail/round", "tail/long_queue_size", "tail/aborted_requests", "tail/wasted_tokens", "actor/pg_loss", "actor/grad_norm",
-    "eval/accuracy",
+    "rollout/bubble_ratio", "tail/round", "tail/long_queue_size", "tail/aborted_requests", "tail/wasted_tokens",
+    "reward/overlap_ratio", "reward/workers", "reward/timeouts", "actor/pg_loss", "actor/grad_norm", "eval/accuracy",
 )
 
 
 def iteration_markdown(row: dict[str, Any], state: RunState) -> str:
-    lines = [f"# {state.run_id} · iteration {row['iteration']}", "", "| metric | value |", "| --- | --- |"]
+    round_type = {0: "short round", 1: "long round"}.get(row.get("tail/round"), "synchronous round")
+    lines = [f"# {state.run_id} · iteration {row['iteration']} · {round_type}", "", "| metric | value |",
+             "| --- | --- |"]
     for name in SHOWN:
         if row.get(name) is not None:
             value = row[name]
@@ -42,3 +53,64 @@ def artifact_key(run_id: str) -> str:
     """Artifact keys allow lowercase letters, digits and dashes only."""
     cleaned = "".join(ch if ch.isalnum() else "-" for ch in run_id.lower())
     return cleaned.strip("-") or "run"
+
+
+# ---- run-level artifacts (the parent flow run's page) ---------------------------------------------
+
+TABLE_COLUMNS = ("iteration", "tail/round", "time/step_total", "time/step_generate", "time/step_reward",
+                 "time/step_train", "reward/mean", "reward/accuracy", "token/response_length/mean",
+                 "token/response_length/max", "tail/long_queue_size", "reward/overlap_ratio", "eval/accuracy")
+
+
+def browse_url(uri: str) -> str:
+    """Where a person looks at a stored object: the S3 console (or the configured endpoint, e.g. MinIO) for
+    s3:// URIs, a file:// URL for local paths."""
+    if uri.startswith("s3://"):
+        bucket, _, key = uri[len("s3://"):].partition("/")
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if endpoint:
+            return f"{endpoint.rstrip('/')}/{bucket}/{key}"
+        return f"https://s3.console.aws.amazon.com/s3/buckets/{bucket}?prefix={quote(key.rstrip('/') + '/')}"
+    return Path(uri).resolve().as_uri()
+
+
+def metrics_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The run's metrics, one row per iteration, the columns a person compares across iterations."""
+    def cell(value: Any) -> Any:
+        return round(value, 4) if isinstance(value, float) else value
+    return [{column: cell(row.get(column)) for column in TABLE_COLUMNS} for row in rows]
+
+
+class RunArtifacts:
+    """The parent flow run's artifacts: progress, the metrics table, links to the checkpoint and W&B.
+
+    Keys are per run id, so the Artifacts page shows one history per run whichever flow run (first
+    attempt, retry, resume) wrote it.
+    """
+
+    def __init__(self, run_id: str, iterations_planned: int) -> None:
+        self.run_id = run_id
+        self.key = artifact_key(run_id)
+        self.iterations_planned = iterations_planned
+        self.progress_id = None
+
+    def progress(self, iterations_done: int) -> None:
+        percent = 100.0 * iterations_done / max(self.iterations_planned, 1)
+        description = f"run {self.run_id}: {iterations_done} of {self.iterations_planned} iterations committed"
+        if self.progress_id is None:
+            self.progress_id = create_progress_artifact(percent, key=f"{self.key}-progress", description=description)
+        else:
+            update_progress_artifact(self.progress_id, percent, description=description)
+
+    def metrics(self, rows: list[dict[str, Any]]) -> None:
+        create_table_artifact(metrics_table(rows), key=f"{self.key}-metrics",
+                              description=f"run {self.run_id}: metrics per iteration (all keys: metrics.jsonl)")
+
+    def checkpoint_link(self, checkpoint_uri: str, iteration: int) -> None:
+        create_link_artifact(browse_url(checkpoint_uri), link_text=checkpoint_uri, key=f"{self.key}-checkpoint",
+                             description=f"run {self.run_id}: committed checkpoint after iteration {iteration}")
+
+    def wandb_link(self, wandb_run: Any) -> None:
+        url = getattr(wandb_run, "url", None) or Path(getattr(wandb_run, "dir", ".")).resolve().as_uri()
+        create_link_artifact(url, link_text=f"W&B run {self.run_id}", key=f"{self.key}-wandb",
+                             description="online: the W&B page; offline: the local run directory (wandb sync)")

@@ -8,13 +8,15 @@ import ray
 from prefect import flow
 from prefect.runtime import flow_run
 
-from tailflow.config import RunConfig, config_from_dict, load_config
+from tailflow.config import ConfigError, RunConfig, config_from_dict, load_config
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
+from tailflow.flows.artifacts import RunArtifacts
 from tailflow.flows.iteration import iteration
 from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
 from tailflow.flows.retry_policy import no_retry_on_user_error
+from tailflow.flows.run_guard import run_slot
 from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context
 from tailflow.tasks.evaluate import evaluate
 
@@ -51,23 +53,34 @@ def rl_training(
     run_id: str | None = None,
     config: dict[str, Any] | None = None,
     allow_change: list[str] | None = None,
+    resume: bool = False,
 ) -> RunSummary:
     """Train a policy with RL, or continue run `run_id` from its last commit.
 
     The config comes from a YAML file plus overrides, or a dict. A retry of this
     flow run (Prefect's `retries`, or Retry in the UI) resumes the same way: the
     run id is fixed by the first attempt (the flow run's id when none is given).
+    `resume=True` insists on an existing run and, unless a config is given, uses
+    the run's saved config with `overrides` on top (as `tailflow resume`).
     """
     with no_retry_on_user_error():
-        run_config = resolve_config(config_path, overrides or [], config)
-        run_id = run_id or default_run_id()
-        store = open_store(run_config.storage.uri)
-        committed = read_committed_state(store, run_id)
-        if committed is not None:
-            check_config_for_resume(store, run_id, run_config, allow_change or [])
+        if resume:
+            run_config, allow_change = config_to_resume(config_path, overrides or [], config, run_id, allow_change)
         else:
-            prepare_run_dir(store, run_config, run_id)
-        ctx = build_context(run_config, run_id, store)
+            run_config = resolve_config(config_path, overrides or [], config)
+        run_id = run_id or default_run_id()
+    with no_retry_on_user_error(), run_slot(run_id):
+        return train(run_config, run_id, allow_change or [])
+
+
+def train(run_config: RunConfig, run_id: str, allow_change: list[str]) -> RunSummary:
+    store = open_store(run_config.storage.uri)
+    committed = read_committed_state(store, run_id)
+    if committed is not None:
+        check_config_for_resume(store, run_id, run_config, allow_change)
+    else:
+        prepare_run_dir(store, run_config, run_id)
+    ctx = build_context(run_config, run_id, store)
     try:
         if committed is not None:
             restore_commit(ctx, committed)
@@ -76,12 +89,44 @@ def rl_training(
         else:
             state = commit_initial_state(ctx, evaluate(ctx))
             print_start(ctx, state)
+        artifacts = RunArtifacts(run_id, run_config.train.iterations)
+        artifacts.progress(state.iteration)
+        if ctx.metrics.wandb_run is not None:
+            artifacts.wandb_link(ctx.metrics.wandb_run)
         for step in range(state.iteration, run_config.train.iterations):
             state = run_iteration(ctx, state, step)
-            print_progress(ctx.metrics.rows()[-1])
+            rows = ctx.metrics.rows()
+            print_progress(rows[-1])
+            artifacts.progress(state.iteration)
+            artifacts.metrics(rows)
+            artifacts.checkpoint_link(ctx.store.uri(state.latest_checkpoint), step)
         return summarize(ctx, state)
     finally:
         shutdown_context(ctx)
+
+
+def config_to_resume(config_path: str | None, overrides: list[str], config: dict[str, Any] | None,
+                     run_id: str | None, allow_change: list[str] | None) -> tuple[RunConfig, list[str]]:
+    """The config a `resume=True` flow run continues with; the run must exist and have committed."""
+    from tailflow.config import apply_override
+    from tailflow.runs_report import RunError, config_for_resume
+
+    if not run_id:
+        raise ConfigError("run_id: resume=True needs the id of the run to resume")
+    if config is not None:
+        requested = config_from_dict(config)
+    else:
+        tree: dict[str, Any] = load_config(config_path).model_dump(mode="json") if config_path else {}
+        for assignment in overrides:
+            apply_override(tree, assignment)
+        requested = config_from_dict(tree)
+    store_uri = requested.storage.uri
+    try:
+        resumed = config_for_resume(open_store(store_uri), run_id, config_path, overrides, store_uri) \
+            if config is None else requested
+    except RunError as error:
+        raise ConfigError(str(error)) from None
+    return resumed, [*(allow_change or []), "storage.uri"]
 
 
 def run_iteration(ctx, state: RunState, step: int) -> RunState:
