@@ -4,10 +4,16 @@
 #   scripts/test.sh -m "not slow"   the fast subset
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The code-reward sandbox defaults to bubblewrap where it works (the tests run every attack through it).
-if ! command -v bwrap >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  { apt-get install -y -q bubblewrap >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q bubblewrap >/dev/null 2>&1; }; } \
-    || echo "scripts/test.sh: could not install bubblewrap; its sandbox tests will be skipped"
+# Debian packages the tests use when they can be had (root + apt): bubblewrap, the code-reward sandbox's
+# default; chromium + chromium-driver, the Prefect UI test. Missing ones make those tests skip, saying why.
+missing=()
+command -v bwrap >/dev/null 2>&1 || missing+=(bubblewrap)
+command -v chromium >/dev/null 2>&1 || missing+=(chromium)
+command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
+if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  { apt-get install -y -q "${missing[@]}" >/dev/null 2>&1 \
+    || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "${missing[@]}" >/dev/null 2>&1; }; } \
+    || echo "scripts/test.sh: could not install ${missing[*]}; the tests that need them will be skipped"
 fi
 python3 -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 exec python3 -m pytest "$@"

@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_run.add_argument("--stdin", metavar="FILE", help="file to feed the program on stdin")
     sandbox_run.add_argument("--backend", default="auto", choices=["auto", "bwrap", "process", "docker"],
                              help="auto: bwrap where it works, else process (as reward.sandbox)")
+    server = commands.add_parser("server", help="start a Prefect server (the UI) for deployments and workers")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=4200)
+    worker = commands.add_parser("worker", help="start a Prefect worker on the tailflow process work pool")
+    worker.add_argument("--pool", default="tailflow")
+    deploy = commands.add_parser("deploy", help="register deployments/prefect.yaml on the Prefect server")
+    deploy.add_argument("--repo", help="the tailflow checkout the worker runs flows from (default: this one)")
     return parser
 
 
@@ -83,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "sandbox":
             return run_sandbox(args)  # needs no run config
+        if args.command in ("server", "worker", "deploy"):
+            return run_prefect_ops(args)
         config = load_config(args.config, args.overrides)  # fail before any work starts
         if args.command == "config":
             print(config_reference_markdown() if args.reference else config_to_yaml(config), end="")
@@ -168,6 +177,21 @@ def run_runs(args, config) -> int:
         print(json.dumps(asdict(report_run(store, args.run_id)), indent=2))
     else:
         print_run_report(report_run(store, args.run_id))
+    return 0
+
+
+def run_prefect_ops(args) -> int:
+    from tailflow import prefect_ops
+
+    if args.command == "server":
+        os.execv(sys.executable, prefect_ops.server_command(args.host, args.port))
+    if args.command == "worker":
+        os.execv(sys.executable, prefect_ops.worker_command(args.pool))
+    try:
+        print(prefect_ops.deploy(Path(args.repo) if args.repo else None), end="")
+    except prefect_ops.DeployError as error:
+        print(f"tailflow: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

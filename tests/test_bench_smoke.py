@@ -1,7 +1,9 @@
-"""The tail-batching benchmarks run end to end on tiny settings (`--quick`).
+"""The benchmarks run end to end on tiny settings (`--quick`).
 
 Each runs as its own process, as a user runs it; the numbers are not checked
-here (the real runs are), only that the scripts finish and report.
+here (the real runs are), only that the scripts finish and report. The two
+that train twice (~100 s each) are marked `bench` and left out of the
+default run to keep CI under its 20 minutes: `scripts/test.sh -m bench`.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ def run_bench(script: str, *args: str, timeout: int = 180) -> str:
     return result.stdout
 
 
+@pytest.mark.bench
 def test_tail_batching_quick():
     stdout = run_bench("tail_batching.py")
     last_line = stdout.strip().splitlines()[-1]
@@ -43,6 +46,7 @@ def test_sensitivity_quick(tmp_path):
     assert out.stat().st_size > 0 and out.read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.bench
 def test_reward_quick():
     stdout = run_bench("reward.py")
     last_line = stdout.strip().splitlines()[-1]

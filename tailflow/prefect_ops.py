@@ -1,0 +1,105 @@
+"""`tailflow server`, `tailflow worker` and `tailflow deploy`: thin wrappers over Prefect's own CLI.
+
+They only pick tailflow's defaults (the `tailflow` process work pool, the
+deployments in `deployments/prefect.yaml`) so the commands users already know
+from Prefect keep working underneath.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+WORK_POOL = "tailflow"
+
+
+class DeployError(RuntimeError):
+    pass
+
+
+def repo_root() -> Path:
+    """The checkout holding `deployments/prefect.yaml` (an editable install's source tree)."""
+    return Path(__file__).resolve().parents[1]
+
+
+def prefect(*args: str) -> list[str]:
+    return [sys.executable, "-m", "prefect", *args]
+
+
+def server_command(host: str, port: int) -> list[str]:
+    return prefect("server", "start", "--host", host, "--port", str(port))
+
+
+def worker_command(pool: str = WORK_POOL) -> list[str]:
+    return prefect("worker", "start", "--pool", pool, "--type", "process")
+
+
+def ensure_work_pool(pool: str = WORK_POOL) -> bool:
+    """Create the process work pool if the server lacks it; True when it was created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            client.read_work_pool(pool)
+            return False
+        except ObjectNotFound:
+            try:
+                client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
+            except ObjectAlreadyExists:
+                return False
+            return True
+
+
+def deploy(repo: Path | None = None, pool: str = WORK_POOL) -> str:
+    """Register every deployment of `deployments/prefect.yaml` on the server at PREFECT_API_URL.
+
+    The file is the one definition (`prefect deploy --all --prefect-file deployments/prefect.yaml` reads it
+    too); we register it through Prefect's `RunnerDeployment` because `prefect deploy` 3.8.8 fails against
+    its own server after the first deployment (it asks for the pool's workers with a null page limit, which
+    the server refuses with 422), and so registers only one of them.
+    """
+    import yaml
+    from prefect.settings import PREFECT_API_URL
+
+    if not PREFECT_API_URL.value():
+        raise DeployError("tailflow deploy needs a Prefect server: start one with `tailflow server` and set "
+                          "PREFECT_API_URL=http://127.0.0.1:4200/api")
+    repo = (repo or repo_root()).resolve()
+    prefect_file = repo / "deployments" / "prefect.yaml"
+    if not prefect_file.is_file():
+        raise DeployError(f"{prefect_file} does not exist: run tailflow deploy from a tailflow checkout "
+                          "(pip install -e .), or pass --repo")
+    definitions = yaml.safe_load(prefect_file.read_text())["deployments"]
+    ensure_work_pool(pool)
+    lines = []
+    previous = os.getcwd()
+    os.chdir(repo)  # entrypoints are relative to the checkout, as the worker will see them
+    try:
+        for definition in definitions:
+            flow_name, deployment_id = register(definition, repo, pool)
+            lines.append(f"deployment {flow_name}/{definition['name']}: {deployment_id}")
+    finally:
+        os.chdir(previous)
+    return "\n".join(lines) + f"\nwork pool {pool}: start a worker with `tailflow worker`\n"
+
+
+def register(definition: dict, repo: Path, pool: str):
+    from prefect.client.schemas.objects import ConcurrencyLimitConfig
+    from prefect.deployments.runner import RunnerDeployment
+    from prefect.schedules import Interval
+
+    limit = definition.get("concurrency_limit")
+    schedules = [Interval(item["interval"], active=item.get("active", True), parameters=item.get("parameters"))
+                 for item in definition.get("schedules") or []]
+    deployment = RunnerDeployment.from_entrypoint(
+        definition["entrypoint"], name=definition["name"], parameters=definition.get("parameters") or {},
+        description=definition.get("description"), tags=definition.get("tags"),
+        enforce_parameter_schema=definition.get("enforce_parameter_schema", True),
+        work_pool_name=pool, work_queue_name=definition.get("work_pool", {}).get("work_queue_name"),
+        job_variables={"working_dir": str(repo)}, schedules=schedules or None,
+        concurrency_limit=ConcurrencyLimitConfig(**limit) if isinstance(limit, dict) else limit,
+    )
+    return deployment.flow_name, deployment.apply(work_pool_name=pool)

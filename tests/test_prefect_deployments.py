@@ -1,0 +1,208 @@
+"""Operated from Prefect: a real `prefect server`, `tailflow deploy`, a worker, runs triggered through the API,
+and the flow run's page in headless Chromium.
+
+One module-scoped server and worker serve every test here; the tests run in file order (the UI test reads the
+flow run the concurrency test made).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[1]
+OUTPUT_DIR = Path(os.environ.get("TAILFLOW_TEST_OUTPUT", REPO / "test-output"))
+from tailflow.flows.setup import shipped_warmstart_dir  # noqa: E402
+
+TINY = [f"model.path={shipped_warmstart_dir()}", "train.iterations=2", "train.eval_every=1", "data.num_train=64", "data.num_eval=8", "data.prompts_per_step=4",
+        "rollout.n=4", "rollout.max_new_tokens=24", "rollout.num_slots=16", "tail.prompt_ratio=1.5",
+        "tail.responses_launched=5"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
+    return subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True, stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT)
+
+
+def stop(process: subprocess.Popen) -> None:
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def prefect_server(tmp_path_factory):
+    """`tailflow server` on a free loopback port, its own PREFECT_HOME (database), and a worker on the pool."""
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=url)
+    server = start([sys.executable, "-m", "tailflow.cli", "server", "--port", str(port)], env, home / "server.log")
+    deadline = time.time() + 150
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                if response.status == 200:
+                    break
+        except OSError:
+            pass
+        if time.time() > deadline or server.poll() is not None:
+            stop(server)
+            pytest.fail(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
+        time.sleep(1)
+    deployed = subprocess.run([sys.executable, "-m", "tailflow.cli", "deploy"], env=env, cwd=REPO,
+                              capture_output=True, text=True, timeout=300)
+    assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
+    worker = start([sys.executable, "-m", "tailflow.cli", "worker"], env, home / "worker.log")
+    yield {"url": url, "ui": f"http://127.0.0.1:{port}", "env": env, "home": home}
+    stop(worker)
+    stop(server)
+
+
+def api(prefect_server):
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    return temporary_settings(updates={PREFECT_API_URL: prefect_server["url"]})
+
+
+def trigger(prefect_server, parameters: dict):
+    from prefect.deployments import run_deployment
+
+    with api(prefect_server):
+        return run_deployment("rl_training/rl-training", parameters=parameters, timeout=0)
+
+
+def wait_final(prefect_server, flow_run_ids, timeout_s: float = 480):
+    from prefect.client.orchestration import get_client
+
+    deadline = time.time() + timeout_s
+    with api(prefect_server), get_client(sync_client=True) as client:
+        while True:
+            runs = [client.read_flow_run(run_id) for run_id in flow_run_ids]
+            if all(run.state.is_final() for run in runs):
+                return runs
+            if time.time() > deadline:
+                log = (prefect_server["home"] / "worker.log").read_text()[-4000:]
+                pytest.fail(f"flow runs not finished: {[r.state.name for r in runs]}\nworker log:\n{log}")
+            time.sleep(3)
+
+
+def test_deployments_are_registered_with_schedule_and_schema(prefect_server):
+    from prefect.client.orchestration import get_client
+
+    with api(prefect_server), get_client(sync_client=True) as client:
+        from prefect.client.schemas.sorting import DeploymentSort
+
+        names = {(d.name, d.work_pool_name) for d in client.read_deployments(limit=50, sort=DeploymentSort.NAME_ASC)}
+        assert {("rl-training", "tailflow"), ("resume-every-6h", "tailflow"), ("warm-start", "tailflow"),
+                ("evaluate", "tailflow")} <= names
+        training = client.read_deployment_by_name("rl_training/rl-training")
+        schema = training.parameter_openapi_schema["properties"]
+        assert {"config_path", "overrides", "run_id", "resume", "allow_change"} <= set(schema)
+        assert training.enforce_parameter_schema
+        scheduled = client.read_deployment_by_name("rl_training/resume-every-6h")
+        assert scheduled.parameters == {"run_id": "long-run", "resume": True}
+        assert [s.active for s in scheduled.schedules] == [False]  # created paused: an example
+        assert scheduled.schedules[0].schedule.interval.total_seconds() == 6 * 3600
+        assert scheduled.global_concurrency_limit.limit == 1
+        assert scheduled.concurrency_options.collision_strategy == "CANCEL_NEW"
+
+
+def test_invalid_parameters_are_rejected_with_the_field_named(prefect_server, tmp_path):
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    with pytest.raises(Exception, match="overrides") as refused:  # the API checks the parameter schema
+        trigger(prefect_server, {"overrides": 5, "run_id": "bad-type"})
+    assert isinstance(refused.value, (PrefectHTTPStatusError, ValueError)) or "schema" in str(refused.value).lower()
+    storage = tmp_path / "runs"
+    bad_key = trigger(prefect_server, {"overrides": [*TINY, f"storage.uri={storage}", "train.lrr=1"],
+                                       "run_id": "bad-key"})
+    (run,) = wait_final(prefect_server, [bad_key.id], timeout_s=240)
+    assert run.state.is_failed() and "train.lrr: unknown key" in (run.state.message or "")
+    assert not (storage / "bad-key").exists()  # refused before any work started
+    assert run.run_count == 1  # a user error cancels Prefect's retries
+
+
+def test_two_triggers_for_one_run_id_never_both_write(prefect_server, tmp_path_factory):
+    storage = tmp_path_factory.mktemp("ui-runs")
+    parameters = {"overrides": [*TINY, f"storage.uri={storage}"], "run_id": "ui-run"}
+    first, second = trigger(prefect_server, parameters), trigger(prefect_server, parameters)
+    runs = wait_final(prefect_server, [first.id, second.id])
+    completed = [run for run in runs if run.state.is_completed()]
+    refused = [run for run in runs if not run.state.is_completed()]
+    assert completed, [r.state.message for r in runs]
+    for run in refused:  # waited, then refused with the holder named
+        assert "being written by another flow run" in (run.state.message or "")
+    rows = [json.loads(line) for line in (storage / "ui-run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [0, 1]  # each iteration exactly once: no second writer
+    prefect_server["ui_run"] = completed[0].id
+
+
+def test_flow_run_page_shows_subflows_and_artifacts_in_chromium(prefect_server):
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("Debian chromium and chromium-driver are not installed (scripts/test.sh installs them as root)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    flow_run_id = prefect_server.get("ui_run")
+    assert flow_run_id, "the concurrency test did not leave a completed run"
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--disable-dev-shm-usage", "--window-size=1400,1000",
+                     f"--user-data-dir={prefect_server['home'] / 'chromium-profile'}"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
+    try:
+        page = f"{prefect_server['ui']}/runs/flow-run/{flow_run_id}"
+        body = lambda: driver.find_element("tag name", "body").text  # noqa: E731
+
+        def wait_for(texts: tuple[str, ...], screenshot: str) -> None:
+            try:
+                WebDriverWait(driver, 60).until(lambda _: all(text in body() for text in texts))
+            except TimeoutException:
+                pass
+            finally:
+                driver.save_screenshot(str(OUTPUT_DIR / screenshot))
+            assert all(text in body() for text in texts), body()[:3000]
+
+        def open_tab(name: str) -> None:
+            tab = f"(//*[normalize-space(.)='{name}'])[last()]"  # the innermost element holding the tab's label
+            WebDriverWait(driver, 60).until(lambda _: driver.find_elements("xpath", tab))
+            driver.execute_script("arguments[0].click();", driver.find_element("xpath", tab))
+
+        driver.get(page)
+        open_tab("Subflow Runs")
+        wait_for(("iter-0000", "iter-0001"), "flow-run-subflows.png")
+        open_tab("Artifacts")
+        wait_for(("ui-run-metrics", "ui-run-progress", "ui-run-checkpoint"), "flow-run-artifacts.png")
+    finally:
+        driver.quit()
+    print(f"screenshots: {OUTPUT_DIR / 'flow-run-subflows.png'}, {OUTPUT_DIR / 'flow-run-artifacts.png'}")
+    assert (OUTPUT_DIR / "flow-run-subflows.png").stat().st_size > 10_000
