@@ -136,6 +136,8 @@ def test_invalid_parameters_are_rejected_with_the_field_named(prefect_server, tm
     with pytest.raises(Exception, match="overrides") as refused:  # the API checks the parameter schema
         trigger(prefect_server, {"overrides": 5, "run_id": "bad-type"})
     assert isinstance(refused.value, (PrefectHTTPStatusError, ValueError)) or "schema" in str(refused.value).lower()
+    with pytest.raises(Exception, match="lrr"):  # the config parameter's schema is the pydantic config's own
+        trigger(prefect_server, {"config": {"train": {"lrr": 1}}, "run_id": "bad-config"})
     storage = tmp_path / "runs"
     bad_key = trigger(prefect_server, {"overrides": [*TINY, f"storage.uri={storage}", "train.lrr=1"],
                                        "run_id": "bad-key"})

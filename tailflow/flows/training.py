@@ -51,13 +51,14 @@ def rl_training(
     config_path: str | None = None,
     overrides: list[str] | None = None,
     run_id: str | None = None,
-    config: dict[str, Any] | None = None,
+    config: RunConfig | None = None,
     allow_change: list[str] | None = None,
     resume: bool = False,
 ) -> RunSummary:
     """Train a policy with RL, or continue run `run_id` from its last commit.
 
-    The config comes from a YAML file plus overrides, or a dict. A retry of this
+    The config comes from a YAML file plus overrides, or a whole `RunConfig` (a dict is validated into
+    one; typed so that a deployment's parameter schema, and the UI's form, are the config's own). A retry of this
     flow run (Prefect's `retries`, or Retry in the UI) resumes the same way: the
     run id is fixed by the first attempt (the flow run's id when none is given).
     `resume=True` insists on an existing run and, unless a config is given, uses
@@ -105,7 +106,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str]) -> RunSum
         shutdown_context(ctx)
 
 
-def config_to_resume(config_path: str | None, overrides: list[str], config: dict[str, Any] | None,
+def config_to_resume(config_path: str | None, overrides: list[str], config: RunConfig | dict | None,
                      run_id: str | None, allow_change: list[str] | None) -> tuple[RunConfig, list[str]]:
     """The config a `resume=True` flow run continues with; the run must exist and have committed."""
     from tailflow.config import apply_override
@@ -114,7 +115,7 @@ def config_to_resume(config_path: str | None, overrides: list[str], config: dict
     if not run_id:
         raise ConfigError("run_id: resume=True needs the id of the run to resume")
     if config is not None:
-        requested = config_from_dict(config)
+        requested = config if isinstance(config, RunConfig) else config_from_dict(config)
     else:
         tree: dict[str, Any] = load_config(config_path).model_dump(mode="json") if config_path else {}
         for assignment in overrides:
@@ -146,7 +147,9 @@ def run_iteration(ctx, state: RunState, step: int) -> RunState:
     raise AssertionError("unreachable")
 
 
-def resolve_config(config_path: str | None, overrides: list[str], config: dict[str, Any] | None) -> RunConfig:
+def resolve_config(config_path: str | None, overrides: list[str], config: RunConfig | dict | None) -> RunConfig:
+    if isinstance(config, RunConfig):
+        return config
     if config is not None:
         return config_from_dict(config)
     return load_config(config_path, overrides)
