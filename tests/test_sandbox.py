@@ -138,6 +138,17 @@ def test_writes_outside_the_sandbox_dir_do_not_reach_the_host(marker, tmp_path, 
 
 
 @needs_namespaces
+def test_the_private_dir_is_bounded_in_size(marker, sandbox):
+    """Many files each under the file-size limit still cannot fill the host's disk or memory."""
+    code = ("n = 0\ntry:\n    for i in range(64):\n        open(f'f{i}', 'wb').write(b'x' * ((1 << 20) - 1))\n"
+            "        n += 1\nexcept OSError as error:\n    print('stopped', n, error.errno)\n")
+    result = sandbox(code, limits=SMALL)  # 1 MiB files
+    assert result.status == "ok" and result.stdout.startswith("stopped")
+    assert int(result.stdout.split()[1]) <= 8 and result.stdout.split()[2] in ("27", "28")  # EFBIG, ENOSPC
+    assert_contained(marker, sandbox)
+
+
+@needs_namespaces
 def test_parent_credentials_and_environment_are_invisible(marker, monkeypatch, sandbox):
     secret = f"SECRET{uuid.uuid4().hex}"
     home = Path(tempfile.mkdtemp(prefix="tf-home-"))

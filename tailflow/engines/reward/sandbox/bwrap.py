@@ -3,7 +3,8 @@
 What the program sees: `/` read-only; empty tmpfs over /tmp, /root, /home and
 $HOME (the host's secrets and scratch space), with only the interpreter's
 prefix bound back read-only; a private writable directory `/tmp/sandbox`
-(its cwd, deleted afterwards); no network (new net namespace, loopback
+(its cwd: a fresh tmpfs of `SCRATCH_FILES` x max_file_bytes, gone with the
+run, holding the program read-only as `main.py`); no network (new net namespace, loopback
 down); its own pid namespace (it cannot see or signal host processes, and
 when the namespace's init dies every process in it dies, so a setsid daemon
 cannot outlive the run); a scrubbed environment; uid 65534.
@@ -34,12 +35,18 @@ from tailflow.engines.reward.sandbox.supervise import supervise
 ISOLATION = ("rlimits", "session", "clean-env", "net-ns", "pid-ns", "mount-ns", "uid-nobody", "ro-root")
 SANDBOX_DIR = "/tmp/sandbox"
 NOBODY = "65534"
+SCRATCH_FILES = 4
 
 
 def limits_command(limits: SandboxLimits) -> list[str]:
     cpu = limits.cpu_time_s
     return ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={limits.memory_bytes}", f"--nproc={limits.max_processes}",
             f"--fsize={limits.max_file_bytes}", "--core=0"]
+
+
+def scratch_bytes(limits: SandboxLimits) -> int:
+    """Size of the private writable dir: a few files of the largest size one file may have."""
+    return SCRATCH_FILES * limits.max_file_bytes
 
 
 def bwrap_command(workdir: str, limits: SandboxLimits) -> list[str]:
@@ -57,8 +64,10 @@ def bwrap_command(workdir: str, limits: SandboxLimits) -> list[str]:
     for parent in reversed(Path(prefix).parents):  # inside a hidden dir, bwrap would create them 0700
         if any(parent != Path(h) and parent.is_relative_to(h) for h in hidden):
             mounts += ["--perms", "0755", "--dir", str(parent)]
-    mounts += ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev", "--bind", workdir, SANDBOX_DIR,
-               "--chdir", SANDBOX_DIR]
+    # The program's own dir is a size-bounded tmpfs (not host disk): many files cannot fill the host's /tmp.
+    mounts += ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev",
+               "--perms", "1777", "--size", str(scratch_bytes(limits)), "--tmpfs", SANDBOX_DIR,
+               "--ro-bind", str(Path(workdir) / "main.py"), f"{SANDBOX_DIR}/main.py", "--chdir", SANDBOX_DIR]
     env = [arg for key, value in clean_env(SANDBOX_DIR).items() for arg in ("--setenv", key, value)]
     drop = (["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--no-new-privs"]
             if is_root else [])
@@ -88,7 +97,6 @@ def run_bwrap(code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
                            "(apt-get install bubblewrap util-linux)")
     with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
         (Path(workdir) / "main.py").write_text(code)
-        os.chmod(workdir, 0o777)  # uid 65534 inside must be able to write its own cwd
         proc = subprocess.Popen(bwrap_command(workdir, limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, start_new_session=True)
         try:
