@@ -132,6 +132,19 @@ def test_timeouts_and_exec_time_are_reported():
     assert (hung.reward, hung.timeouts) == (0.0, 2)
 
 
+def test_a_test_that_hangs_or_exits_fails_alone():
+    """The execution that stops inside a test loses that test only; the tests after it run afresh."""
+    reward = CodeReward()
+    hangs_second = fenced("import time\ndef add(a, b):\n    if a == -1:\n        time.sleep(60)\n    return a + b")
+    result = reward.score_problem(hangs_second, ADD, timeout_s=1.0)
+    assert (result.reward, result.timeouts) == (pytest.approx(2 / 3), 1)
+    exits_first = fenced("import os\ndef add(a, b):\n    if a == 1:\n        os._exit(0)\n    return a + b")
+    assert reward.score_problem(exits_first, ADD).reward == pytest.approx(2 / 3)
+    before = reward.num_executions
+    hangs_loading = reward.score_problem(fenced("import time\ntime.sleep(60)"), ADD, timeout_s=0.5)
+    assert (hangs_loading.reward, hangs_loading.timeouts, reward.num_executions - before) == (0.0, 1, 1)
+
+
 def test_builtin_task_reference_solutions_pass_and_splits_are_disjoint():
     train, held_out = builtin_code_problems(seed=3, num_train=40, num_eval=10)
     assert len(train) == 40 and len(held_out) == 10

@@ -4,7 +4,12 @@ Each execution is the harness below wrapped around the response's code:
 
 - asserts and pytest-style test functions (KodCode) share one execution: the
   program is loaded as module `solution` (so `from solution import f`
-  works), then every test runs in turn and reports pass or fail;
+  works), then every test runs in turn and reports pass or fail. When the
+  execution ends inside a test (it hung into the timeout, hit a limit, or
+  exited the process), that test fails and a fresh execution runs the tests
+  after it, so one hanging test costs one timeout, not the others' results
+  (a response whose every test hangs costs one timeout per test). A program
+  that hangs or dies while loading fails every test in one execution;
 - each stdin/stdout case (APPS) is its own execution: the program runs as
   `__main__` on the case's stdin and passes when it exits 0 and its stdout
   matches (line by line, trailing whitespace ignored).
@@ -20,8 +25,7 @@ determined adversary.
 Timing. `RewardResult.exec_s` is the longest execution of the response as
 the harness measured it around the program and its tests (interpreter and
 sandbox start-up excluded); where the harness could not report (killed,
-os._exit) it is the sandbox's wall time. Tests after one that hangs do not
-run and count as failed.
+os._exit) it is the sandbox's wall time, start-up included.
 """
 from __future__ import annotations
 
@@ -67,25 +71,24 @@ def _tailflow_harness(spec):
             exec(compile(spec["module"], "test_solution.py", "exec"), tests)
     except BaseException:
         traceback.print_exc()
-        mark("load-error")
         mark("time", time.perf_counter() - started)
+        mark("done")
         return
-    for index, statement in enumerate(spec["asserts"]):
+    mark("loaded")
+    checks = [(statement, None) for statement in spec["asserts"]] + [(None, name) for name in spec["functions"]]
+    for index in range(spec["start"], len(checks)):
+        statement, name = checks[index]
         try:
-            exec(compile(statement, "assert_%d" % index, "exec"), solution.__dict__)
-            mark("pass", index)
-        except BaseException:
-            traceback.print_exc()
-            mark("fail", index)
-    for offset, name in enumerate(spec["functions"]):
-        index = len(spec["asserts"]) + offset
-        try:
-            tests[name]()
+            if name is None:
+                exec(compile(statement, "assert_%d" % index, "exec"), solution.__dict__)
+            else:
+                tests[name]()
             mark("pass", index)
         except BaseException:
             traceback.print_exc()
             mark("fail", index)
     mark("time", time.perf_counter() - started)
+    mark("done")
 
 
 _tailflow_harness(SPEC)
@@ -104,8 +107,10 @@ def extract_program(response_text: str) -> tuple[str, bool]:
     return response_text, False
 
 
-def harness_program(code: str, mode: str, tests: CodeTests | None = None) -> str:
-    spec = {"mode": mode, "code": code, "asserts": list(tests.asserts) if tests else [],
+def harness_program(code: str, mode: str, tests: CodeTests | None = None, start: int = 0) -> str:
+    """The program that runs `code` under the harness: `io` runs it as `__main__`; `tests` runs the asserts and
+    test functions (one index space, asserts first) from index `start` on."""
+    spec = {"mode": mode, "code": code, "asserts": list(tests.asserts) if tests else [], "start": start,
             "module": tests.test_module if tests else "", "functions": list(tests.test_functions) if tests else []}
     return HARNESS.replace("SPEC", repr(spec))
 
@@ -122,22 +127,32 @@ def same_output(actual: str, expected: str) -> bool:
 
 @dataclass(frozen=True)
 class HarnessReport:
-    passed: frozenset[int]
-    seconds: float | None
+    """What the harness said (only lines carrying the nonce count): tests passed and failed by index, whether
+    the program loaded and the harness got to its end, and the seconds it measured (None if it never did)."""
+
+    passed: frozenset[int] = frozenset()
+    failed: frozenset[int] = frozenset()
+    is_loaded: bool = False
+    is_done: bool = False
+    seconds: float | None = None
 
 
 def read_report(result: SandboxResult, nonce: str) -> HarnessReport:
-    passed, seconds = set(), None
+    marks: dict[str, set[int]] = {"pass": set(), "fail": set()}
+    flags, seconds = set(), None
     prefix = nonce + " "
     for line in result.stderr.splitlines():
         if not line.startswith(prefix):
             continue
         kind, _, value = line[len(prefix):].partition(" ")
-        if kind == "pass":
-            passed.add(int(value))
+        if kind in marks:
+            marks[kind].add(int(value))
         elif kind == "time":
             seconds = float(value)
-    return HarnessReport(frozenset(passed), seconds)
+        else:
+            flags.add(kind)
+    return HarnessReport(frozenset(marks["pass"]), frozenset(marks["fail"]), "loaded" in flags, "done" in flags,
+                         seconds)
 
 
 class CodeReward:
@@ -178,10 +193,15 @@ class CodeReward:
             seconds = report.seconds if report.seconds is not None else result.duration_s
             slowest = seconds if slowest is None else max(slowest, seconds)
 
-        if tests.asserts or tests.test_functions:
-            result, report = self.execute(harness_program(code, "tests", tests), "", timeout_s)
+        num_checks, start = len(tests.asserts) + len(tests.test_functions), 0
+        while start < num_checks:
+            result, report = self.execute(harness_program(code, "tests", tests, start), "", timeout_s)
             account(result, report)
             passed += len(report.passed)
+            if report.is_done or not report.is_loaded:
+                break
+            # It stopped inside a test (hung, killed, exited): that test fails, the rest get a fresh run.
+            start += len(report.passed) + len(report.failed) + 1
         for case in tests.io_cases:
             result, report = self.execute(harness_program(code, "io"), case.stdin, timeout_s)
             account(result, report)
