@@ -1,7 +1,6 @@
 """The code reward: tests passed, forgery refused, and every attack scored 0 with nothing left running."""
 from __future__ import annotations
 
-import json
 import os
 import socket
 import uuid
@@ -9,12 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tailflow.engines.data.code_task import builtin_code_problems, load_code_problems
-from tailflow.engines.data.dataset import DatasetError
 from tailflow.engines.data.problem import CodeTests, IOCase, Problem
 from tailflow.engines.reward.code import CodeReward, extract_program
 
-DATA = Path(__file__).parent / "data"
 MARK = f"tfattack{uuid.uuid4().hex[:12]}"
 
 ADD = Problem("add", "Write add(a, b).", "", tests=CodeTests(
@@ -145,19 +141,6 @@ def test_a_test_that_hangs_or_exits_fails_alone():
     assert (hangs_loading.reward, hangs_loading.timeouts, reward.num_executions - before) == (0.0, 1, 1)
 
 
-def test_builtin_task_reference_solutions_pass_and_splits_are_disjoint():
-    train, held_out = builtin_code_problems(seed=3, num_train=40, num_eval=10)
-    assert len(train) == 40 and len(held_out) == 10
-    assert not {p.prompt for p in train} & {p.prompt for p in held_out}
-    assert builtin_code_problems(seed=3, num_train=40, num_eval=10)[0] == train  # deterministic per seed
-    assert builtin_code_problems(seed=4, num_train=40, num_eval=10)[0] != train
-    kinds = {bool(p.tests.asserts) for p in train}
-    assert kinds == {True, False}  # asserts and stdin/stdout both present
-    reward = CodeReward()
-    results = [reward.score_problem(fenced(p.solution), p) for p in train[:20] + held_out[:5]]
-    assert all(r.correct for r in results)
-
-
 # ---- attacks ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", list(ATTACKS))
@@ -173,6 +156,7 @@ def test_attack_scores_zero_and_the_reward_still_serves(name, loopback_server):
     assert reward.score_problem(fenced("def add(a, b):\n    return a + b"), ADD).reward == 1.0
 
 
+@pytest.mark.slow  # ~30 s, most of it starting Ray
 def test_attacks_on_a_ray_reward_worker(ray_session, loopback_server):
     """The same attacks through the reward pool: all 0, the worker process survives, nothing left behind."""
     from tailflow.engines.reward.pool import RewardPool
@@ -193,38 +177,3 @@ def test_attacks_on_a_ray_reward_worker(ray_session, loopback_server):
     finally:
         pool.shutdown()
     assert stray_processes() == []
-
-
-# ---- KodCode / APPS files --------------------------------------------------------------------
-
-def test_kodcode_and_apps_files_load_and_their_solutions_pass():
-    kodcode = load_code_problems(DATA / "kodcode_sample.jsonl", "kodcode", id_field="question_id").problems
-    apps = load_code_problems(DATA / "apps_sample.jsonl", "apps").problems
-    assert [p.problem_id for p in kodcode] == ["kc-1", "kc-2"] and [p.problem_id for p in apps] == ["101", "102"]
-    assert kodcode[0].tests.test_functions == ("test_positive", "test_negative")
-    assert kodcode[0].tests.reference_time_s == 0.01
-    assert apps[0].tests.io_cases[0] == IOCase("2 3\n", "6\n") and len(apps[1].tests.asserts) == 2
-    assert "Starter code" in apps[1].prompt
-    reward = CodeReward()
-    for problem in kodcode + apps:
-        assert reward.score_problem(fenced(problem.solution), problem).correct, problem.problem_id
-    half = reward.score_problem(fenced("def add(a, b):\n    return abs(a) + abs(b)"), kodcode[0])
-    assert half.reward == 0.5  # one of the two test functions passes
-
-
-def test_bad_code_rows_name_file_line_and_field(tmp_path):
-    rows = [{"question": "ok", "test": "def test_a():\n    assert True"},
-            {"question": "no tests", "test": "x = 1"},
-            {"question": "broken", "test": "def test_a(:"},
-            {"test": "def test_a():\n    pass"}]
-    path = tmp_path / "bad.jsonl"
-    path.write_text("\n".join(json.dumps(row) for row in rows) + "\n")
-    with pytest.raises(DatasetError, match=r"data.train_path: .*bad.jsonl: line 2: field 'test' defines no test_"):
-        load_code_problems(path, "kodcode", source_name="data.train_path")
-    loaded = load_code_problems(path, "kodcode", on_invalid="skip")
-    assert len(loaded.problems) == 1 and loaded.num_skipped == 3
-    assert loaded.skip_reasons == {"bad_tests": 2, "missing_field": 1}
-    apps = tmp_path / "apps.jsonl"
-    apps.write_text(json.dumps({"question": "q", "input_output": {"inputs": ["1"], "outputs": []}}) + "\n")
-    with pytest.raises(DatasetError, match="line 1: field 'input_output': 1 inputs and 0 outputs"):
-        load_code_problems(apps, "apps")
