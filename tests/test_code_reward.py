@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 import uuid
 from pathlib import Path
@@ -104,6 +105,12 @@ def test_broken_or_missing_programs_score_zero():
     assert reward.score_problem("I cannot do that.", ADD).reward == 0.0
     with pytest.raises(ValueError, match="no code tests"):
         reward.score_problem("x", Problem("p", "q", "1"))
+
+
+def test_the_reward_pickles_and_resolves_its_backend_where_it_lands():
+    reward = pickle.loads(pickle.dumps(CodeReward(all_or_nothing=True)))
+    assert reward.sandbox == "auto" and reward.backend in ("bwrap", "process") and reward.all_or_nothing
+    assert reward.score_problem(fenced("def add(a, b):\n    return a + b"), ADD).reward == 1.0
 
 
 def test_extract_program_takes_the_last_python_block():

@@ -161,6 +161,8 @@ class CodeReward:
         if timeout_max_s <= 0:
             raise ValueError(f"reward.timeout_max_s must be > 0, got {timeout_max_s}")
         self.all_or_nothing = all_or_nothing
+        self.sandbox = backend
+        """The configured backend (`reward.sandbox`); `backend` is what it means in this process."""
         self.backend = resolve_backend(backend)
         self.memory_bytes = memory_mb << 20
         self.max_processes = max_processes
@@ -212,7 +214,11 @@ class CodeReward:
         return RewardResult(reward=reward, correct=correct, formatted=fenced, timeouts=timeouts, exec_s=slowest)
 
     def close(self) -> None:
-        pass
+        """Nothing to release: every execution's sandbox is gone when `score_problem` returns."""
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled on another machine (a Ray worker), `auto` means what it means there."""
+        self.__dict__.update(state, backend=resolve_backend(state["sandbox"]))
 
 
 __all__ = ["CodeReward", "IOCase", "extract_program", "same_output"]
