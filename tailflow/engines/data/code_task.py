@@ -2,10 +2,12 @@
 
 Built-in task (tests, demos, `bench/reward.py`): ten families of ordinary
 programming exercises, each instantiated with different constants, each with
-a reference solution that passes its tests. Half are checked by asserts on
-a function, half by stdin/stdout cases. One family (counting primes by trial
-division) has a correct solution that takes ~0.1-0.5 s, so adaptive
-timeouts have real run times to anchor on.
+a reference solution that passes its tests, and a worked example in its
+prompt (so prompts differ and both splits hold every family, in equal
+shares). Half are checked by asserts on a function, half by stdin/stdout
+cases. One family (counting primes by trial division) has a correct
+solution that takes ~0.2-0.5 s, so adaptive timeouts have real run times to
+anchor on.
 
 KodCode rows: `question` (the prompt), `test` (a pytest module that does
 `from solution import f` and defines `test_*` functions; each function is
@@ -40,6 +42,7 @@ from tailflow.engines.data.dataset import (
 from tailflow.engines.data.problem import CodeTests, IOCase, Problem
 
 ANSWER_FORMAT = "Answer with the complete program in one ```python code block."
+MAX_TRIES = 50  # draws per family and turn before it counts as out of new prompts
 
 # ---- the built-in task ---------------------------------------------------------------------------
 
@@ -47,8 +50,10 @@ ANSWER_FORMAT = "Answer with the complete program in one ```python code block."
 def _sum_times(rng: random.Random):
     k = rng.randint(2, 9)
     cases = [[rng.randint(-50, 99) for _ in range(rng.randint(1, 8))] for _ in range(3)]
+    example = [rng.randint(-9, 20) for _ in range(rng.randint(2, 5))]
     prompt = (f"Write a Python program that reads integers separated by spaces from one line of standard input "
-              f"and prints their sum multiplied by {k}.")
+              f"and prints their sum multiplied by {k}. For example, for the input `{' '.join(map(str, example))}` "
+              f"it prints {sum(example) * k}.")
     solution = f"print(sum(int(x) for x in input().split()) * {k})"
     return prompt, solution, (), tuple(IOCase(" ".join(map(str, c)) + "\n", f"{sum(c) * k}\n") for c in cases)
 
@@ -63,29 +68,34 @@ def _caesar(rng: random.Random):
     exec(solution, namespace)
     words = ["hello", "World", "xyz", "Tail flow!", "abc-DEF"]
     picked = rng.sample(words, 3)
+    example = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 6)))
     prompt = (f"Write a Python function `shift_text(s)` that returns `s` with every letter moved {k} places "
-              "forward in the alphabet, wrapping around and keeping case; other characters stay as they are.")
+              "forward in the alphabet, wrapping around and keeping case; other characters stay as they are. "
+              f"For example shift_text({example!r}) == {namespace['shift_text'](example)!r}.")
     return prompt, solution, tuple(f"assert shift_text({w!r}) == {namespace['shift_text'](w)!r}" for w in picked), ()
 
 
 def _fizzbuzz(rng: random.Random):
-    a, b = rng.sample([2, 3, 4, 5, 7], 2)
+    a, b = rng.sample(range(2, 10), 2)
+    fizz, buzz = rng.choice([("Fizz", "Buzz"), ("Foo", "Bar"), ("Ping", "Pong"), ("Tic", "Tac")])
     def expected(n: int) -> str:
-        return "".join(("FizzBuzz" if i % a == 0 and i % b == 0 else "Fizz" if i % a == 0 else "Buzz"
+        return "".join((fizz + buzz if i % a == 0 and i % b == 0 else fizz if i % a == 0 else buzz
                         if i % b == 0 else str(i)) + "\n" for i in range(1, n + 1))
     prompt = (f"Write a Python program that reads n from standard input and prints the numbers 1 to n, one per "
-              f"line, printing Fizz instead of multiples of {a}, Buzz instead of multiples of {b} and FizzBuzz "
-              "instead of multiples of both.")
+              f"line, printing {fizz} instead of multiples of {a}, {buzz} instead of multiples of {b} and "
+              f"{fizz}{buzz} instead of multiples of both.")
     solution = ("n = int(input())\nfor i in range(1, n + 1):\n"
-                f"    print('FizzBuzz' if i % {a} == 0 and i % {b} == 0 else 'Fizz' if i % {a} == 0 else "
-                f"'Buzz' if i % {b} == 0 else i)")
+                f"    print({fizz + buzz!r} if i % {a} == 0 and i % {b} == 0 else {fizz!r} if i % {a} == 0 else "
+                f"{buzz!r} if i % {b} == 0 else i)")
     return prompt, solution, (), tuple(IOCase(f"{n}\n", expected(n)) for n in rng.sample(range(5, 40), 2))
 
 
 def _count_char(rng: random.Random):
-    c = rng.choice("aeiostxz")
-    texts = ["banana split", "test the tests", "zebra crossing", "a", "", "sassy asides"]
-    prompt = f"Write a Python function `count_char(s)` that returns how many times the character '{c}' occurs in `s`."
+    c = rng.choice("abcdeilnorstuz")
+    texts = ["banana split", "test the tests", "zebra crossing", "a", "", "sassy asides", "duct tape", "lemon curd"]
+    example = "".join(rng.choice(f"{c}{c}xyz ") for _ in range(rng.randint(4, 9)))
+    prompt = (f"Write a Python function `count_char(s)` that returns how many times the character '{c}' occurs in "
+              f"`s`. For example count_char({example!r}) == {example.count(c)}.")
     solution = f"def count_char(s):\n    return s.count({c!r})"
     return prompt, solution, tuple(f"assert count_char({t!r}) == {t.count(c)}" for t in rng.sample(texts, 3)), ()
 
@@ -98,7 +108,7 @@ def _nth_prime(rng: random.Random):
             if all(n % d for d in range(2, int(n ** 0.5) + 1)):
                 count += 1
         return n
-    ks = rng.sample(range(1, 60), 3)
+    ks = rng.sample(range(1, 150), 3)
     prompt = (f"Write a Python function `nth_prime(k)` that returns the k-th prime number (nth_prime(1) == 2). "
               f"For example nth_prime({ks[0]}) == {nth(ks[0])}.")
     solution = ("def nth_prime(k):\n    count, n = 0, 1\n    while count < k:\n        n += 1\n"
@@ -109,8 +119,10 @@ def _nth_prime(rng: random.Random):
 def _kth_largest(rng: random.Random):
     k = rng.randint(1, 3)
     cases = [rng.sample(range(-99, 100), rng.randint(k, k + 6)) for _ in range(3)]
+    example = rng.sample(range(-20, 50), k + 2)
     prompt = (f"Write a Python program that reads distinct integers separated by spaces from standard input and "
-              f"prints the {['', 'largest', 'second largest', 'third largest'][k]} of them.")
+              f"prints the {['', 'largest', 'second largest', 'third largest'][k]} of them. For example, for the "
+              f"input `{' '.join(map(str, example))}` it prints {sorted(example, reverse=True)[k - 1]}.")
     solution = f"print(sorted(map(int, input().split()), reverse=True)[{k - 1}])"
     return prompt, solution, (), tuple(IOCase(" ".join(map(str, c)) + "\n", f"{sorted(c, reverse=True)[k - 1]}\n")
                                        for c in cases)
@@ -129,25 +141,28 @@ def _gcd_all(rng: random.Random):
 def _join_sorted(rng: random.Random):
     sep = rng.choice([",", ";", "-", "|"])
     words = ["pear", "apple", "fig", "kiwi", "plum", "date", "lime"]
-    cases = [rng.sample(words, rng.randint(2, 6)) for _ in range(2)]
+    cases = [rng.sample(words, rng.randint(2, 6)) for _ in range(3)]
+    example = cases.pop()
     prompt = (f"Write a Python program that reads words separated by spaces from standard input and prints them in "
-              f"alphabetical order joined by '{sep}'.")
+              f"alphabetical order joined by '{sep}'. For example, for the input `{' '.join(example)}` it prints "
+              f"`{sep.join(sorted(example))}`.")
     solution = f"print({sep!r}.join(sorted(input().split())))"
     return prompt, solution, (), tuple(IOCase(" ".join(c) + "\n", sep.join(sorted(c)) + "\n") for c in cases)
 
 
 def _digit_power_sum(rng: random.Random):
     p = rng.randint(1, 4)
-    ns = rng.sample(range(0, 100000), 3)
+    ns = rng.sample(range(0, 100000), 4)
     prompt = (f"Write a Python function `digit_power_sum(n)` that returns the sum of the digits of the non-negative "
-              f"integer n, each raised to the power {p}.")
+              f"integer n, each raised to the power {p}. For example digit_power_sum({ns[3]}) == "
+              f"{sum(int(d) ** p for d in str(ns[3]))}.")
     solution = f"def digit_power_sum(n):\n    return sum(int(d) ** {p} for d in str(n))"
     return prompt, solution, tuple(f"assert digit_power_sum({n}) == {sum(int(d) ** p for d in str(n))}"
-                                   for n in ns), ()
+                                   for n in ns[:3]), ()
 
 
 def _count_primes_slow(rng: random.Random):
-    """The slow family: its reference solution takes ~0.1-0.5 s (trial division)."""
+    """The slow family: its reference solution takes ~0.2-0.5 s (trial division)."""
     def count(n: int) -> int:
         sieve = bytearray([1]) * n
         sieve[:2] = b"\0\0"[:n]
@@ -174,16 +189,19 @@ FAMILIES: dict[str, Callable[[random.Random], tuple]] = {
 def builtin_code_problems(seed: int = 0, num_train: int = 400, num_eval: int = 40) -> tuple[list[Problem], list[Problem]]:
     """Train and held-out problems of the built-in code task (no prompt in both); ids `code-<split>-<i>`."""
     def generate(split: str, count: int, taken: set[str]) -> list[Problem]:
+        """Families in turn, so each has an equal share; a family retries until its prompt is new."""
         rng = random.Random(f"code:{split}:{seed}")
         problems, seen, names = [], set(taken), list(FAMILIES)
-        for attempt in range(count * 50):
+        for turn in range(count * 2):
             if len(problems) == count:
                 break
-            family = names[attempt % len(names)]
-            prompt, solution, asserts, io_cases = FAMILIES[family](rng)
-            prompt = f"{prompt}\n{ANSWER_FORMAT}\n"
-            if prompt in seen:
-                continue
+            for _ in range(MAX_TRIES):
+                prompt, solution, asserts, io_cases = FAMILIES[names[turn % len(names)]](rng)
+                prompt = f"{prompt}\n{ANSWER_FORMAT}\n"
+                if prompt not in seen:
+                    break
+            else:
+                continue  # this family has run out of new prompts
             seen.add(prompt)
             problems.append(Problem(f"code-{split}-{len(problems)}", prompt, "", solution=solution,
                                     tests=CodeTests(asserts=asserts, io_cases=io_cases)))
