@@ -2,7 +2,8 @@
 and the flow run's page in headless Chromium.
 
 One module-scoped server and worker serve every test here; the tests run in file order (the UI test reads the
-flow run the concurrency test made).
+flow run the concurrency test made). Off by default (marker `e2e`, ~2.5 min) to keep the default run under CI's
+20 minutes: `./scripts/test.sh -m e2e`.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[1]
 OUTPUT_DIR = Path(os.environ.get("TAILFLOW_TEST_OUTPUT", REPO / "test-output"))
