@@ -41,20 +41,29 @@ def sandbox(request):
 
 
 def leftovers(marker: str) -> list[str]:
-    """Live processes that belong to a sandbox: its dir or this test's marker in their command line."""
-    found = []
+    """Live processes this test left: descendants of this process, or anything with this test's marker in its
+    command line (an escaped daemon). Sandboxes that other test sessions run at the same time are not ours."""
+    parents, cmdlines = {}, {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+        if not entry.name.isdigit():
             continue
         try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            uid = int((entry / "status").read_text().split("\nUid:")[1].split()[0])
-        except (OSError, IndexError, ValueError):
+        except (OSError, IndexError):
             continue
-        if state != "Z" and (marker in cmdline or "tailflow-sandbox-" in cmdline or uid == 65534):
-            found.append(f"{entry.name}: {cmdline[:120]}")
-    return found
+        if fields[0] != "Z":
+            parents[int(entry.name)], cmdlines[int(entry.name)] = int(fields[1]), cmdline
+
+    def is_ours(pid: int) -> bool:
+        while pid in parents and pid > 1:
+            pid = parents[pid]
+            if pid == os.getpid():
+                return True
+        return False
+
+    return [f"{pid}: {cmdline[:120]}" for pid, cmdline in cmdlines.items()
+            if pid != os.getpid() and (marker in cmdline or is_ours(pid))]
 
 
 def assert_contained(marker: str, sandbox=run_python) -> None:
