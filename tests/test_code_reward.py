@@ -68,7 +68,10 @@ def stray_processes() -> list[str]:
             parents[int(entry.name)], cmdlines[int(entry.name)] = int(fields[1]), cmdline
 
     def is_sandboxed_descendant(pid: int) -> bool:  # Ray's own processes are descendants too: only sandboxes count
-        if not any(word in cmdlines[pid] for word in ("bwrap", "unshare", "main.py", "jail.py", "tailflow-sandbox-")):
+        argv = cmdlines[pid].split()
+        if not argv or not (os.path.basename(argv[0]) in ("bwrap", "unshare", "prlimit", "setpriv")
+                            or any(arg == "main.py" or arg.endswith(("/main.py", "/sandbox/jail.py"))
+                                   for arg in argv[1:4])):
             return False
         while pid in parents and pid > 1:
             pid = parents[pid]
