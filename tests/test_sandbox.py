@@ -55,7 +55,13 @@ def leftovers(marker: str) -> list[str]:
         if fields[0] != "Z":
             parents[int(entry.name)], cmdlines[int(entry.name)] = int(fields[1]), cmdline
 
-    def is_ours(pid: int) -> bool:
+    def is_ours(pid: int) -> bool:  # a sandbox process descended from this test; Ray's and Prefect's are not
+        argv = cmdlines[pid].split()
+        if not argv or not (os.path.basename(argv[0]) in ("bwrap", "unshare", "prlimit", "setpriv")
+                            or "tailflow-sandbox-" in cmdlines[pid]
+                            or any(arg == "main.py" or arg.endswith(("/main.py", "/sandbox/jail.py"))
+                                   for arg in argv[1:4])):
+            return False
         while pid in parents and pid > 1:
             pid = parents[pid]
             if pid == os.getpid():
