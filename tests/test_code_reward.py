@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sandbox_leftovers import sandbox_leftovers
 
 from tailflow.engines.data.problem import CodeTests, IOCase, Problem
 from tailflow.engines.reward.code import CodeReward, extract_program
@@ -53,34 +54,7 @@ ATTACKS: dict[str, str] = {
 
 
 def stray_processes() -> list[str]:
-    """Live processes left behind: descendants of this test process, or anything carrying this module's marker
-    (an escaped daemon). Sandboxes that other test sessions run at the same time are not ours."""
-    parents, cmdlines = {}, {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            parents[int(entry.name)], cmdlines[int(entry.name)] = int(fields[1]), cmdline
-
-    def is_sandboxed_descendant(pid: int) -> bool:  # Ray's own processes are descendants too: only sandboxes count
-        argv = cmdlines[pid].split()
-        if not argv or not (os.path.basename(argv[0]) in ("bwrap", "unshare", "prlimit", "setpriv")
-                            or any(arg == "main.py" or arg.endswith(("/main.py", "/sandbox/jail.py"))
-                                   for arg in argv[1:4])):
-            return False
-        while pid in parents and pid > 1:
-            pid = parents[pid]
-            if pid == os.getpid():
-                return True
-        return False
-
-    return [f"{pid}: {cmdline[:100]}" for pid, cmdline in cmdlines.items()
-            if MARK in cmdline or is_sandboxed_descendant(pid)]
+    return sandbox_leftovers(MARK)
 
 
 @pytest.fixture(scope="module")

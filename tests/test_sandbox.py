@@ -16,6 +16,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sandbox_leftovers import sandbox_leftovers
 
 from tailflow.engines.reward.sandbox import SandboxError, SandboxLimits, run_python
 from tailflow.engines.reward.sandbox import process as process_backend
@@ -41,35 +42,7 @@ def sandbox(request):
 
 
 def leftovers(marker: str) -> list[str]:
-    """Live processes this test left: descendants of this process, or anything with this test's marker in its
-    command line (an escaped daemon). Sandboxes that other test sessions run at the same time are not ours."""
-    parents, cmdlines = {}, {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except (OSError, IndexError):
-            continue
-        if fields[0] != "Z":
-            parents[int(entry.name)], cmdlines[int(entry.name)] = int(fields[1]), cmdline
-
-    def is_ours(pid: int) -> bool:  # a sandbox process descended from this test; Ray's and Prefect's are not
-        argv = cmdlines[pid].split()
-        if not argv or not (os.path.basename(argv[0]) in ("bwrap", "unshare", "prlimit", "setpriv")
-                            or "tailflow-sandbox-" in cmdlines[pid]
-                            or any(arg == "main.py" or arg.endswith(("/main.py", "/sandbox/jail.py"))
-                                   for arg in argv[1:4])):
-            return False
-        while pid in parents and pid > 1:
-            pid = parents[pid]
-            if pid == os.getpid():
-                return True
-        return False
-
-    return [f"{pid}: {cmdline[:120]}" for pid, cmdline in cmdlines.items()
-            if pid != os.getpid() and (marker in cmdline or is_ours(pid))]
+    return sandbox_leftovers(marker)
 
 
 def assert_contained(marker: str, sandbox=run_python) -> None:
