@@ -259,12 +259,7 @@ def load_code_problems(
                     raise _InvalidRow("prompt_too_long", f"field 'question': prompt is {num_tokens} tokens (with the "
                                                          f"template), over max_prompt_tokens={max_prompt_tokens}")
         except _InvalidRow as invalid:
-            message = f"{where}: {label}: {invalid}"
-            if on_invalid == "error":
-                raise DatasetError(message) from None
-            loaded.num_skipped += 1
-            loaded.skip_reasons[invalid.reason] = loaded.skip_reasons.get(invalid.reason, 0) + 1
-            loaded.first_skip_messages.setdefault(invalid.reason, message)
+            loaded.record_invalid(invalid.reason, f"{where}: {label}: {invalid}", on_invalid)
             continue
         seen.add(problem_id)
         loaded.problems.append(Problem(problem_id, prompt, "", solution=solution, tests=tests))

@@ -41,6 +41,14 @@ class LoadedProblems:
     first_skip_messages: dict[str, str] = field(default_factory=dict)
     """For each reason, the full message of the first row skipped for it."""
 
+    def record_invalid(self, reason: str, message: str, on_invalid: str) -> None:
+        """A bad row: an error naming it (`on_invalid="error"`), or skipped and counted by reason."""
+        if on_invalid == "error":
+            raise DatasetError(message) from None  # called inside `except _InvalidRow`: no chained traceback
+        self.num_skipped += 1
+        self.skip_reasons[reason] = self.skip_reasons.get(reason, 0) + 1
+        self.first_skip_messages.setdefault(reason, message)
+
 
 @dataclass(frozen=True)
 class _RowSpec:
@@ -83,12 +91,7 @@ def load_problems(
         try:
             problem = _to_problem(record, spec, f"{path.stem}-{index}", seen_ids)
         except _InvalidRow as invalid:
-            message = f"{where}: {label}: {invalid}"
-            if on_invalid == "error":
-                raise DatasetError(message) from None
-            loaded.num_skipped += 1
-            loaded.skip_reasons[invalid.reason] = loaded.skip_reasons.get(invalid.reason, 0) + 1
-            loaded.first_skip_messages.setdefault(invalid.reason, message)
+            loaded.record_invalid(invalid.reason, f"{where}: {label}: {invalid}", on_invalid)
             continue
         seen_ids.add(problem.problem_id)
         loaded.problems.append(problem)
