@@ -89,14 +89,10 @@ def adaptive_timeout_arm(args) -> dict:
 
 
 def tiny_code_model(directory: Path) -> Path:
-    from tailflow.engines.data.tokenizer import PRINTABLE_ASCII, build_char_tokenizer
-    from tailflow.engines.models import build_tiny_model
+    from tailflow.engines.data.tokenizer import PRINTABLE_ASCII
+    from tailflow.engines.models import write_random_tiny_model
 
-    tokenizer = build_char_tokenizer(PRINTABLE_ASCII)
-    path = directory / "tiny-code-model"
-    build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return write_random_tiny_model(directory / "tiny-code-model", PRINTABLE_ASCII)
 
 
 def streaming_arm(args, storage: Path, model: Path, streaming: bool) -> list[dict]:

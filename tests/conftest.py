@@ -30,29 +30,18 @@ def prefect_api():
 @pytest.fixture(scope="session")
 def random_tiny_model_dir(tmp_path_factory):
     """The embedded tiny Qwen2 freshly initialised (seed 0) with its tokenizer, as a HF directory."""
-    from tailflow.engines.data.tokenizer import build_char_tokenizer
-    from tailflow.engines.models import build_tiny_model
+    from tailflow.engines.models import write_random_tiny_model
 
-    tokenizer = build_char_tokenizer()
-    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0)
-    path = tmp_path_factory.mktemp("tiny") / "model"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return write_random_tiny_model(tmp_path_factory.mktemp("tiny") / "model")
 
 
 @pytest.fixture(scope="session")
 def random_code_model_dir(tmp_path_factory):
     """A freshly initialised tiny Qwen2 over printable ASCII: it can write (random) Python."""
-    from tailflow.engines.data.tokenizer import PRINTABLE_ASCII, build_char_tokenizer
-    from tailflow.engines.models import build_tiny_model
+    from tailflow.engines.data.tokenizer import PRINTABLE_ASCII
+    from tailflow.engines.models import write_random_tiny_model
 
-    tokenizer = build_char_tokenizer(PRINTABLE_ASCII)
-    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=0)
-    path = tmp_path_factory.mktemp("tiny-code") / "model"
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return write_random_tiny_model(tmp_path_factory.mktemp("tiny-code") / "model", PRINTABLE_ASCII)
 
 
 @pytest.fixture(scope="session")

@@ -37,6 +37,19 @@ def build_tiny_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed
     return Qwen2ForCausalLM(tiny_qwen2_config(vocab_size, eos_token_id, pad_token_id))
 
 
+def write_random_tiny_model(path: str | Path, characters: str | None = None, seed: int = 0) -> Path:
+    """A freshly initialised tiny Qwen2 with a character tokenizer over `characters` (None: the embedded task's
+    alphabet), saved as a HF directory: the tests' and benchmarks' untrained policies."""
+    from tailflow.engines.data.tokenizer import CHARACTERS, build_char_tokenizer
+
+    tokenizer = build_char_tokenizer(characters or CHARACTERS)
+    model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed)
+    path = Path(path)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def check_model_dir(path: str | Path) -> None:
     """Refuse, with a message naming the file, anything the engines cannot run."""
     path = Path(path)
