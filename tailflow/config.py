@@ -82,7 +82,9 @@ class RewardConfig(Section):
     answer_marker: str = "####"
     """math: a response counts only if its last line starts with this marker."""
     literal_answers_only: bool = True
-    """math: the final answer must be a value, not an expression (math-verify scores '#### 23+45' as 68)."""
+    """math: the final answer must be a number written as itself: an integer, a decimal or a reduced fraction
+    `a/b` (optionally negative, in `$...$` or `\\boxed{}`). math-verify compares values, so without this
+    '#### 23+45', '#### 136/2' and '#### \\frac{136}{2}' score as 68 and a policy learns to copy the prompt."""
     all_or_nothing: bool = False
     """code: reward 1 only when every test passes; False: the fraction of tests passed."""
     sandbox: Literal["auto", "bwrap", "process", "docker"] = "auto"

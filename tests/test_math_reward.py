@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from tailflow.engines.data.arith import make_problem
 from tailflow.engines.reward import MathReward, RewardResult
-from tailflow.engines.reward.math import final_answer_text, is_answer_correct
+from tailflow.engines.reward.math import final_answer_text, is_answer_correct, is_literal_answer
 
 SOLUTION = "23+45=68\n68+11=79\n#### 79"
 
@@ -165,7 +165,9 @@ def test_reference_solutions_score_one_and_changed_answers_zero(reward, terms, d
     assert reward.score(changed, problem.answer).reward == 0.0
 
 
-@pytest.mark.parametrize("copied", ["23+45+11", "80-1", "x=79", "9^2-2", "79*1"])
+@pytest.mark.parametrize("copied", ["23+45+11", "80-1", "x=79", "9^2-2", "79*1", "79\\times1", "158/2",
+                                    "\\frac{158}{2}", "\\dfrac{158}{2}", "\\boxed{158/2}", "$79\\cdot1$", "79/1",
+                                    "7.9e1", "\\sqrt{6241}"])
 def test_expressions_after_the_marker_do_not_count(copied):
     """math-verify says '#### 23+45+11' equals 79: the policy must not win by copying the prompt."""
     reward = MathReward()
@@ -190,3 +192,37 @@ def test_a_killed_checker_process_does_not_change_a_reward():
         assert (reward.num_errors, reward.num_timeouts) == (0, 0)
     finally:
         reward.close()
+
+
+@pytest.mark.parametrize("copied", ["79\\times1", "158/2", "\\frac{158}{2}"])
+def test_quotients_and_products_equal_to_the_answer_are_a_hole_only_without_the_literal_rule(copied):
+    """Why the rule exists: math-verify itself says these equal 79 (issue 11), so without the rule a policy
+    earns reward by copying a product or quotient from the prompt."""
+    assert is_answer_correct(copied, "79")
+    assert not MathReward().score(f"#### {copied}", "79").correct
+
+
+@pytest.mark.parametrize("answer, gold", [
+    ("1/2", "0.5"),
+    ("-3/4", "-0.75"),
+    ("\\frac{1}{2}", "1/2"),
+    ("-\\frac{3}{4}", "-0.75"),
+    ("$-79$", "-79"),
+    ("\\boxed{-79}", "-79"),
+    ("$\\boxed{7/2}$", "3.5"),
+    ("0.25", "1/4"),
+])
+def test_numbers_in_every_accepted_form_score_one(reward, answer, gold):
+    assert reward.score(f"#### {answer}", gold) == RewardResult(reward=1.0, correct=True, formatted=True)
+
+
+@pytest.mark.parametrize("text, is_literal", [
+    ("79", True), ("-79", True), ("079", True), ("79.0", True), ("0.5", True),
+    ("3/4", True), ("-3/4", True), ("\\frac{3}{4}", True), ("$79$", True), ("\\boxed{79}", True),
+    ("158/2", False),  # gcd 2: a quotient, not a number's own spelling
+    ("6/4", False), ("0/5", False), ("79/1", False), ("\\frac{158}{2}", False),
+    ("79\\times1", False), ("79*1", False), ("--79", False), ("+79", False), ("79.", False), (".5", False),
+    ("1,000", False), ("7 9", False), ("", False), ("$$", False), ("\\boxed{}", False), ("x", False),
+])
+def test_is_literal_answer(text, is_literal):
+    assert is_literal_answer(text) is is_literal

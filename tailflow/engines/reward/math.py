@@ -18,13 +18,14 @@ extracts nothing from "A:79", but 79 from "79"; "####79" likewise gives []).
 
     reward = 1.0 * correct + format_reward * formatted
 
-Literal answers. math-verify compares values, so "#### 23+45+11" equals 79:
-a policy would learn to copy the prompt after the marker. With
-`literal_answers_only` (the default) the answer must be a value, not an
-expression: no `+ * ^ = < >` and no '-' but a leading sign.
-
 so with `format_reward=0.1` a formatted wrong answer gets 0.1 and a right one
 1.1; the default 0.0 gives the plain 0/1 reward.
+
+Literal answers. math-verify compares values, so "#### 23+45+11" equals 79:
+a policy would learn to copy the prompt after the marker. With
+`literal_answers_only` (the default) the answer must be a number written as
+itself: an integer, a decimal or a reduced fraction (`is_literal_answer`), so
+`79\\times1`, `158/2` and `\\frac{158}{2}` score 0 against 79.
 
 Time bound. math-verify's own timeout uses `signal.alarm`, which raises
 outside the main thread, and a thread cannot bound it either: verifying
@@ -76,10 +77,41 @@ class RewardResult:
     exec_s: float | None = None
 
 
+DECIMAL = re.compile(r"\d+(?:\.\d+)?")
+"""An unsigned integer or decimal: `79`, `079`, `79.0`."""
+FRACTIONS = (re.compile(r"(\d+)/(\d+)"), re.compile(r"\\frac\{(\d+)\}\{(\d+)\}"))
+"""`a/b` and its LaTeX spelling `\\frac{a}{b}`, unsigned; a literal only when reduced (see `is_literal_answer`)."""
+WRAPPERS = (re.compile(r"\$(.*)\$"), re.compile(r"\\boxed\{(.*)\}"))
+"""Presentation around a number (`$79$`, `\\boxed{79}`), peeled off before the number is checked."""
+
+
 def is_literal_answer(answer_text: str) -> bool:
-    """A value such as `79`, `-3`, `3/4` or `\\frac{3}{4}`; not an expression like `23+45`."""
-    unsigned = answer_text.strip().removeprefix("-")
-    return not re.search(r"[-+*^=<>]", unsigned)
+    """A number written as itself: an integer, a decimal, or a reduced fraction `a/b` (`\\frac{a}{b}`), with an
+    optional leading '-', optionally inside `$...$` or `\\boxed{...}`.
+
+    Anything else can be an expression the policy copied from the prompt, and math-verify compares values:
+    `79\\times1`, `158/2` and `\\frac{158}{2}` all equal 79. A fraction counts only when reduced (gcd 1,
+    denominator >= 2), since an unreduced one is a quotient, not the number's own spelling.
+    """
+    unsigned = _unwrapped(answer_text).removeprefix("-")
+    if DECIMAL.fullmatch(unsigned):
+        return True
+    for fraction in FRACTIONS:
+        match = fraction.fullmatch(unsigned)
+        if match:
+            numerator, denominator = int(match.group(1)), int(match.group(2))
+            return denominator >= 2 and math.gcd(numerator, denominator) == 1
+    return False
+
+
+def _unwrapped(answer_text: str) -> str:
+    """The text inside any `$...$` / `\\boxed{...}` wrappers, outermost first."""
+    text = answer_text.strip()
+    for wrapper in WRAPPERS:
+        match = wrapper.fullmatch(text)
+        if match:
+            text = match.group(1).strip()
+    return text
 
 
 def final_answer_text(response_text: str, answer_marker: str) -> str | None:
