@@ -150,7 +150,14 @@ class TrainConfig(Section):
     weight_decay: float = Field(0.0, ge=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
     advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    """Advantage estimator: group-normalised (GRPO), without std scaling (Dr. GRPO), or leave-one-out (RLOO)."""
+    """Advantage estimator: group-normalised (GRPO), without std scaling (Dr. GRPO's advantage), or leave-one-out
+    (RLOO). Dr. GRPO in full is `dr_grpo` with loss_agg `constant`."""
+    loss_agg: Literal["token_mean", "seq_mean_token_sum", "constant"] = "token_mean"
+    """What the summed per-token losses of a step's batch are divided by: `token_mean`, the number of response
+    tokens (DAPO; every token weighs the same); `seq_mean_token_sum`, the number of responses (each response's
+    token sum, averaged); `constant`, number of responses x rollout.max_new_tokens, the constant divisor of Dr.
+    GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"), which removes the length bias of dividing by
+    each response's own length. Metrics (entropy, clip fraction) stay token means."""
     clip_low: float = Field(0.2, ge=0.0)
     clip_high: float = Field(0.2, ge=0.0)
     kl_coef: float = Field(0.0, ge=0.0)

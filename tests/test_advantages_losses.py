@@ -5,7 +5,16 @@ import pytest
 import torch
 
 from tailflow.engines.train.advantages import compute_advantages, grpo_advantages, rloo_advantages
-from tailflow.engines.train.losses import entropy_from_logits, kl_penalty, ppo_clip_loss, token_logprobs
+from tailflow.config import TrainConfig
+from tailflow.engines.train.batch import TrainSample
+from tailflow.engines.train.losses import (
+    LOSS_AGGREGATIONS,
+    entropy_from_logits,
+    kl_penalty,
+    loss_denominator,
+    ppo_clip_loss,
+    token_logprobs,
+)
 
 
 def test_grpo_uses_unbiased_std():
@@ -96,6 +105,83 @@ def test_token_level_aggregation_across_micro_batches():
     assert full.item() != pytest.approx((-3.5 / 4 + 3.4 / 3) / 2, abs=1e-3)
 
 
+# ---- loss aggregation (train.loss_agg) --------------------------------------------------------
+# _ppo_case: per-token max terms summed per row: row A (4 tokens) -3.5, row B (3 tokens) 1.5 + .8 + 1.1 = 3.4;
+# in total -0.1 over 7 tokens and 2 sequences.
+
+
+def test_loss_denominators_by_hand():
+    assert loss_denominator("token_mean", num_tokens=7, num_sequences=2) == 7
+    assert loss_denominator("seq_mean_token_sum", num_tokens=7, num_sequences=2) == 2
+    assert loss_denominator("constant", num_tokens=7, num_sequences=2, max_new_tokens=10) == 20
+    assert loss_denominator("constant", num_tokens=3, num_sequences=2, max_new_tokens=10) == 20  # not the lengths
+
+
+def test_loss_denominator_errors_name_the_choice():
+    with pytest.raises(ValueError, match="unknown loss_agg 'seq_mean'"):
+        loss_denominator("seq_mean", 7, 2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        loss_denominator("constant", 7, 2)
+    with pytest.raises(ValueError, match=">= 1 token"):
+        loss_denominator("token_mean", 0, 2)
+
+
+@pytest.mark.parametrize("loss_agg, expected_loss, denominator", [
+    ("token_mean", -0.1 / 7, 7),
+    ("seq_mean_token_sum", (-3.5 + 3.4) / 2, 2),  # the mean of the two rows' token sums
+    ("constant", -0.1 / (2 * 10), 20),  # Dr. GRPO: 2 sequences x max_new_tokens 10
+])
+def test_ppo_loss_under_each_aggregation(loss_agg, expected_loss, denominator):
+    logprobs, old_logprobs, advantages, mask = _ppo_case()
+    divisor = loss_denominator(loss_agg, num_tokens=7, num_sequences=2, max_new_tokens=10)
+    assert divisor == denominator
+    loss, stats = ppo_clip_loss(logprobs, old_logprobs, advantages, mask, num_tokens_total=7,
+                                loss_denominator=divisor)
+    assert loss.item() == pytest.approx(expected_loss, abs=1e-6)
+    assert stats.pg_loss == pytest.approx(expected_loss, abs=1e-6)
+    assert stats.clip_fraction == pytest.approx(2 / 7)  # metrics stay token means under every aggregation
+    loss.backward()
+    # -A * r / divisor where unclipped, 0 where clipped or masked
+    expected = torch.tensor([[0.0, -0.5, -1.1, -0.7], [1.5, 0.0, 1.1, 0.0]]) / denominator
+    torch.testing.assert_close(logprobs.grad, expected)
+
+
+def test_sequence_aggregation_adds_up_across_micro_batches():
+    logprobs, old_logprobs, advantages, mask = _ppo_case()
+    rows = [ppo_clip_loss(logprobs[i:i + 1], old_logprobs[i:i + 1], advantages[i:i + 1], mask[i:i + 1],
+                          num_tokens_total=7, loss_denominator=2)[0] for i in (0, 1)]
+    assert (rows[0] + rows[1]).item() == pytest.approx((-3.5 + 3.4) / 2, abs=1e-6)
+
+
+def test_config_offers_exactly_the_aggregations_the_losses_know():
+    assert TrainConfig.model_fields["loss_agg"].annotation.__args__ == LOSS_AGGREGATIONS
+    assert TrainConfig().loss_agg == "token_mean"  # today's behaviour stays the default
+
+
+@pytest.mark.parametrize("loss_agg, expected_pg_loss", [
+    # first step: the recomputed old log-probs equal the new ones, so every ratio is 1 and nothing clips;
+    # pg_loss = -sum_b A_b * len_b / divisor = -(1 * 2 + (-1) * 4) / divisor = 2 / divisor
+    ("token_mean", 2 / 6),
+    ("seq_mean_token_sum", 2 / 2),
+    ("constant", 2 / (2 * 8)),
+])
+def test_trainer_divides_by_the_configured_aggregation(random_tiny_model_dir, loss_agg, expected_pg_loss):
+    from tailflow.engines.train.trainer import PolicyTrainer
+
+    samples = [TrainSample((5, 6), (7, 8), 1.0), TrainSample((5,), (9, 10, 11, 12), -1.0)]
+    trainer = PolicyTrainer(str(random_tiny_model_dir), lr=1e-3, loss_agg=loss_agg, max_new_tokens=8)
+    stats = trainer.train_step(samples, num_tokens_total=6)
+    assert stats.pg_loss == pytest.approx(expected_pg_loss, abs=1e-5)
+    assert stats.clip_fraction == 0.0
+
+
+def test_trainer_refuses_constant_aggregation_without_max_new_tokens(random_tiny_model_dir):
+    from tailflow.engines.train.trainer import PolicyTrainer
+
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        PolicyTrainer(str(random_tiny_model_dir), loss_agg="constant")
+
+
 def test_k3_kl_by_hand():
     # pi = [.5, .25], pi_ref = [.25, .5] on two tokens; log_r = ref - pi = [log .5, log 2]
     # k3 = r - log r - 1 = [.5 + log 2 - 1, 2 - log 2 - 1] -> sum = .5, mean over 2 tokens = .25
@@ -103,7 +189,7 @@ def test_k3_kl_by_hand():
     ref_logprobs = torch.tensor([[math.log(0.25), math.log(0.5), -3.0]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
     assert kl_penalty(logprobs, ref_logprobs, mask).item() == pytest.approx(0.25, abs=1e-6)
-    assert kl_penalty(logprobs, ref_logprobs, mask, num_tokens_total=5).item() == pytest.approx(0.5 / 5, abs=1e-6)
+    assert kl_penalty(logprobs, ref_logprobs, mask, loss_denominator=5).item() == pytest.approx(0.5 / 5, abs=1e-6)
     assert kl_penalty(ref_logprobs, ref_logprobs, mask).item() == 0.0
 
 
@@ -121,3 +207,11 @@ def test_token_logprobs_align_with_next_token():
     input_ids = torch.tensor([[0, 1, 0]])
     got = token_logprobs(logits, input_ids)
     torch.testing.assert_close(got, torch.tensor([[math.log(math.e / (1 + math.e)), math.log(0.5), 0.0]]))
+
+
+def test_run_config_reaches_the_trainer():
+    from tailflow.config import load_config
+    from tailflow.flows.setup import trainer_kwargs
+
+    kwargs = trainer_kwargs(load_config(overrides=["train.loss_agg=constant", "rollout.max_new_tokens=64"]))
+    assert (kwargs["loss_agg"], kwargs["max_new_tokens"]) == ("constant", 64)

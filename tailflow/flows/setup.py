@@ -184,6 +184,7 @@ def trainer_kwargs(config: RunConfig) -> dict:
         lr=train.lr, weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm, kl_coef=train.kl_coef,
         clip_low=train.clip_low, clip_high=train.clip_high,
         max_tokens_per_micro_batch=train.max_tokens_per_micro_batch, seed=train.seed,
+        loss_agg=train.loss_agg, max_new_tokens=config.rollout.max_new_tokens,
     )
 
 

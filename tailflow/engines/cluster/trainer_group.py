@@ -1,7 +1,7 @@
 """The trainer's data-parallel ranks as Ray actors: one PolicyTrainer each, FSDP2 across them.
 
 The driver shards a step's samples by tokens, counts the global response
-tokens once (the loss denominator every rank divides by), and runs all ranks
+tokens and samples once (the loss denominators every rank divides by), and runs all ranks
 at once: each call is a collective, so no rank may be skipped. Weights leave
 as an ObjectRef to rank 0's full state dict, so rollout workers read them
 from the object store without a copy through the driver.
@@ -55,8 +55,8 @@ class TrainerWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def train_step(self, samples: list[TrainSample], num_tokens_total: int) -> TrainStepStats:
-        return self.trainer.train_step(samples, num_tokens_total)
+    def train_step(self, samples: list[TrainSample], num_tokens_total: int, num_sequences_total: int) -> TrainStepStats:
+        return self.trainer.train_step(samples, num_tokens_total, num_sequences_total)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.trainer.full_state_dict()
@@ -111,7 +111,8 @@ class TrainerGroup:
         num_tokens_total = count_response_tokens(samples)
         if num_tokens_total == 0:
             raise ValueError("train_step needs at least one response token")
-        calls = [worker.train_step.remote(shard, num_tokens_total) for worker, shard in zip(self.workers, shards)]
+        calls = [worker.train_step.remote(shard, num_tokens_total, len(samples))
+                 for worker, shard in zip(self.workers, shards)]
         return get_all(calls)[0]
 
     def state_dict_ref(self) -> ray.ObjectRef:

@@ -13,10 +13,17 @@ batch's own `mask.sum()` (the single-batch case).
 
 Every returned stat follows the same rule, so stats of micro-batches and
 ranks add up to the global token mean.
+
+Loss aggregation (`train.loss_agg`). The loss terms (PPO and KL) may divide
+their global token sum by another global count, `loss_denominator`
+(`loss_denominator()` says which); the metrics (clip fraction, approx KL,
+entropy) stay token means. Any such divisor is a count over the whole batch,
+so micro-batches and ranks still add up exactly.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -24,9 +31,40 @@ MAX_LOG_RATIO = 20.0
 """k3 exponentiates a log-ratio; clamp it so one wild token cannot give inf."""
 
 
+LossAggregation = Literal["token_mean", "seq_mean_token_sum", "constant"]
+LOSS_AGGREGATIONS: tuple[str, ...] = LossAggregation.__args__
+
+
+def loss_denominator(
+    loss_agg: LossAggregation, num_tokens: int, num_sequences: int, max_new_tokens: int | None = None
+) -> int:
+    """What the global sum of per-token losses is divided by; the counts are over the whole step's batch.
+
+        token_mean          num_tokens                     DAPO (Yu et al. 2025, sec. 3.3): every token
+                                                           weighs the same, a long response weighs more
+        seq_mean_token_sum  num_sequences                  each response's token sum, averaged over responses
+        constant            num_sequences * max_new_tokens Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like
+                                                           Training", sec. 3.1): a constant in place of each
+                                                           response's length, so no length bias
+    """
+    if loss_agg not in LOSS_AGGREGATIONS:
+        raise ValueError(f"unknown loss_agg {loss_agg!r}; choose one of {list(LOSS_AGGREGATIONS)}")
+    if num_tokens < 1 or num_sequences < 1:
+        raise ValueError(f"a batch needs >= 1 token and sequence, got {num_tokens} and {num_sequences}")
+    if loss_agg == "token_mean":
+        return num_tokens
+    if loss_agg == "seq_mean_token_sum":
+        return num_sequences
+    if max_new_tokens is None or max_new_tokens < 1:
+        raise ValueError(f"loss_agg 'constant' divides by num_sequences * max_new_tokens; got max_new_tokens "
+                         f"{max_new_tokens!r}")
+    return num_sequences * max_new_tokens
+
+
 @dataclass(frozen=True)
 class PPOStats:
-    """Detached scalars, each a sum over tokens / num_tokens_total (they add across micro-batches)."""
+    """Detached scalars that add across micro-batches: `pg_loss` is the loss (over the loss denominator), the
+    others are sums over tokens / num_tokens_total."""
 
     pg_loss: float
     clip_fraction: float
@@ -35,10 +73,10 @@ class PPOStats:
     """k3 estimate of KL(old || new), Schulman 2020."""
 
 
-def token_sum_over_total(values: torch.Tensor, mask: torch.Tensor, num_tokens_total: int | None) -> torch.Tensor:
-    """sum_{b,t} values * mask / num_tokens_total  ([B, T], [B, T] -> scalar)."""
-    denominator = mask.sum().clamp(min=1.0) if num_tokens_total is None else max(num_tokens_total, 1)
-    return (values * mask).sum() / denominator
+def token_sum_over_total(values: torch.Tensor, mask: torch.Tensor, denominator: int | None) -> torch.Tensor:
+    """sum_{b,t} values * mask / denominator  ([B, T], [B, T] -> scalar); None divides by mask.sum()."""
+    divisor = mask.sum().clamp(min=1.0) if denominator is None else max(denominator, 1)
+    return (values * mask).sum() / divisor
 
 
 def ppo_clip_loss(
@@ -49,17 +87,19 @@ def ppo_clip_loss(
     clip_low: float = 0.2,
     clip_high: float = 0.2,
     num_tokens_total: int | None = None,
+    loss_denominator: int | None = None,
 ) -> tuple[torch.Tensor, PPOStats]:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) with DAPO's decoupled clip range.
 
         ratio    = exp(logprobs - old_logprobs)                       [B, T]
         pg_loss1 = -A * ratio                                         [B, T]
         pg_loss2 = -A * clip(ratio, 1 - clip_low, 1 + clip_high)      [B, T]
-        loss     = sum(max(pg_loss1, pg_loss2) * mask) / num_tokens_total
+        loss     = sum(max(pg_loss1, pg_loss2) * mask) / loss_denominator
 
     logprobs [B, T] (with grad), old_logprobs [B, T] (no grad), advantages [B]
     (one per response, broadcast over its tokens), mask [B, T] in {0, 1}.
-    Returns the scalar loss and detached `PPOStats`.
+    `loss_denominator` None is num_tokens_total (token_mean). Returns the
+    scalar loss and detached `PPOStats`.
     """
     mask = mask.to(logprobs.dtype)
     log_ratio = logprobs - old_logprobs.detach()
@@ -68,7 +108,7 @@ def ppo_clip_loss(
     pg_loss1 = -token_advantages * ratio
     pg_loss2 = -token_advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)
-    loss = token_sum_over_total(pg_loss, mask, num_tokens_total)
+    loss = token_sum_over_total(pg_loss, mask, num_tokens_total if loss_denominator is None else loss_denominator)
     with torch.no_grad():
         is_clipped = (pg_loss2 > pg_loss1).to(mask.dtype)
         approx_kl = (ratio - 1.0) - log_ratio
@@ -84,13 +124,13 @@ def kl_penalty(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,
     mask: torch.Tensor,
-    num_tokens_total: int | None = None,
+    loss_denominator: int | None = None,
 ) -> torch.Tensor:
     """k3 estimator of KL(pi || pi_ref) (Schulman 2020, "Approximating KL divergence"), as in GRPO eq. 4.
 
         log_r = ref_logprobs - logprobs                               [B, T]
         k3    = exp(log_r) - log_r - 1        (>= 0, unbiased for tokens sampled from pi)
-        kl    = sum(k3 * mask) / num_tokens_total
+        kl    = sum(k3 * mask) / loss_denominator     (None: this batch's mask.sum())
 
     log_r is clamped to +-MAX_LOG_RATIO before exp. Returns a scalar with grad
     through `logprobs`.
@@ -98,7 +138,7 @@ def kl_penalty(
     mask = mask.to(logprobs.dtype)
     log_ratio = torch.clamp(ref_logprobs.detach() - logprobs, -MAX_LOG_RATIO, MAX_LOG_RATIO)
     k3 = torch.exp(log_ratio) - log_ratio - 1.0
-    return token_sum_over_total(k3, mask, num_tokens_total)
+    return token_sum_over_total(k3, mask, loss_denominator)
 
 
 def entropy_from_logits(logits: torch.Tensor, mask: torch.Tensor, num_tokens_total: int | None = None) -> torch.Tensor:

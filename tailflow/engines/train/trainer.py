@@ -3,9 +3,10 @@
 A step: cut this rank's samples into micro-batches (every rank runs the same
 number, padding with empty ones, because each forward and backward is a
 collective under FSDP2) -> recompute old (and reference) log-probs without
-grad -> per micro-batch, PPO-clip loss over the GLOBAL response-token count
-and backward (gradients accumulate) -> clip by the global grad norm -> one
-AdamW step -> sum the stats over ranks.
+grad -> per micro-batch, PPO-clip loss over a GLOBAL count (response tokens,
+or sequences with `loss_agg`; losses.loss_denominator) and backward
+(gradients accumulate) -> clip by the global grad norm -> one AdamW step ->
+sum the stats over ranks.
 
 With world_size == 1 no process group is made and the model is not sharded:
 plain single-process training, the reference the FSDP path is tested against.
@@ -38,12 +39,20 @@ from tailflow.engines.train.batch import (
     rollout_logprobs_matrix,
     split_by_token_budget,
 )
-from tailflow.engines.train.losses import entropy_from_logits, kl_penalty, ppo_clip_loss, token_logprobs
+from tailflow.engines.train.losses import (
+    LossAggregation,
+    entropy_from_logits,
+    kl_penalty,
+    loss_denominator,
+    ppo_clip_loss,
+    token_logprobs,
+)
 
 SUMMED_STATS = (
     "pg_loss", "clip_fraction", "approx_kl", "kl", "entropy", "rollout_abs_diff", "rollout_tokens", "samples"
 )
-"""Per-rank sums all-reduced at the end of a step (the first five are already / num_tokens_total)."""
+"""Per-rank sums all-reduced at the end of a step (pg_loss and kl are already / the loss denominator, the
+next three / num_tokens_total)."""
 
 
 @dataclass(frozen=True)
@@ -101,9 +110,14 @@ class PolicyTrainer:
         max_tokens_per_micro_batch: int = 8192,
         seed: int = 0,
         backend: str | None = None,
+        loss_agg: LossAggregation = "token_mean",
+        max_new_tokens: int | None = None,
     ) -> None:
         """`backend` None picks "nccl" when CUDA is present, else "gloo". With world_size > 1 the
-        process group is made from env MASTER_ADDR / MASTER_PORT (set by TrainerGroup)."""
+        process group is made from env MASTER_ADDR / MASTER_PORT (set by TrainerGroup). `loss_agg` picks the
+        loss denominator (losses.loss_denominator); `constant` needs `max_new_tokens`."""
+        loss_denominator(loss_agg, 1, 1, max_new_tokens)  # a bad choice fails here, not at the first step
+        self.loss_agg, self.max_new_tokens = loss_agg, max_new_tokens
         self.rank, self.world_size = rank, world_size
         self.max_grad_norm, self.kl_coef = max_grad_norm, kl_coef
         self.clip_low, self.clip_high = clip_low, clip_high
@@ -147,16 +161,21 @@ class PolicyTrainer:
 
     # ---- the step ------------------------------------------------------------------------------
 
-    def train_step(self, samples: list[TrainSample], num_tokens_total: int) -> TrainStepStats:
-        """One optimizer step on this rank's `samples`; `num_tokens_total` counts response tokens on ALL ranks."""
+    def train_step(
+        self, samples: list[TrainSample], num_tokens_total: int, num_sequences_total: int | None = None
+    ) -> TrainStepStats:
+        """One optimizer step on this rank's `samples`; `num_tokens_total` counts response tokens and
+        `num_sequences_total` samples (None: this rank's, the single-process case) on ALL ranks."""
         if num_tokens_total < 1:
             raise ValueError(f"num_tokens_total must be >= 1, got {num_tokens_total}")
+        num_sequences = len(samples) if num_sequences_total is None else num_sequences_total
+        denominator = loss_denominator(self.loss_agg, num_tokens_total, num_sequences, self.max_new_tokens)
         parts = self._plan_micro_batches(samples)
         batches = [self._collate(part) for part in parts]
         olds = [self._score(part, batch) for part, batch in zip(parts, batches)]
         totals = dict.fromkeys(SUMMED_STATS, 0.0) | {"samples": float(len(samples))}
         for batch, old in zip(batches, olds):
-            for name, value in self._accumulate_gradients(batch, old, num_tokens_total).items():
+            for name, value in self._accumulate_gradients(batch, old, num_tokens_total, denominator).items():
                 totals[name] += value
         grad_norm = self._clip_and_step()
         return self._reduce_stats(totals, grad_norm, num_tokens_total)
@@ -193,17 +212,20 @@ class PolicyTrainer:
         abs_diff = ((old_logprobs - rollout).abs() * present).sum().item()
         return OldLogprobs(old_logprobs, ref_logprobs, abs_diff, present.sum().item())
 
-    def _accumulate_gradients(self, batch: MicroBatch, old: OldLogprobs, num_tokens_total: int) -> dict[str, float]:
+    def _accumulate_gradients(
+        self, batch: MicroBatch, old: OldLogprobs, num_tokens_total: int, denominator: int
+    ) -> dict[str, float]:
         """Forward + backward of one micro-batch; returns its share of the step's SUMMED_STATS."""
         logits, logprobs = self._logprobs(self.model, batch)
         mask = batch.response_mask
         pg_loss, pg_stats = ppo_clip_loss(
-            logprobs, old.logprobs, batch.advantages, mask, self.clip_low, self.clip_high, num_tokens_total
+            logprobs, old.logprobs, batch.advantages, mask, self.clip_low, self.clip_high, num_tokens_total,
+            loss_denominator=denominator,
         )
-        kl = kl_penalty(logprobs, old.ref_logprobs, mask, num_tokens_total) if old.ref_logprobs is not None else None
+        kl = kl_penalty(logprobs, old.ref_logprobs, mask, denominator) if old.ref_logprobs is not None else None
         loss = pg_loss + self.kl_coef * kl if kl is not None else pg_loss
         # FSDP2 AVERAGES gradients over ranks, but each rank's loss is already its share of the
-        # global token mean (divided by num_tokens_total): multiply back so the ranks' grads SUM.
+        # global loss (divided by a global count): multiply back so the ranks' grads SUM.
         (loss * self.world_size).backward()
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach(), mask, num_tokens_total).item()
