@@ -34,7 +34,7 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
     groups, scoring_stats = score(ctx, scorer, problems, completions)
     t_train = time.perf_counter()
     faults("train")
-    train_stats = train_step(ctx, groups)
+    train_stats = train_step(ctx, groups, state.weight_version)
     t_sync = time.perf_counter()
     faults("sync")
     sync_weights(ctx, state.weight_version + 1)

@@ -1,0 +1,48 @@
+"""Scored groups -> training samples: advantages per response, and only completions of the trained weights."""
+from types import SimpleNamespace
+
+import pytest
+
+from tailflow.engines.data.problem import Problem
+from tailflow.engines.reward.scoring import ScoredGroup, ScoredResponse
+from tailflow.engines.rollout.protocol import Completion, FinishReason
+from tailflow.engines.train.samples import samples_from_groups
+from tailflow.tasks.train import train_step
+
+
+def group(problem_id: str, rewards: list[float], versions: list[int]) -> ScoredGroup:
+    responses = tuple(
+        ScoredResponse(Completion(f"{problem_id}#{k}", (1, 2), (3, 4, 5), (-0.5,) * 3, FinishReason.EOS, version),
+                       text="#### 1", reward=reward, correct=reward > 0)
+        for k, (reward, version) in enumerate(zip(rewards, versions))
+    )
+    return ScoredGroup(Problem(problem_id, "1+0", "1"), responses)
+
+
+def test_samples_carry_dr_grpo_advantages_of_their_group():
+    samples = samples_from_groups([group("a", [1.0, 0.0], [3, 3]), group("b", [1.0, 1.0], [3, 3])], "dr_grpo",
+                                  weight_version=3)
+    # group a: mean .5 -> +.5, -.5; group b: all equal -> 0, 0
+    assert [sample.advantage for sample in samples] == [0.5, -0.5, 0.0, 0.0]
+    assert samples[0].response_token_ids == (3, 4, 5) and samples[0].rollout_logprobs == (-0.5,) * 3
+
+
+def test_completions_of_other_weights_are_refused_naming_requests_and_versions():
+    groups = [group("a", [1.0, 0.0], [3, 3]), group("b", [1.0, 0.0], [2, 3])]
+    with pytest.raises(ValueError) as error:
+        samples_from_groups(groups, "grpo", weight_version=3)
+    message = str(error.value)
+    assert "1 completions" in message and "trained version 3" in message
+    assert "b#0 (version 2)" in message
+    assert "a#0" not in message and "b#1" not in message
+
+
+def test_the_train_task_refuses_before_the_trainer_is_called():
+    calls = []
+    ctx = SimpleNamespace(config=SimpleNamespace(train=SimpleNamespace(advantage="grpo")),
+                          trainer=SimpleNamespace(train_step=calls.append))
+    with pytest.raises(ValueError, match="a#1 \\(version 4\\)"):
+        train_step.fn(ctx, [group("a", [1.0, 0.0], [5, 4])], weight_version=5)
+    assert calls == []
+    train_step.fn(ctx, [group("a", [1.0, 0.0], [5, 5])], weight_version=5)
+    assert len(calls) == 1 and len(calls[0]) == 2
