@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.reward.math import RewardResult
+from tailflow.engines.reward.result import RewardResult
 
 
 class JudgeError(ValueError):

@@ -51,30 +51,16 @@ import subprocess
 import sys
 import threading
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from math_verify import parse, verify
 
+from tailflow.engines.reward.result import RewardResult
+
 MAX_ANSWER_CHARS = 256
 """Longer text after the marker is not parsed (and so is incorrect)."""
 WORKER_START_TIMEOUT_S = 120.0
-
-
-@dataclass(frozen=True)
-class RewardResult:
-    """One response's score; every reward function returns it.
-
-    `timeouts` counts executions that ran out of time (code rewards); `exec_s` is the longest single
-    execution (code rewards: the adaptive timeout anchors on it when `correct`), None where nothing ran.
-    """
-
-    reward: float
-    correct: bool
-    formatted: bool
-    timeouts: int = 0
-    exec_s: float | None = None
 
 
 DECIMAL = re.compile(r"\d+(?:\.\d+)?")

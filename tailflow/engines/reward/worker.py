@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.reward.math import RewardResult
+from tailflow.engines.reward.result import RewardResult
 from tailflow.engines.reward.spec import RewardSpec, build_reward
 
 

@@ -4,7 +4,7 @@
 `bwrap`: bubblewrap namespaces, read-only root, private temp dir, uid 65534.
 `process`: `unshare` namespaces and our own jail as root, degrading to
 rlimits-only elsewhere (see `SandboxResult.isolation`). `docker`: for
-clusters, through the docker SDK; no Docker engine runs here, so it is
+clusters, through the `docker` client; no Docker engine runs here, so it is
 untested. Every backend enforces the same `SandboxLimits` and kills the
 whole process tree on timeout.
 """

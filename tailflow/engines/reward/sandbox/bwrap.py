@@ -28,9 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tailflow.engines.reward.sandbox.process import clean_env, interpreter, kill_everything, to_result
-from tailflow.engines.reward.sandbox.records import SandboxLimits, SandboxResult
-from tailflow.engines.reward.sandbox.supervise import supervise
+from tailflow.engines.reward.sandbox.process import clean_env, finish, interpreter, kill_everything
+from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits, SandboxResult
 
 ISOLATION = ("rlimits", "session", "clean-env", "net-ns", "pid-ns", "mount-ns", "uid-nobody", "ro-root")
 SANDBOX_DIR = "/tmp/sandbox"
@@ -91,20 +90,17 @@ def bwrap_works() -> bool:
     return result.status == "ok" and result.stdout == "42\n"
 
 
-def run_bwrap(code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
+def launch_bwrap(workdir: str, limits: SandboxLimits) -> Launched:
+    """Start `workdir/main.py` under bubblewrap (`--die-with-parent`: it dies with the calling thread)."""
     if not bwrap_available():
         raise RuntimeError("sandbox backend 'bwrap' needs bubblewrap and prlimit on PATH "
                            "(apt-get install bubblewrap util-linux)")
+    proc = subprocess.Popen(bwrap_command(workdir, limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    return Launched(proc, functools.partial(kill_everything, proc), ISOLATION)
+
+
+def run_bwrap(code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
     with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
         (Path(workdir) / "main.py").write_text(code)
-        proc = subprocess.Popen(bwrap_command(workdir, limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True)
-        try:
-            outcome = supervise(proc, stdin.encode(), limits.timeout_s, limits.max_output_bytes,
-                                lambda: kill_everything(proc))
-        finally:
-            kill_everything(proc)
-            proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                stream.close()
-    return to_result(outcome, ISOLATION, limits)
+        return finish(launch_bwrap(workdir, limits), stdin, limits)

@@ -21,7 +21,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tailflow.engines.reward.sandbox import jail
-from tailflow.engines.reward.sandbox.records import SandboxLimits, SandboxResult
+from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits, SandboxResult
 from tailflow.engines.reward.sandbox.supervise import Outcome, supervise
 
 UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount"]
@@ -106,23 +106,49 @@ def to_result(outcome: Outcome, isolation: tuple[str, ...], limits: SandboxLimit
                          outcome.stdout_truncated, outcome.stderr_truncated, isolation, detail)
 
 
+def launch_process(workdir: str, limits: SandboxLimits, die_with_parent: bool = False) -> Launched:
+    """Start `workdir/main.py` in the jail (or, without namespaces, under rlimits in its own session).
+
+    `die_with_parent`: the kernel kills the sandbox when the calling thread dies (PR_SET_PDEATHSIG), for a
+    long-lived session whose owner may itself be killed; not for one-shot runs from a thread pool, whose
+    threads come and go.
+    """
+    in_namespace = namespaces_available()
+    if in_namespace:
+        command, isolation = jail_command(workdir, limits), NAMESPACE_ISOLATION
+        limit = None
+    else:
+        command = [interpreter(), "-I", "-S", str(Path(workdir) / "main.py")]
+        isolation, limit = FALLBACK_ISOLATION, functools.partial(jail.apply_limits, asdict(limits))
+    preexec = functools.partial(prepare_child, limit, die_with_parent) if limit or die_with_parent else None
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=workdir, env=clean_env(workdir), start_new_session=True, preexec_fn=preexec)
+    return Launched(proc, functools.partial(kill_everything, proc, in_namespace), isolation)
+
+
+def prepare_child(limit, die_with_parent: bool) -> None:
+    """In the child before exec: rlimits (fallback only) and the parent-death signal."""
+    if die_with_parent:
+        jail.libc.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if limit is not None:
+        limit()
+
+
 def run_process(code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
     with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
         (Path(workdir) / "main.py").write_text(code)
-        in_namespace = namespaces_available()
-        if in_namespace:
-            command, preexec, isolation = jail_command(workdir, limits), None, NAMESPACE_ISOLATION
-        else:
-            command = [interpreter(), "-I", "-S", str(Path(workdir) / "main.py")]
-            preexec, isolation = functools.partial(jail.apply_limits, asdict(limits)), FALLBACK_ISOLATION
-        proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                cwd=workdir, env=clean_env(workdir), start_new_session=True, preexec_fn=preexec)
-        try:
-            outcome = supervise(proc, stdin.encode(), limits.timeout_s, limits.max_output_bytes,
-                                lambda: kill_everything(proc, in_namespace))
-        finally:
-            kill_everything(proc, in_namespace)
-            proc.wait()
-            for stream in (proc.stdin, proc.stdout, proc.stderr):
-                stream.close()
-    return to_result(outcome, isolation, limits)
+        launched = launch_process(workdir, limits)
+        return finish(launched, stdin, limits)
+
+
+def finish(launched: Launched, stdin: str, limits: SandboxLimits) -> SandboxResult:
+    """Feed stdin, collect the output under the limits, kill what is left: a one-shot run's whole life."""
+    proc = launched.proc
+    try:
+        outcome = supervise(proc, stdin.encode(), limits.timeout_s, limits.max_output_bytes, launched.kill)
+    finally:
+        launched.kill()
+        proc.wait()
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            stream.close()
+    return to_result(outcome, launched.isolation, limits)

@@ -1,6 +1,8 @@
 """The records that cross the sandbox boundary: what a run may use, and what came back."""
 from __future__ import annotations
 
+import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 STATUSES = ("ok", "error", "timeout", "killed")
@@ -47,3 +49,13 @@ class SandboxResult:
     stderr_truncated: bool = False
     isolation: tuple[str, ...] = field(default_factory=tuple)
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A sandboxed process just started: its handle, how to kill everything it started, and the protections
+    in force (see `SandboxResult.isolation`)."""
+
+    proc: subprocess.Popen
+    kill: Callable[[], None]
+    isolation: tuple[str, ...]

@@ -1,0 +1,158 @@
+"""The code reward: the fraction of a problem's tests that the response's program passes.
+
+Where each kind of test runs (the threat model is in docs/rewards.md):
+
+- asserts and test functions (KodCode, APPS call-based, the built-in task)
+  run in a test-runner process of their own (`verdict.py`), which calls
+  into the program in its sandbox and gets plain data back; the program
+  never holds a test, an expected value, the verdict or the clock;
+- each stdin/stdout case (APPS) is its own sandboxed run of the program as
+  `__main__`; the expected output stays here, and the comparison (line by
+  line, trailing whitespace ignored) happens here.
+
+Time. Each test, and loading the program, gets the timeout `timeout_s` (the
+adaptive one); the response's budget (`reward.code_budget_s`) bounds all of
+its tests together, and once it is spent the remaining tests fail unrun.
+`RewardResult.exec_s`, the adaptive timeout's anchor, is the slowest unit
+(one test, the load, or one stdin/stdout run) measured outside the sandbox.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+from tailflow.engines.data.problem import CodeTests, Problem
+from tailflow.engines.reward.code.verdict import TestsSpec, TestVerdict
+from tailflow.engines.reward.result import RewardResult
+from tailflow.engines.reward.sandbox import SandboxLimits, resolve_backend, run_python
+
+FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
+RUNNER_SLACK_S = 10.0
+"""Past the budget, how long the test runner may take to start and report before it is killed."""
+log = logging.getLogger(__name__)
+
+
+def extract_program(response_text: str) -> tuple[str, bool]:
+    """(program, whether it came from a fenced block): the last ```python block, else the last ``` block,
+    else the whole response."""
+    blocks = FENCE.findall(response_text)
+    python_blocks = [body for language, body in blocks if language.lower() in ("python", "py", "python3")]
+    if python_blocks:
+        return python_blocks[-1], True
+    if blocks:
+        return blocks[-1][1], True
+    return response_text, False
+
+
+def same_output(actual: str, expected: str) -> bool:
+    """Line by line, trailing whitespace and trailing blank lines ignored."""
+    def lines(text: str) -> list[str]:
+        stripped = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
+        while stripped and not stripped[-1]:
+            stripped.pop()
+        return stripped
+    return lines(actual) == lines(expected)
+
+
+@dataclass
+class Tally:
+    """One response's running count: tests passed, runs that hit the timeout, the slowest unit."""
+
+    passed: int = 0
+    timeouts: int = 0
+    slowest_s: float | None = None
+
+    def add_time(self, seconds: float | None) -> None:
+        if seconds is not None:
+            self.slowest_s = seconds if self.slowest_s is None else max(self.slowest_s, seconds)
+
+
+class CodeReward:
+    def __init__(self, all_or_nothing: bool = False, backend: str = "auto", memory_mb: int = 1024,
+                 max_processes: int = 32, timeout_max_s: float = 30.0, max_output_bytes: int = 1 << 20,
+                 budget_s: float = 60.0) -> None:
+        if timeout_max_s <= 0:
+            raise ValueError(f"reward.timeout_max_s must be > 0, got {timeout_max_s}")
+        if budget_s <= 0:
+            raise ValueError(f"reward.code_budget_s must be > 0, got {budget_s}")
+        self.all_or_nothing = all_or_nothing
+        self.sandbox = backend
+        """The configured backend (`reward.sandbox`); `backend` is what it means in this process."""
+        self.backend = resolve_backend(backend)
+        self.memory_bytes = memory_mb << 20
+        self.max_processes = max_processes
+        self.timeout_max_s = timeout_max_s
+        self.max_output_bytes = max_output_bytes
+        self.budget_s = budget_s
+        self.num_executions = 0
+        """Sandboxes started, over this object's life (a hang inside a test costs one more)."""
+
+    def limits(self, timeout_s: float) -> SandboxLimits:
+        return SandboxLimits(timeout_s=timeout_s, cpu_time_s=max(1, math.ceil(timeout_s)) + 1,
+                             memory_bytes=self.memory_bytes, max_processes=self.max_processes,
+                             max_output_bytes=self.max_output_bytes)
+
+    def score_problem(self, response_text: str, problem: Problem, timeout_s: float | None = None) -> RewardResult:
+        tests = problem.tests
+        if tests is None or tests.num_tests == 0:
+            raise ValueError(f"problem {problem.problem_id!r} has no code tests: reward.type 'code' needs them")
+        timeout_s = self.timeout_max_s if timeout_s is None else timeout_s
+        code, fenced = extract_program(response_text)
+        deadline = time.monotonic() + self.budget_s
+        tally = Tally()
+        if tests.asserts or tests.test_functions:
+            self.run_test_code(code, tests, timeout_s, deadline, tally)
+        for case in tests.io_cases:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            result = run_python(code, case.stdin, self.limits(min(timeout_s, left)), self.backend)
+            self.num_executions += 1
+            tally.timeouts += result.status == "timeout"
+            tally.add_time(result.duration_s)
+            tally.passed += result.status == "ok" and same_output(result.stdout, case.expected_stdout)
+        correct = tally.passed == tests.num_tests
+        reward = float(correct) if self.all_or_nothing else tally.passed / tests.num_tests
+        return RewardResult(reward=reward, correct=correct, formatted=fenced, timeouts=tally.timeouts,
+                            exec_s=tally.slowest_s)
+
+    def run_test_code(self, code: str, tests: CodeTests, timeout_s: float, deadline: float, tally: Tally) -> None:
+        """The asserts and test functions, in the test-runner process; only real test indexes count."""
+        budget_s = max(0.0, deadline - time.monotonic())
+        limits = self.limits(budget_s)
+        spec = TestsSpec(code, list(tests.asserts), tests.test_module, list(tests.test_functions), timeout_s,
+                         budget_s, self.backend, dict(cpu_time_s=limits.cpu_time_s, memory_bytes=self.memory_bytes,
+                                                      max_processes=self.max_processes,
+                                                      max_output_bytes=self.max_output_bytes))
+        verdict = self.run_verdict(spec)
+        self.num_executions += verdict.sessions
+        tally.passed += len(set(verdict.passed) & set(range(spec.num_tests)))
+        tally.timeouts += verdict.timeouts
+        tally.add_time(verdict.slowest_s)
+
+    def run_verdict(self, spec: TestsSpec) -> TestVerdict:
+        """Run the test runner as a process; killed at the budget plus slack (then nothing passed)."""
+        command = [sys.executable, "-m", "tailflow.engines.reward.code.verdict"]
+        try:
+            done = subprocess.run(command, input=json.dumps(asdict(spec)), capture_output=True, text=True,
+                                  timeout=spec.budget_s + RUNNER_SLACK_S)
+        except subprocess.TimeoutExpired:
+            return TestVerdict([], 1, spec.budget_s, spec.budget_s, 1)
+        try:
+            return TestVerdict(**json.loads(done.stdout))
+        except (ValueError, TypeError):
+            log.warning("code reward: the test runner failed (exit %s): %s", done.returncode, done.stderr[-2000:])
+            return TestVerdict([], 0, None, spec.budget_s, 1)
+
+    def close(self) -> None:
+        """Nothing to release: every sandbox is gone when `score_problem` returns."""
+
+    def __setstate__(self, state: dict) -> None:
+        """Unpickled on another machine (a Ray worker), `auto` means what it means there."""
+        self.__dict__.update(state, backend=resolve_backend(state["sandbox"]))
