@@ -1,0 +1,52 @@
+"""What a simulated step costs: the one small interface every cost model implements.
+
+The simulated engine asks only two questions per engine step (how long does
+prefilling these tokens take, how long does one decode step of these rows
+take); the round simulator asks three more per training step (train, reward,
+weight sync). A decode step is described by its number of active rows and the
+sum of their context lengths: both the GPU roofline (weights + KV bytes read)
+and the CPU grid (rows x mean context) are functions of those two numbers,
+so the engine can keep them as running totals and a step stays O(1).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+
+class CostModelError(ValueError):
+    """A cost model that cannot be built: unknown preset, bad calibration file (named in the message)."""
+
+
+class CostModel(ABC):
+    name: str = "cost"
+
+    @abstractmethod
+    def decode_s(self, num_rows: int, context_tokens: int) -> float:
+        """One decode step of `num_rows` rows whose contexts (prompt + generated so far) sum to `context_tokens`."""
+
+    @abstractmethod
+    def prefill_s(self, num_tokens: int, num_seqs: int) -> float:
+        """Prefilling `num_seqs` admitted sequences holding `num_tokens` tokens in all (0 tokens: free)."""
+
+    def decode_span_s(self, num_rows: int, context_tokens: int, num_steps: int) -> float:
+        """`num_steps` decode steps with the same rows, each step adding `num_rows` tokens of context.
+
+        The engine jumps over steps in which nothing finishes, is admitted or preempted; models with a
+        closed form override this (the roofline does), the rest sum step by step.
+        """
+        return sum(self.decode_s(num_rows, context_tokens + num_rows * j) for j in range(num_steps))
+
+    @abstractmethod
+    def train_s(self, num_tokens: int) -> float:
+        """One optimizer step (forward, backward, update) over `num_tokens` trained tokens (prompt + response)."""
+
+    @abstractmethod
+    def reward_s(self, num_responses: int, num_tokens: int) -> float:
+        """Scoring a round's `num_responses` kept responses of `num_tokens` tokens, after rollout (not overlapped)."""
+
+    @abstractmethod
+    def weight_sync_s(self) -> float:
+        """Sending the new weights from the trainer to every rollout replica."""
+
+    def describe(self) -> str:
+        return self.name

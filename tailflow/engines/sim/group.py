@@ -1,0 +1,100 @@
+"""Several simulated replicas driven the way `RolloutGroup` drives its Ray workers.
+
+Same placement (a streamed request goes to the replica with the fewest in
+flight, lowest index on ties; a batch is dealt round-robin), same calls
+(`generate`, `submit`, `poll`, `abort`), so `run_round` drives it unchanged.
+Time is what our driver makes it: a `poll` runs `max_steps` steps on every busy
+replica side by side and returns when the slowest is done (the group clock
+moves to the latest replica clock; the others wait), and `generate` ends when
+the last replica goes idle. Completions are merged by engine step, as the real
+group merges them, so no replica is favoured by its index.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
+from tailflow.engines.sim.engine import UNLIMITED, Finished, SimEngine
+
+
+class SimGroup:
+    def __init__(self, make_engine: Callable[[int], SimEngine], num_replicas: int) -> None:
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        self.engines = [make_engine(rank) for rank in range(num_replicas)]
+        self.clock_s = 0.0
+        self.worker_of: dict[str, int] = {}
+
+    def _start_all(self) -> None:
+        """Every replica starts the next call at the group's time (idle ones have waited for it)."""
+        for engine in self.engines:
+            engine.clock_s = max(engine.clock_s, self.clock_s)
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]:
+        """Run all to completion, dealt round-robin; completions in request order (as `RolloutGroup`)."""
+        self._start_all()
+        by_id: dict[str, Completion] = {}
+        for rank, engine in enumerate(self.engines):
+            share = list(requests[rank :: len(self.engines)])
+            if share:
+                by_id.update((c.request_id, c) for c in engine.generate(share))
+        self.clock_s = max(engine.clock_s for engine in self.engines)
+        return [by_id[request.request_id] for request in requests]
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        loads = self.in_flight_per_worker()
+        shares: list[list[Request]] = [[] for _ in self.engines]
+        for request in requests:
+            rank = min(range(len(self.engines)), key=lambda r: (loads[r], r))
+            shares[rank].append(request)
+            loads[rank] += 1
+            self.worker_of[request.request_id] = rank
+        for engine, share in zip(self.engines, shares):
+            if share:
+                engine.submit(share)
+
+    def poll(self, max_steps: int) -> list[Completion]:
+        """Up to `max_steps` steps on every busy replica; what finished, by engine step then replica."""
+        self._start_all()
+        tagged: list[tuple[int, int, int, Finished]] = []
+        for rank, engine in enumerate(self.engines):
+            if engine.has_unfinished():
+                start = engine.num_steps
+                tagged += [(f.step - start, rank, i, f) for i, f in enumerate(engine.run(max_steps))]
+        self.clock_s = max(engine.clock_s for engine in self.engines)
+        tagged.sort(key=lambda item: item[:3])
+        for *_, record in tagged:
+            self.worker_of.pop(record.completion.request_id, None)
+        return [record.completion for *_, record in tagged]
+
+    def abort(self, request_ids: Sequence[str]) -> list[Completion]:
+        by_rank: dict[int, list[str]] = {}
+        for request_id in request_ids:
+            if request_id in self.worker_of:
+                by_rank.setdefault(self.worker_of.pop(request_id), []).append(request_id)
+        return [c for rank, ids in sorted(by_rank.items()) for c in self.engines[rank].abort(ids)]
+
+    def in_flight_per_worker(self) -> list[int]:
+        loads = [0] * len(self.engines)
+        for rank in self.worker_of.values():
+            loads[rank] += 1
+        return loads
+
+    def drain(self) -> None:
+        """Finish whatever is left (nothing, after a round the rule ended) so weights may load."""
+        for engine in self.engines:
+            engine.run(UNLIMITED)
+
+    def stats(self) -> list[EngineStats]:
+        return [engine.stats() for engine in self.engines]
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(engine.num_preemptions for engine in self.engines)
+
+    def finished_at(self, request_id: str) -> tuple[int, Finished] | None:
+        """(replica, record) of a finished request, for traces."""
+        for rank, engine in enumerate(self.engines):
+            if request_id in engine.finished_at:
+                return rank, engine.finished_at[request_id]
+        return None
