@@ -41,8 +41,10 @@ def test_one_worker_matches_the_in_process_engine(ray_session, model_dir):
 def test_streaming_balances_polls_and_aborts(ray_session, model_dir):
     group = RolloutGroup(str(model_dir), 2, num_slots=2, max_seq_len=64, seed=0, num_threads=1)
     try:
+        assert not group.has_unfinished()
         group.submit(requests(6, max_new_tokens=40))
         assert group.in_flight_per_worker() == [3, 3]
+        assert group.has_unfinished()
         finished = group.poll(max_steps=2)
         aborted = group.abort(["p0#0", "p1#0", "nope#0"])
         assert {c.request_id for c in aborted} <= {"p0#0", "p1#0"}
@@ -53,5 +55,6 @@ def test_streaming_balances_polls_and_aborts(ray_session, model_dir):
         assert done_ids == {f"p{i}#0" for i in range(6)}
         stats = group.stats()
         assert all(s.num_running == 0 and s.num_waiting == 0 for s in stats)
+        assert not group.has_unfinished()  # what the round driver asks before calling a round stalled
     finally:
         group.shutdown()

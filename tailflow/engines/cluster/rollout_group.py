@@ -65,6 +65,10 @@ class RolloutGroup:
         results = get_all([self.workers[rank].abort.remote(ids) for rank, ids in sorted(by_rank.items())])
         return [completion for result in results for completion in result]
 
+    def has_unfinished(self) -> bool:
+        """Any engine still holds a request; asked only when a poll returned nothing (one extra round trip)."""
+        return any(get_all([worker.has_unfinished.remote() for worker in self.workers]))
+
     def in_flight_per_worker(self) -> list[int]:
         loads = [0] * len(self.workers)
         for rank in self.worker_of.values():

@@ -86,6 +86,10 @@ class CompletionRule:
     def num_aborted(self) -> int:
         return len(self._aborted)
 
+    def in_flight_request_ids(self) -> list[str]:
+        """Launched, not finished, not aborted: what the engines still owe this round, in launch order."""
+        return list(self._in_flight)
+
     def observe(self, completions: Sequence[Completion]) -> list[str]:
         """Take finished requests in finish order; return the request ids to abort now."""
         to_abort: list[str] = []

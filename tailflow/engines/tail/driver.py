@@ -11,6 +11,11 @@ streaming it would only add a round trip every few engine steps. Unless
 someone wants each response as it finishes (`on_finished`, streamed
 scoring): then every round streams. On one worker the engine runs the same
 steps either way, so the completions are identical.
+
+A poll that returns nothing is normal while engines decode; one that returns
+nothing while no engine has unfinished work, yet the rule still waits for
+requests, would repeat forever (requests lost by an engine): the driver
+raises `RolloutStalled` naming them instead.
 """
 from __future__ import annotations
 
@@ -25,6 +30,12 @@ class StreamingRollout(Protocol):
     def submit(self, requests: Sequence[Request]) -> None: ...
     def poll(self, max_steps: int) -> list[Completion]: ...
     def abort(self, request_ids: Sequence[str]) -> list[Completion]: ...
+    def has_unfinished(self) -> bool:
+        """Any engine still holds a request (running or waiting)."""
+
+
+class RolloutStalled(RuntimeError):
+    """Requests are in flight for the round but no engine is working on them."""
 
 
 def run_round(rollout: StreamingRollout, requests: Sequence[Request], rule: CompletionRule,
@@ -37,6 +48,8 @@ def run_round(rollout: StreamingRollout, requests: Sequence[Request], rule: Comp
     aborted_partials: list[Completion] = []
     while not rule.is_done:
         finished = rollout.poll(steps_per_poll)
+        if not finished and not rollout.has_unfinished():
+            raise stalled_error(rule)
         to_abort = rule.observe(finished)
         if to_abort:
             aborted_partials += rollout.abort(to_abort)
@@ -44,3 +57,9 @@ def run_round(rollout: StreamingRollout, requests: Sequence[Request], rule: Comp
             aborted = set(to_abort)
             on_finished([c for c in finished if c.request_id not in aborted])
     return rule.result(aborted_partials)
+
+
+def stalled_error(rule: CompletionRule) -> RolloutStalled:
+    in_flight = rule.in_flight_request_ids()
+    return RolloutStalled(f"rollout stalled: {len(in_flight)} requests in flight but no engine has unfinished work "
+                         f"(lost by an engine?): {', '.join(in_flight)}")
