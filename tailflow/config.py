@@ -94,14 +94,19 @@ class RewardConfig(Section):
     sandbox_max_processes: int = Field(32, ge=1)
     """code: processes (and threads) one execution may have at once."""
     adaptive_timeout: bool = True
-    """code: T = min(max(timeout_min_s, timeout_scale * T_anchor), timeout_max_s), T_anchor the slowest execution
-    of a correct response so far (RollPacker); False: every execution gets timeout_max_s."""
+    """code: T = min(max(timeout_min_s, timeout_scale * T_anchor), timeout_max_s), T_anchor the slowest test (or
+    program load, or stdin/stdout run) of a correct response so far, timed outside the sandbox (RollPacker);
+    False: every test gets timeout_max_s."""
     timeout_scale: float = Field(1.5, ge=1.0)
     """code: lambda, the headroom over the anchor."""
     timeout_min_s: float = Field(2.0, gt=0.0)
     """code: the shortest timeout an execution gets."""
     timeout_max_s: float = Field(30.0, gt=0.0)
     """code: the longest timeout, and the timeout before any anchor exists."""
+    code_budget_s: float = Field(60.0, gt=0.0)
+    """code: all of one response's tests together may take this long (wall clock, loading and sandbox start-up
+    included); once it is spent, the remaining tests fail unrun. Each single test still gets the (adaptive)
+    timeout, so without a budget a response whose every test hangs would cost tests x timeout."""
     timeout_anchor: Literal["task", "problem"] = "task"
     """code: one anchor for the whole task, or one per problem (a problem without its own anchor falls back to
     the dataset's reference time, then timeout_max_s)."""

@@ -27,7 +27,7 @@ def reward_spec(reward_config, policy_model_path: str) -> RewardSpec:
     if r.type == "code":
         return RewardSpec("code", dict(all_or_nothing=r.all_or_nothing, backend=r.sandbox,
                                        memory_mb=r.sandbox_memory_mb, max_processes=r.sandbox_max_processes,
-                                       timeout_max_s=r.timeout_max_s))
+                                       timeout_max_s=r.timeout_max_s, budget_s=r.code_budget_s))
     if r.type == "judge":
         return RewardSpec("judge", dict(model_path=r.judge_model_path or policy_model_path,
                                         template=r.judge_template, yes_text=r.judge_yes, no_text=r.judge_no))
