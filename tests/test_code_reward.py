@@ -76,7 +76,7 @@ def test_reward_is_the_fraction_of_tests_passed():
     reward = CodeReward()
     full = reward.score_problem(fenced("def add(a, b):\n    return a + b"), ADD)
     assert (full.reward, full.correct, full.formatted, full.timeouts) == (1.0, True, True, 0)
-    assert 0 <= full.exec_s < 1
+    assert full.exec_s is not None and full.exec_s >= 0
     partial = reward.score_problem(fenced("def add(a, b):\n    return 3 if a == 1 else a + b + 1"), ADD)
     assert partial.reward == pytest.approx(1 / 3) and not partial.correct
     io = reward.score_problem(fenced("s = input()\nprint(s[::-1] if s == 'abc' else s)"), ECHO)
@@ -107,7 +107,7 @@ def test_extract_program_takes_the_last_python_block():
     assert extract_program("plain") == ("plain", False)
 
 
-def test_stdin_of_the_program_is_untouched_by_the_harness():
+def test_stdin_of_the_program_is_its_own():
     reward = CodeReward()
     for program in ("import sys\nprint(sys.stdin.buffer.read().decode().strip()[::-1])",
                     "print(open(0).read().strip()[::-1])", "print(input()[::-1])"):
@@ -117,7 +117,7 @@ def test_stdin_of_the_program_is_untouched_by_the_harness():
 def test_timeouts_and_exec_time_are_reported():
     reward = CodeReward()
     slow = reward.score_problem(fenced("import time\ntime.sleep(0.4)\ndef add(a, b):\n    return a + b"), ADD)
-    assert slow.correct and 0.35 < slow.exec_s < 1.5
+    assert slow.correct and slow.exec_s >= 0.4  # the runner's clock saw the sleep
     hung = reward.score_problem(fenced("import time\ntime.sleep(30)"), ECHO, timeout_s=0.5)
     assert (hung.reward, hung.timeouts) == (0.0, 2)
 
