@@ -1,6 +1,6 @@
 """LLM-as-judge: a judge model says whether a response matches the reference.
 
-The judge is a rollout engine (the native engine here; vLLM on GPUs) holding
+The judge is a native torch rollout engine (no other engine exists yet) holding
 any local Hugging Face causal LM. It reads one prompt built from
 `reward.judge_template` and we look at its next token: with p(yes) and p(no)
 the probabilities of the first tokens of `judge_yes` and `judge_no`,
