@@ -151,6 +151,9 @@ def test_streamed_scores_equal_batch_scores_and_run_during_rollout(ray_session, 
     assert {r.completion.request_id: (r.reward, r.correct) for g in expected for r in g.responses} == \
         {rid: (o.result.reward, o.result.correct) for rid, o in outcomes.items()}
     assert len(outcomes) == 16
+    # 12 prompts, 8 complete: 4 deferred, each with at most 1 of its 3 responses finished, so >= 2 aborted apiece
+    assert len(result.deferred_problem_ids) == 4
+    assert len(result.aborted_request_ids) >= 4 * 2 and result.wasted_tokens > 0
     if streaming:
         assert stats.num_scored > len(outcomes)  # responses of deferred prompts were scored too, and not used
         assert stats.num_unused == stats.num_scored - 16

@@ -292,6 +292,10 @@ def test_many_rounds_lose_no_prompt_and_train_none_twice(p0, r0, extra, ratio, i
         if plan.kind is RoundKind.SHORT:
             fresh_in_plans += plan.fresh_prompts
             assert plan.fresh_prompts == launched_prompts(p0, ratio) and plan.responses_per_prompt == r0 + extra
+            # every prompt past the first P0 is deferred, and only by aborting at least one of its requests
+            assert len(result.deferred_problem_ids) == plan.fresh_prompts - p0
+            aborted_prompts = {problem_id_of(request_id) for request_id in result.aborted_request_ids}
+            assert set(result.deferred_problem_ids) <= aborted_prompts
         else:
             assert result.aborted_request_ids == [] and result.deferred_problem_ids == [] and result.wasted_tokens == 0
             assert plan.responses_per_prompt == r0
