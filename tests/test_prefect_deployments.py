@@ -10,19 +10,16 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from prefect_server import REPO, api, running_server, start, stop
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-REPO = Path(__file__).resolve().parents[1]
 OUTPUT_DIR = Path(os.environ.get("TAILFLOW_TEST_OUTPUT", REPO / "test-output"))
 from tailflow.flows.setup import shipped_warmstart_dir  # noqa: E402
 
@@ -31,61 +28,22 @@ TINY = [f"model.path={shipped_warmstart_dir()}", "train.iterations=2", "train.ev
         "tail.responses_launched=5"]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start(command: list[str], env: dict, log: Path) -> subprocess.Popen:
-    return subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True, stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT)
-
-
-def stop(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=20)
-    except (ProcessLookupError, subprocess.TimeoutExpired):
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
 @pytest.fixture(scope="module")
 def prefect_server(tmp_path_factory):
     """`tailflow server` on a free loopback port, its own PREFECT_HOME (database), and a worker on the pool."""
     home = tmp_path_factory.mktemp("prefect-server")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=url)
-    server = start([sys.executable, "-m", "tailflow.cli", "server", "--port", str(port)], env, home / "server.log")
-    deadline = time.time() + 150
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
-                if response.status == 200:
-                    break
-        except OSError:
-            pass
-        if time.time() > deadline or server.poll() is not None:
-            stop(server)
-            pytest.fail(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
-        time.sleep(1)
-    deployed = subprocess.run([sys.executable, "-m", "tailflow.cli", "deploy"], env=env, cwd=REPO,
-                              capture_output=True, text=True, timeout=300)
-    assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
-    worker = start([sys.executable, "-m", "tailflow.cli", "worker"], env, home / "worker.log")
-    yield {"url": url, "ui": f"http://127.0.0.1:{port}", "env": env, "home": home}
-    stop(worker)
-    stop(server)
-
-
-def api(prefect_server):
-    from prefect.settings import PREFECT_API_URL, temporary_settings
-
-    return temporary_settings(updates={PREFECT_API_URL: prefect_server["url"]})
+    try:
+        with running_server(home) as server:
+            deployed = subprocess.run([sys.executable, "-m", "tailflow.cli", "deploy"], env=server["env"], cwd=REPO,
+                                      capture_output=True, text=True, timeout=300)
+            assert deployed.returncode == 0, deployed.stdout[-2000:] + deployed.stderr[-2000:]
+            worker = start([sys.executable, "-m", "tailflow.cli", "worker"], server["env"], home / "worker.log")
+            try:
+                yield server
+            finally:
+                stop(worker)
+    except RuntimeError as error:
+        pytest.fail(str(error))
 
 
 def trigger(prefect_server, parameters: dict):
