@@ -5,10 +5,13 @@
 (a) Adaptive timeout. A code workload on the built-in code task: 95% of the
     responses are the reference solutions, 5% never finish (an endless
     loop). Both arms score the same responses on the same reward pool
-    (4 workers); the fixed arm gives every execution `timeout_max_s` (30 s,
+    (4 workers); the fixed arm gives every test `timeout_max_s` (30 s,
     the paper's), the adaptive arm `min(max(2 s, 1.5 * anchor), 30 s)` with
-    the anchors a first pass over correct responses left (per problem).
-    Target: fixed / adaptive reward-phase time >= 1.5.
+    the task anchor a first pass over *other* problems' correct solutions
+    left (as in a run, where the anchor comes from earlier responses, not
+    from the ones being scored). Target: fixed / adaptive reward-phase time
+    >= 1.5, and the adaptive arm's mean reward equal to the fixed arm's (a
+    timeout that kills correct code must lose, however fast it is).
 
 (b) Streamed scoring on a training step. The same short RL run twice through
     the normal flow (Prefect, Ray rollout, trainer and reward actors): code
@@ -36,16 +39,20 @@ HIDDEN_TARGET = 0.8
 HANG = "```python\nwhile True:\n    pass\n```"
 
 
-def code_workload(num_responses: int, hang_fraction: float, seed: int):
-    """(problem, response text) pairs: reference solutions, and every 1/hang_fraction-th an endless loop."""
+def code_workloads(num_responses: int, hang_fraction: float, seed: int):
+    """(anchor problems, scored pairs): two disjoint samples of the built-in task. The scored pairs are
+    (problem, response text): reference solutions, and every 1/hang_fraction-th an endless loop."""
     from tailflow.engines.data.code_task import builtin_code_problems
 
     train, _ = builtin_code_problems(seed)
     rng = random.Random(seed)
-    problems = rng.sample(train, min(len(train), num_responses))
-    problems = [problems[i % len(problems)] for i in range(num_responses)]
+    shuffled = rng.sample(train, len(train))
+    half = len(shuffled) // 2
+    anchor_problems, scored = shuffled[:min(half, num_responses)], shuffled[half:half + num_responses]
+    scored = [scored[i % len(scored)] for i in range(num_responses)]
     every = round(1 / hang_fraction)
-    return [(p, HANG if i % every == every - 1 else f"```python\n{p.solution}\n```") for i, p in enumerate(problems)]
+    pairs = [(p, HANG if i % every == every - 1 else f"```python\n{p.solution}\n```") for i, p in enumerate(scored)]
+    return anchor_problems, pairs
 
 
 def score_phase(pool, items):
@@ -60,15 +67,15 @@ def adaptive_timeout_arm(args) -> dict:
     from tailflow.engines.reward.timeouts import TimeoutAnchors, TimeoutPolicy
     from tailflow.engines.reward.worker import ScoreItem
 
-    workload = code_workload(args.responses, 0.05, args.seed)
+    anchor_problems, workload = code_workloads(args.responses, 0.05, args.seed)
     spec = RewardSpec("code", dict(all_or_nothing=False, backend="auto", memory_mb=1024, max_processes=32,
                                    timeout_max_s=args.timeout_max))
-    policy = TimeoutPolicy(adaptive=True, scale=1.5, min_s=args.timeout_min, max_s=args.timeout_max, scope="problem")
+    policy = TimeoutPolicy(adaptive=True, scale=1.5, min_s=args.timeout_min, max_s=args.timeout_max, scope="task")
     pool = RewardPool(spec, min_workers=4, max_workers=4)
     try:
-        # the anchors a run would have: one pass over correct responses (the reference solutions)
+        # the anchor a run would have: one pass over earlier correct responses (other problems' references)
         warm = [ScoreItem(f"warm{i}", f"```python\n{p.solution}\n```", p, args.timeout_max)
-                for i, (p, _) in enumerate(workload)]
+                for i, p in enumerate(anchor_problems)]
         _, warm_outcomes = score_phase(pool, warm)
         anchors = policy.updated(TimeoutAnchors(), [(item.problem, o.result.correct, o.result.exec_s)
                                                     for item, o in zip(warm, warm_outcomes)])
@@ -83,9 +90,9 @@ def adaptive_timeout_arm(args) -> dict:
     finally:
         pool.shutdown()
     num_correct = sum(o.result.correct for o in warm_outcomes)
-    anchor_values = sorted(anchors.problem_s.values())
     return dict(arms=arms, responses=len(workload), hangs=sum(text == HANG for _, text in workload),
-                warm_correct=num_correct, anchors=anchor_values)
+                warm=len(warm), warm_correct=num_correct, anchor_s=anchors.task_s,
+                adaptive_timeout_s=policy.timeout_s(workload[0][0], anchors))
 
 
 def tiny_code_model(directory: Path) -> Path:
@@ -142,9 +149,8 @@ def main() -> None:
     fixed, adaptive = a["arms"]["fixed"], a["arms"]["adaptive"]
     speedup = fixed["seconds"] / adaptive["seconds"]
     print(f"\n(a) {a['responses']} responses ({a['hangs']} endless loops) on 4 reward workers; "
-          f"warm-up pass: {a['warm_correct']}/{a['responses']} reference solutions correct; "
-          f"anchors (s) min {min(a['anchors']):.3f} median {statistics.median(a['anchors']):.3f} "
-          f"max {max(a['anchors']):.3f}")
+          f"anchor pass over {a['warm']} other problems: {a['warm_correct']} reference solutions correct, "
+          f"task anchor {a['anchor_s']:.3f} s -> adaptive timeout {a['adaptive_timeout_s']:.2f} s")
     print(f"{'arm':<9} {'phase s':>8} {'mean timeout s':>15} {'timeouts':>9} {'mean reward':>12}")
     for name, arm in a["arms"].items():
         print(f"{name:<9} {arm['seconds']:>8.2f} {arm['timeout_s']:>15.2f} {arm['timeouts']:>9} {arm['reward']:>12.3f}")
@@ -172,8 +178,10 @@ def main() -> None:
     print(f"reward time per run: batch {batch_reward:.2f} s, streamed {stream_reward:.2f} s -> hidden {hidden:.1%}")
     print(f"step time per run: batch {batch_step:.2f} s, streamed {stream_step:.2f} s "
           f"({batch_step / stream_step:.2f}x)")
-    ok_a, ok_b = speedup >= ADAPTIVE_TARGET, hidden >= HIDDEN_TARGET
-    print(f"VERDICT: adaptive_timeout_speedup {speedup:.2f} {'meets' if ok_a else 'MISSES'} >= {ADAPTIVE_TARGET}; "
+    same_reward = adaptive["reward"] == fixed["reward"]
+    ok_a, ok_b = speedup >= ADAPTIVE_TARGET and same_reward, hidden >= HIDDEN_TARGET
+    print(f"VERDICT: adaptive_timeout_speedup {speedup:.2f} {'meets' if ok_a else 'MISSES'} >= {ADAPTIVE_TARGET} "
+          f"with equal mean reward (fixed {fixed['reward']:.3f}, adaptive {adaptive['reward']:.3f}); "
           f"reward_hidden_fraction {hidden:.2f} {'meets' if ok_b else 'MISSES'} >= {HIDDEN_TARGET}")
     print(f"RESULT adaptive_timeout_speedup={speedup:.2f} reward_hidden_fraction={hidden:.2f}")
 
