@@ -62,7 +62,7 @@ def score_phase(pool, items):
 
 
 def adaptive_timeout_arm(args) -> dict:
-    from tailflow.engines.reward.pool import RewardPool
+    from tailflow.engines.cluster.reward_pool import RewardPool
     from tailflow.engines.reward.spec import RewardSpec
     from tailflow.engines.reward.timeouts import TimeoutAnchors, TimeoutPolicy
     from tailflow.engines.reward.worker import ScoreItem

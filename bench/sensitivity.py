@@ -4,7 +4,7 @@
 
 Rollout only (no Prefect, Ray or training, so the weights never change): one
 in-process RolloutWorker with the warm-start model drives the real policy
-(plan_round / prepare_round -> rule_for -> run_round -> LongPromptQueue.defer)
+(begin_round -> rule_for -> run_round -> settle_round)
 for every cell of prompt_ratio {1.0, 1.125, 1.25, 1.5} x responses_launched
 {R0, 1.125 R0, 1.25 R0, 1.5 R0}, each cell from a fresh queue and data cursor
 with the same seed, so every cell samples the same prompts' responses. Cells
@@ -35,11 +35,9 @@ from typing import Any, Sequence
 
 from common import BENCH_DIR, MAX_NEW_TOKENS, ROLLOUT_THREADS, WARMSTART, default_config_tree
 
-from tailflow.engines.data.cursor import DataCursor
 from tailflow.engines.rollout.requests import sampling_requests
-from tailflow.engines.tail import LongPromptQueue, RoundKind, launched_prompts, rule_for
+from tailflow.engines.tail import RoundKind, TailSettings, TailState, begin_round, launched_prompts, rule_for, settle_round
 from tailflow.engines.tail.driver import run_round
-from tailflow.engines.tail.prepare import prepare_round
 
 PROMPT_RATIOS = (1.0, 1.125, 1.25, 1.5)
 RESPONSE_FACTORS = (1.0, 1.125, 1.25, 1.5)
@@ -67,12 +65,11 @@ class Workload:
 
 @dataclass
 class Cell:
-    """One grid cell: its own long-prompt queue and data cursor, and what its rounds cost."""
+    """One grid cell: its own tail state (long-prompt queue and data cursor), and what its rounds cost."""
 
     prompt_ratio: float
     responses_launched: int
-    queue: LongPromptQueue = field(default_factory=LongPromptQueue)
-    cursor: DataCursor = field(default_factory=DataCursor)
+    tail: TailState = field(default_factory=TailState)
     round_seconds: list[float] = field(default_factory=list)
     round_cpu_seconds: list[float] = field(default_factory=list)
     """CPU time of this process (all its threads) per round: below threads x wall means a shared machine."""
@@ -89,15 +86,15 @@ class Cell:
 
     def is_done(self, min_steps: int) -> bool:
         """At least min_steps, and whole cycles: every deferred prompt has had its long round."""
-        return self.num_steps >= min_steps and (len(self.queue) == 0 or self.num_steps >= 4 * min_steps)
+        return self.num_steps >= min_steps and (len(self.tail.queue) == 0 or self.num_steps >= 4 * min_steps)
 
     def run_step(self, w: Workload) -> None:
         """Plan, launch and drive this cell's next round; defer its stragglers."""
         step = self.num_steps
-        prepared = prepare_round(step, self.queue, self.cursor, w.train_problems, w.problems_by_id,
-                                 prompts_per_step=w.prompts_per_step, responses_kept=w.responses_kept,
-                                 prompt_ratio=self.prompt_ratio, responses_launched=self.responses_launched,
-                                 enabled=True, data_seed=w.seed)
+        settings = TailSettings(prompts_per_step=w.prompts_per_step, responses_kept=w.responses_kept,
+                                prompt_ratio=self.prompt_ratio, responses_launched=self.responses_launched,
+                                enabled=True, data_seed=w.seed, steps_per_poll=w.steps_per_poll)
+        prepared = begin_round(self.tail, step, settings, w.train_problems, w.problems_by_id)
         plan = prepared.plan
         requests = sampling_requests(prepared.problems, plan.responses_per_prompt, w.params, w.tokenizer, w.seed, step)
         before, started, cpu_started = w.worker.stats(), time.perf_counter(), time.process_time()
@@ -105,7 +102,7 @@ class Cell:
         self.round_seconds.append(time.perf_counter() - started)
         self.round_cpu_seconds.append(time.process_time() - cpu_started)
         after = w.worker.stats()
-        self.queue.defer(result.deferred_problem_ids, step)
+        self.tail = settle_round(prepared, result)
         self.round_is_long.append(plan.kind is RoundKind.LONG)
         self.tokens_generated += after.tokens_generated - before.tokens_generated
         self.tokens_wasted += result.wasted_tokens

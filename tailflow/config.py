@@ -177,6 +177,10 @@ class TrainConfig(Section):
     seed: int = 0
     """Seeds rollout sampling and the trainer."""
 
+    def evaluates_after(self, iteration: int) -> bool:
+        """Whether the weights at the end of `iteration` are evaluated (every eval_every-th, and the last)."""
+        return iteration == self.iterations - 1 or (iteration + 1) % self.eval_every == 0
+
 
 class TailConfig(Section):
     enabled: bool = True

@@ -7,7 +7,6 @@ from Prefect keep working underneath.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 

@@ -23,7 +23,6 @@ from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, WEIGHTS_FILE, weigh
 from tailflow.engines.runs.commit import CommitError, read_committed_state
 from tailflow.engines.runs.layout import config_key, latest_key
 from tailflow.engines.store.local import PROCESS_UMASK
-from tailflow.engines.tail.queue import LongPromptQueue
 
 QUEUE_PREVIEW = 5
 """How many of the oldest queued prompt ids a report names."""
@@ -110,8 +109,8 @@ def report_run(store: Any, run_id: str) -> RunReport:
         iteration=state.iteration,
         iterations_planned=config.train.iterations,
         round_history=list(state.round_history),
-        long_queue_size=len(state.long_queue),
-        long_queue_oldest=[p.problem_id for p in LongPromptQueue.from_state(state.long_queue).oldest(QUEUE_PREVIEW)],
+        long_queue_size=len(state.tail.queue),
+        long_queue_oldest=[p.problem_id for p in state.tail.queue[:QUEUE_PREVIEW]],
         latest_checkpoint=store.uri(state.latest_checkpoint) if state.latest_checkpoint else None,
         weights_sha256=state.weights_sha256,
         initial_eval_accuracy=state.initial_eval_accuracy,

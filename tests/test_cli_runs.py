@@ -19,6 +19,7 @@ from tailflow.engines.runs.commit import commit_state
 from tailflow.engines.runs.layout import checkpoint_key, config_key
 from tailflow.engines.store import open_store
 from tailflow.engines.tail.queue import LongPromptQueue
+from tailflow.engines.tail.state import TailState
 
 ROUNDS = [0, 0, 0, 0, 1, 0, 0]
 QUEUED = [f"arith-{n}" for n in (17, 3, 42, 8, 99, 5, 61)]
@@ -51,7 +52,8 @@ def store_uri(tmp_path, tiny_model) -> str:
     queue = LongPromptQueue()
     queue.defer(QUEUED[:4], iteration=2)
     queue.defer(QUEUED[4:], iteration=5)
-    commit_state(store, RunState(run_id="demo", iteration=7, weight_version=7, long_queue=queue.to_state(),
+    commit_state(store, RunState(run_id="demo", iteration=7, weight_version=7,
+                                 tail=TailState(queue=tuple(queue.prompts())),
                                  latest_checkpoint=key, weights_sha256=weights_sha256(store.path(key)),
                                  round_history=ROUNDS, initial_eval_accuracy=0.375, last_eval_accuracy=0.41))
     return uri

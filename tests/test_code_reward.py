@@ -153,7 +153,7 @@ def test_attack_scores_zero_and_the_reward_still_serves(name, loopback_server):
 @pytest.mark.slow  # ~30 s, most of it starting Ray
 def test_attacks_on_a_ray_reward_worker(ray_session, loopback_server):
     """The same attacks through the reward pool: all 0, the worker process survives, nothing left behind."""
-    from tailflow.engines.reward.pool import RewardPool
+    from tailflow.engines.cluster.reward_pool import RewardPool
     from tailflow.engines.reward.spec import RewardSpec
     from tailflow.engines.reward.worker import ScoreItem
 

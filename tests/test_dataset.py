@@ -1,13 +1,23 @@
 import json
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from tailflow.engines.data.arith import default_splits
-from tailflow.engines.data.dataset import DatasetError, load_problems, save_problems_jsonl
+from tailflow.engines.data.dataset import DatasetError, load_problems
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.data.tokenizer import build_char_tokenizer
+
+
+def save_problems_jsonl(problems, path: Path) -> Path:
+    """`prompt`, `answer`, `id`, `solution` per line: what `load_problems(path, id_field="id",
+    solution_field="solution")` reads back."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"prompt": p.prompt, "answer": p.answer, "id": p.problem_id,
+                                        "solution": p.solution}, ensure_ascii=False) + "\n" for p in problems))
+    return path
 
 
 def write_jsonl(path, rows):

@@ -75,6 +75,6 @@ def test_code_datasets_come_from_the_configured_file():
     data_file = str(__import__("pathlib").Path(__file__).parent / "data" / "apps_sample.jsonl")
     config = config_from_dict({"model": {"path": "/any"}, "reward": {"type": "code"},
                                "data": {"train_path": data_file, "eval_path": data_file, "code_format": "apps"}})
-    datasets = load_datasets(config, tokenizer=None, max_prompt_tokens=None)
+    datasets = load_datasets(config, tokenizer=None, max_prompt_tokens=None, runs_code=True)
     assert [p.problem_id for p in datasets.train] == ["101", "102"]
     assert datasets.train[0].tests.io_cases and datasets.train[1].tests.asserts

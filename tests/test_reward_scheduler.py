@@ -62,7 +62,7 @@ def math_items(count: int) -> list[ScoreItem]:
 
 
 def test_pool_scores_like_the_function_in_process_and_sizes_with_the_backlog(ray_session):
-    from tailflow.engines.reward.pool import RewardPool
+    from tailflow.engines.cluster.reward_pool import RewardPool
 
     pool = RewardPool(MATH, min_workers=1, max_workers=3, backlog_per_worker=4)
     try:
@@ -86,7 +86,7 @@ def test_pool_scores_like_the_function_in_process_and_sizes_with_the_backlog(ray
 def test_a_dead_reward_worker_is_an_actor_failure(ray_session):
     import ray
 
-    from tailflow.engines.reward.pool import RewardPool
+    from tailflow.engines.cluster.reward_pool import RewardPool
 
     pool = RewardPool(MATH, min_workers=1, max_workers=1)
     try:
@@ -100,7 +100,7 @@ def test_a_dead_reward_worker_is_an_actor_failure(ray_session):
 def test_a_judge_that_cannot_start_fails_the_pool_start_with_the_key(ray_session, random_tiny_model_dir):
     import ray
 
-    from tailflow.engines.reward.pool import RewardPool
+    from tailflow.engines.cluster.reward_pool import RewardPool
 
     spec = RewardSpec("judge", {"model_path": str(random_tiny_model_dir), "template": "{response}",
                                 "yes_text": "1", "no_text": "1"})
@@ -128,8 +128,8 @@ def round_inputs(tokenizer, count: int = 12):
 def test_streamed_scores_equal_batch_scores_and_run_during_rollout(ray_session, random_tiny_model_dir, streaming):
     from transformers import AutoTokenizer
 
-    from tailflow.engines.reward.pool import RewardPool
-    from tailflow.engines.reward.scoring import score_groups
+    from tailflow.engines.cluster.reward_pool import RewardPool
+    from tailflow.engines.reward.scoring import problem_id_of
     from tailflow.engines.reward.streaming import StreamingScorer
     from tailflow.engines.rollout.worker import RolloutWorker
     from tailflow.engines.tail.completion import CompletionRule
@@ -153,8 +153,10 @@ def test_streamed_scores_equal_batch_scores_and_run_during_rollout(ray_session, 
         outcomes, stats = scorer.finish(kept)
     finally:
         pool.shutdown()
-    expected = score_groups(trained, kept, MathReward(), tokenizer)
-    assert {r.completion.request_id: (r.reward, r.correct) for g in expected for r in g.responses} == \
+    by_id, math = {p.problem_id: p for p in trained}, MathReward()
+    in_process = {c.request_id: math.score_problem(tokenizer.decode(c.token_ids, skip_special_tokens=True),
+                                                   by_id[problem_id_of(c.request_id)]) for c in kept}
+    assert {rid: (r.reward, r.correct) for rid, r in in_process.items()} == \
         {rid: (o.result.reward, o.result.correct) for rid, o in outcomes.items()}
     assert len(outcomes) == 16
     # 12 prompts, 8 complete: 4 deferred, each with at most 1 of its 3 responses finished, so >= 2 aborted apiece

@@ -13,6 +13,7 @@ from tailflow.engines.runs.commit import CommitError, commit_state, prune_checkp
 from tailflow.engines.runs.layout import checkpoint_key, latest_key, state_key
 from tailflow.engines.store import LocalStore
 from tailflow.engines.tail.queue import LongPromptQueue
+from tailflow.engines.tail.state import TailState
 from tailflow.engines.train.batch import TrainSample
 from tailflow.engines.train.trainer import PolicyTrainer
 
@@ -22,7 +23,7 @@ torch.set_num_threads(1)
 def committed(run_id: str, iteration: int, queue: LongPromptQueue | None = None) -> RunState:
     return RunState(run_id=run_id, iteration=iteration, weight_version=iteration,
                     latest_checkpoint=checkpoint_key(run_id, iteration - 1) if iteration else None,
-                    long_queue=(queue or LongPromptQueue()).to_state(), round_history=[0] * iteration)
+                    tail=TailState(queue=tuple((queue or LongPromptQueue()).prompts())), round_history=[0] * iteration)
 
 
 def test_readers_see_only_what_latest_names(tmp_path):
@@ -41,7 +42,7 @@ def test_readers_see_only_what_latest_names(tmp_path):
         commit_state(store, committed("r", 2), before_pointer=crash)
     assert store.exists(state_key("r", 1))
     assert read_committed_state(store, "r").iteration == 1
-    assert [entry["problem_id"] for entry in read_committed_state(store, "r").long_queue] == ["p3", "p7"]
+    assert [entry.problem_id for entry in read_committed_state(store, "r").tail.queue] == ["p3", "p7"]
 
     commit_state(store, committed("r", 2))
     assert read_committed_state(store, "r").iteration == 2

@@ -19,7 +19,8 @@ from tailflow.engines.tail import (
     RoundKind,
     WaitForAllRule,
     launched_prompts,
-    plan_round,
+    make_round_plan,
+    TailState,
     rule_for,
 )
 
@@ -133,9 +134,9 @@ def test_wait_for_all_rule_keeps_everything_and_aborts_nothing():
 
 def test_rule_for_picks_the_rule_of_the_round_kind():
     queue = LongPromptQueue()
-    short = plan_round(queue, 0, 2, 2, 1.5, 3, enabled=True)
+    short = make_round_plan(queue, 0, 2, 2, 1.5, 3, enabled=True)
     assert type(rule_for(short, launch("abc", 3))) is CompletionRule
-    sync = plan_round(queue, 0, 2, 2, 1.5, 3, enabled=False)
+    sync = make_round_plan(queue, 0, 2, 2, 1.5, 3, enabled=False)
     assert type(rule_for(sync, launch("ab", 2))) is WaitForAllRule
 
 
@@ -145,7 +146,7 @@ def test_rule_for_picks_the_rule_of_the_round_kind():
 def test_short_round_over_provisions_fresh_prompts():
     queue = LongPromptQueue()
     queue.defer(["q0"], 0)
-    plan = plan_round(queue, 3, prompts_per_step=8, responses_kept=8, prompt_ratio=1.25, responses_launched=10, enabled=True)
+    plan = make_round_plan(queue, 3, prompts_per_step=8, responses_kept=8, prompt_ratio=1.25, responses_launched=10, enabled=True)
     assert (plan.kind, plan.iteration, plan.fresh_prompts, plan.queued) == (RoundKind.SHORT, 3, 10, ())
     assert (plan.responses_per_prompt, plan.responses_kept, plan.prompts_to_complete) == (10, 8, 8)
     assert len(queue) == 1 and plan.round_metric == 0
@@ -155,7 +156,7 @@ def test_long_round_takes_the_oldest_p0_queued_prompts():
     queue = LongPromptQueue()
     queue.defer(["a", "b"], 0)
     queue.defer(["c", "a", "d"], 1)
-    plan = plan_round(queue, 2, prompts_per_step=3, responses_kept=4, prompt_ratio=2.0, responses_launched=6, enabled=True)
+    plan = make_round_plan(queue, 2, prompts_per_step=3, responses_kept=4, prompt_ratio=2.0, responses_launched=6, enabled=True)
     assert plan.kind is RoundKind.LONG and plan.fresh_prompts == 0 and plan.round_metric == 1
     assert [q.problem_id for q in plan.queued] == ["a", "b", "c"]
     assert (plan.responses_per_prompt, plan.responses_kept, plan.num_prompts) == (4, 4, 3)
@@ -165,7 +166,7 @@ def test_long_round_takes_the_oldest_p0_queued_prompts():
 def test_disabled_is_the_synchronous_baseline_and_leaves_the_queue():
     queue = LongPromptQueue()
     queue.defer(["a", "b", "c"], 0)
-    plan = plan_round(queue, 1, prompts_per_step=2, responses_kept=4, prompt_ratio=1.5, responses_launched=6, enabled=False)
+    plan = make_round_plan(queue, 1, prompts_per_step=2, responses_kept=4, prompt_ratio=1.5, responses_launched=6, enabled=False)
     assert (plan.kind, plan.fresh_prompts, plan.queued, plan.responses_per_prompt) == (RoundKind.SYNC, 2, (), 4)
     assert len(queue) == 3
 
@@ -187,7 +188,7 @@ def test_launched_prompts_is_ceil_without_float_error(p0, ratio, launched):
 def test_planner_validates_its_arguments(args, message):
     p0, r0, ratio, launched = args
     with pytest.raises(ValueError, match=message):
-        plan_round(LongPromptQueue(), 0, p0, r0, ratio, launched, enabled=True)
+        make_round_plan(LongPromptQueue(), 0, p0, r0, ratio, launched, enabled=True)
 
 
 # ---- queue -------------------------------------------------------------------------------------
@@ -208,12 +209,13 @@ def test_queue_state_round_trips_through_json():
     queue = LongPromptQueue()
     queue.defer(["x", "y"], 1)
     queue.defer(["z", "x"], 2)
-    restored = LongPromptQueue.from_state(json.loads(json.dumps(queue.to_state())))
+    tail = TailState(queue=tuple(queue.prompts()))
+    restored = TailState.model_validate(json.loads(tail.model_dump_json())).long_queue()
     assert restored.oldest(10) == queue.oldest(10)
     restored.defer(["y"], 3)
     assert restored.oldest(10)[1] == QueuedPrompt("y", 2, 1, 3)
     with pytest.raises(ValueError):
-        LongPromptQueue.from_state(queue.to_state() * 2)
+        TailState(queue=tuple(queue.prompts()) * 2).long_queue()
 
 
 # ---- many rounds with random finish orders ------------------------------------------------------
@@ -270,7 +272,7 @@ def test_many_rounds_lose_no_prompt_and_train_none_twice(p0, r0, extra, ratio, i
     queue, num_drawn, fresh_in_plans, trained = LongPromptQueue(), 0, 0, []
     for iteration in range(iterations):
         queued_before = len(queue)
-        plan = plan_round(queue, iteration, p0, r0, ratio, r0 + extra, enabled)
+        plan = make_round_plan(queue, iteration, p0, r0, ratio, r0 + extra, enabled)
         expected = RoundKind.SYNC if not enabled else RoundKind.LONG if queued_before >= p0 else RoundKind.SHORT
         assert plan.kind is expected
         fresh = [f"p{num_drawn + i}" for i in range(plan.fresh_prompts)]
@@ -311,13 +313,13 @@ def test_many_rounds_lose_no_prompt_and_train_none_twice(p0, r0, extra, ratio, i
     assert len(trained) == len(set(trained)) and not set(trained) & queued
     assert set(trained) | queued == {f"p{i}" for i in range(num_drawn)}
     assert num_drawn == fresh_in_plans
-    assert LongPromptQueue.from_state(queue.to_state()).oldest(len(queue)) == queue.oldest(len(queue))
+    assert TailState(queue=tuple(queue.prompts())).long_queue().oldest(len(queue)) == queue.oldest(len(queue))
 
 
 def test_a_full_queue_triggers_one_long_round_then_short_rounds_resume():
     queue, rng, kinds = LongPromptQueue(), random.Random(0), []
     for iteration in range(4):
-        plan = plan_round(queue, iteration, prompts_per_step=2, responses_kept=2, prompt_ratio=2.0,
+        plan = make_round_plan(queue, iteration, prompts_per_step=2, responses_kept=2, prompt_ratio=2.0,
                           responses_launched=3, enabled=True)
         kinds.append(plan.kind)
         ids = [f"i{iteration}-{n}" for n in range(plan.fresh_prompts)] + [q.problem_id for q in plan.queued]

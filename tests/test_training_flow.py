@@ -134,8 +134,8 @@ def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_pat
         assert short["tail/aborted_requests"] >= 2 * 2 and short["tail/wasted_tokens"] > 0
     assert (rows[2]["tail/aborted_requests"], rows[2]["tail/wasted_tokens"]) == (0, 0)
     state = committed_state(tmp_path, "tail-test")
-    assert state.cursor.num_drawn == 18  # 3 short rounds x 6 fresh prompts
-    assert len(state.long_queue) == 2  # 18 drawn = 4 trained x 4 iterations + 2 queued
+    assert state.tail.cursor.num_drawn == 18  # 3 short rounds x 6 fresh prompts
+    assert len(state.tail.queue) == 2  # 18 drawn = 4 trained x 4 iterations + 2 queued
     assert state.round_history == [0, 0, 1, 0]
 
 

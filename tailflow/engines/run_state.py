@@ -15,15 +15,11 @@ import random
 
 import numpy as np
 import torch
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tailflow.engines.outcome import IterationOutcome
 from tailflow.engines.reward.timeouts import TimeoutAnchors
-
-
-class CursorState(BaseModel):
-    epoch: int = 0
-    position: int = 0
-    num_drawn: int = 0
+from tailflow.engines.tail.state import TailState
 
 
 class RngState(BaseModel):
@@ -59,16 +55,15 @@ class RngState(BaseModel):
 
 
 class RunState(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     run_id: str
     iteration: int = 0
     """Next iteration to run (= iterations completed)."""
     weight_version: int = 0
     """Version of the policy weights; +1 per optimizer step."""
-    cursor: CursorState = Field(default_factory=CursorState)
-    long_queue: list[dict] = Field(default_factory=list)
-    """Tail batching's long-prompt queue (`LongPromptQueue.to_state()`), oldest first."""
+    tail: TailState = Field(default_factory=TailState)
+    """Tail batching's long-prompt queue and the data cursor."""
     latest_checkpoint: str | None = None
     """Store key of the checkpoint holding this state's weights; None: the run's initial model."""
     weights_sha256: str | None = None
@@ -80,3 +75,32 @@ class RunState(BaseModel):
     """The code reward's adaptive-timeout anchors after this commit's iteration."""
     initial_eval_accuracy: float | None = None
     last_eval_accuracy: float | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_older_states(cls, data):
+        """States committed before `tail` existed kept the queue and cursor at the top level."""
+        if isinstance(data, dict) and ("long_queue" in data or "cursor" in data):
+            data = dict(data)
+            data["tail"] = {"queue": data.pop("long_queue", []), "cursor": data.pop("cursor", {})}
+        return data
+
+    def advance(self, outcome: IterationOutcome) -> "RunState":
+        """The state after `outcome`'s iteration, before its commit names a checkpoint."""
+        evaluated = outcome.evaluated.accuracy if outcome.evaluated is not None else self.last_eval_accuracy
+        return RunState(
+            run_id=self.run_id, iteration=outcome.iteration + 1, weight_version=self.weight_version + 1,
+            tail=outcome.tail, latest_checkpoint=self.latest_checkpoint, weights_sha256=self.weights_sha256,
+            rng=self.rng, round_history=[*self.round_history, outcome.planned.plan.round_metric],
+            reward_anchors=outcome.anchors, initial_eval_accuracy=self.initial_eval_accuracy,
+            last_eval_accuracy=evaluated,
+        )
+
+    def committed(self, checkpoint_key: str, weights_sha256: str, rng: RngState) -> "RunState":
+        """This state as committed: with the checkpoint that holds its weights and the driver's RNG."""
+        return RunState(
+            run_id=self.run_id, iteration=self.iteration, weight_version=self.weight_version, tail=self.tail,
+            latest_checkpoint=checkpoint_key, weights_sha256=weights_sha256, rng=rng,
+            round_history=self.round_history, reward_anchors=self.reward_anchors,
+            initial_eval_accuracy=self.initial_eval_accuracy, last_eval_accuracy=self.last_eval_accuracy,
+        )

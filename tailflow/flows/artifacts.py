@@ -32,11 +32,12 @@ def iteration_markdown(row: dict[str, Any], state: RunState) -> str:
         if row.get(name) is not None:
             value = row[name]
             lines.append(f"| `{name}` | {value:.4g} |" if isinstance(value, float) else f"| `{name}` | {value} |")
-    lines += ["", f"Long-prompt queue: {len(state.long_queue)} prompts"]
-    if state.long_queue:
+    queue = state.tail.queue
+    lines += ["", f"Long-prompt queue: {len(queue)} prompts"]
+    if queue:
         lines += ["", "| oldest queued | times deferred | first deferred at |", "| --- | --- | --- |"]
-        lines += [f"| `{entry['problem_id']}` | {entry['times_deferred']} | {entry['first_deferred_iteration']} |"
-                  for entry in state.long_queue[:5]]
+        lines += [f"| `{entry.problem_id}` | {entry.times_deferred} | {entry.first_deferred_iteration} |"
+                  for entry in queue[:5]]
     lines += ["", f"Latest checkpoint: `{state.latest_checkpoint or 'none yet'}`"]
     return "\n".join(lines)
 

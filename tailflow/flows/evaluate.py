@@ -1,15 +1,19 @@
-"""Greedy held-out accuracy of a model directory, without training anything."""
+"""Greedy held-out accuracy of a model directory, without training anything (`tailflow eval`).
+
+The same evaluation a run makes (engines/evaluation.py), on the same kind of
+workers: one rollout group and the reward pool on Ray.
+"""
 from __future__ import annotations
 
 from prefect import flow
 from transformers import AutoTokenizer
 
 from tailflow.config import load_config
-from tailflow.engines.reward.scoring import score_groups
+from tailflow.engines.cluster.runtime import start_ray
+from tailflow.engines.evaluation import held_out_accuracy
+from tailflow.engines.reward.spec import reward_spec
 from tailflow.engines.store import open_store
-from tailflow.engines.rollout.native import NativeEngine
-from tailflow.engines.rollout.requests import greedy_requests, prompt_token_ids
-from tailflow.flows.setup import load_datasets, resolve_model_path, reward_function
+from tailflow.flows.setup import load_for_model, resolve_model_path, start_rollout_and_reward
 
 
 @flow(name="evaluate")
@@ -17,11 +21,14 @@ def evaluate_model(config_path: str | None = None, overrides: list[str] | None =
     config = load_config(config_path, overrides or [])
     model_path = resolve_model_path(config, open_store(config.storage.uri))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    problems = load_datasets(config, tokenizer, max_prompt_tokens=10**9).eval
-    longest = max(len(prompt_token_ids(p, tokenizer, config.data.prompt_template)) for p in problems)
-    engine = NativeEngine.from_pretrained(model_path, num_slots=config.rollout.num_slots,
-                                          max_seq_len=longest + config.rollout.max_new_tokens, seed=config.train.seed)
-    requests = greedy_requests(problems, config.rollout.max_new_tokens, tokenizer, config.data.prompt_template)
-    groups = score_groups(problems, engine.generate(requests),
-                          reward_function(config, model_path), tokenizer, config.reward.timeout_max_s)
-    return sum(group.responses[0].correct for group in groups) / len(groups)
+    reward = reward_spec(config.reward, model_path)
+    datasets, max_seq_len = load_for_model(config, model_path, tokenizer, reward.runs_code)
+    start_ray(config.cluster.address, config.cluster.num_cpus, config.rollout.num_workers)
+    rollout, pool = start_rollout_and_reward(config, model_path, max_seq_len)
+    try:
+        return held_out_accuracy(rollout, pool, tokenizer, datasets.eval, config.data.prompt_template,
+                                 config.rollout.max_new_tokens,
+                                 config.reward.timeout_max_s if reward.runs_code else None)
+    finally:
+        rollout.shutdown()
+        pool.shutdown()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import ray
 import yaml
 
 from tailflow.config import ConfigError, RunConfig, config_from_dict, config_to_yaml
@@ -67,8 +66,8 @@ def restore_weights(ctx: RunContext, state: RunState) -> None:
     model, which is what a state without a checkpoint means)."""
     if state.latest_checkpoint is not None:
         checkpoint = read_checkpoint(ctx.store.local_dir(state.latest_checkpoint), ctx.model_config)
-        ctx.trainer.load_checkpoint(ray.put(checkpoint))
-        ctx.rollout.load_weights(ray.put(checkpoint["model"]), state.weight_version)
+        ctx.trainer.load_checkpoint(checkpoint)
+        ctx.rollout.load_weights(checkpoint["model"], state.weight_version)
 
 
 def restore_commit(ctx: RunContext, state: RunState) -> None:

@@ -14,18 +14,20 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer
 
 from tailflow.config import ConfigError, RunConfig, config_to_yaml
-from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.placement import check_cluster_fits, placement_of
+from tailflow.engines.cluster.reward_pool import RewardPool
+from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.runtime import start_ray
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.data.arith import default_splits
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.models import check_model_dir
-from tailflow.engines.reward.pool import RewardPool
-from tailflow.engines.reward.spec import build_reward, reward_spec
+from tailflow.engines.reward.spec import reward_spec
 from tailflow.engines.reward.timeouts import TimeoutPolicy
+from tailflow.engines.rollout.protocol import SamplingParams
 from tailflow.engines.rollout.requests import prompt_token_ids
 from tailflow.engines.run_context import RunContext
+from tailflow.engines.tail.state import TailSettings
 from tailflow.engines.runs.layout import config_key, metrics_key
 from tailflow.engines.store import ArtifactStore, local_working_dir
 from tailflow.engines.track import MetricsLogger, start_wandb
@@ -70,9 +72,10 @@ class Datasets:
     num_skipped: int
 
 
-def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int) -> Datasets:
+def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int, runs_code: bool) -> Datasets:
+    """`runs_code` (the reward spec's): code problems with tests; else math-style problems with answers."""
     data = config.data
-    if config.reward.type == "code":
+    if runs_code:
         return load_code_datasets(config, tokenizer, max_prompt_tokens)
     if data.train_path is None:
         train, held_out = default_splits(data.num_train, data.num_eval, data.seed)
@@ -118,64 +121,93 @@ def prepare_run_dir(store: ArtifactStore, config: RunConfig, run_id: str) -> Non
 def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunContext:
     model_path = resolve_model_path(config, store)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    context_length = _context_length(model_path)
-    max_prompt_tokens = context_length - config.rollout.max_new_tokens
-    if max_prompt_tokens < 1:
-        raise ConfigError(f"rollout.max_new_tokens ({config.rollout.max_new_tokens}) leaves no room for a prompt "
-                          f"in the model's context of {context_length} tokens")
-    datasets = load_datasets(config, tokenizer, max_prompt_tokens)
-    longest_prompt = max(len(prompt_token_ids(p, tokenizer, config.data.prompt_template))
-                         for p in datasets.train + datasets.eval)
+    reward = reward_spec(config.reward, model_path)
+    datasets, max_seq_len = load_for_model(config, model_path, tokenizer, reward.runs_code)
     start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + config.rollout.num_workers)
     check_cluster_fits(config)
-    max_seq_len = longest_prompt + config.rollout.max_new_tokens
     tracking = config.tracking
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
                              str(local_working_dir(store, run_id))) if tracking.wandb else None)
     rollout, trainer, reward_pool = start_workers(config, model_path, max_seq_len)  # last: nothing after it
     return RunContext(                                                                # can fail and leak them
         run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
-        eval_problems=datasets.eval, reward_pool=reward_pool, timeouts=TimeoutPolicy.from_config(config.reward),
-        rollout=rollout, trainer=trainer, metrics=MetricsLogger(store, run_id, wandb_run), model_path=model_path,
-        model_config=AutoConfig.from_pretrained(model_path), max_seq_len=max_seq_len,
+        eval_problems=datasets.eval, reward=reward, timeouts=TimeoutPolicy.from_config(config.reward),
+        sampling=sampling_params(config), tail=TailSettings.from_config(config), rollout=rollout,
+        trainer=trainer, reward_pool=reward_pool, metrics=MetricsLogger(store, run_id, wandb_run),
+        model_path=model_path, model_config=AutoConfig.from_pretrained(model_path), max_seq_len=max_seq_len,
         num_skipped_rows=datasets.num_skipped,
     )
+
+
+def load_for_model(config: RunConfig, model_path: str, tokenizer, runs_code: bool) -> tuple[Datasets, int]:
+    """The datasets (prompts that fit the model's context with room for a response) and the engines'
+    sequence capacity: the longest prompt plus rollout.max_new_tokens."""
+    context_length = _context_length(model_path)
+    max_prompt_tokens = context_length - config.rollout.max_new_tokens
+    if max_prompt_tokens < 1:
+        raise ConfigError(f"rollout.max_new_tokens ({config.rollout.max_new_tokens}) leaves no room for a prompt "
+                          f"in the model's context of {context_length} tokens")
+    datasets = load_datasets(config, tokenizer, max_prompt_tokens, runs_code)
+    longest_prompt = max(len(prompt_token_ids(p, tokenizer, config.data.prompt_template))
+                         for p in datasets.train + datasets.eval)
+    return datasets, longest_prompt + config.rollout.max_new_tokens
+
+
+def sampling_params(config: RunConfig) -> SamplingParams:
+    """Training rollouts' sampling (each request's seed is derived per request)."""
+    rollout = config.rollout
+    return SamplingParams(temperature=rollout.temperature, top_p=rollout.top_p, top_k=rollout.top_k,
+                          max_new_tokens=rollout.max_new_tokens)
+
+
+def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int
+                             ) -> tuple[RolloutGroup, RewardPool]:
+    """The actors that generate and score: enough for evaluation, and the first part of a run's workers."""
+    reward = config.reward
+    pool = RewardPool(reward_spec(reward, model_path), reward.min_workers, reward.max_workers,
+                      reward.backlog_per_worker)
+    try:
+        placement = placement_of(config)
+        rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len,
+                               config.train.seed, config.cluster.rollout_threads,
+                               placement.rollout.num_cpus, placement.rollout.num_gpus)
+    except BaseException:
+        pool.shutdown()  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
+        raise
+    return rollout, pool
 
 
 def start_workers(config: RunConfig, model_path: str, max_seq_len: int
                   ) -> tuple[RolloutGroup, TrainerGroup, RewardPool]:
     """The run's Ray actors: rollout and trainer holding `model_path`'s weights, and the reward pool."""
-    reward = config.reward
-    pool = RewardPool(reward_spec(reward, model_path), reward.min_workers, reward.max_workers,
-                      reward.backlog_per_worker)
-    started = [pool]
+    rollout, pool = start_rollout_and_reward(config, model_path, max_seq_len)
     placement = placement_of(config)
     try:
-        rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len,
-                               config.train.seed, config.cluster.rollout_threads,
-                               placement.rollout.num_cpus, placement.rollout.num_gpus)
-        started.append(rollout)
         trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
                                num_cpus_per_worker=placement.trainer.num_cpus,
                                num_gpus_per_worker=placement.trainer.num_gpus,
                                num_threads=config.cluster.threads_per_worker)
-        started.append(trainer)
-        pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
+        try:
+            pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
+        except BaseException:
+            trainer.shutdown()
+            raise
     except BaseException:
-        for group in started:  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
-            group.shutdown()
+        rollout.shutdown()
+        pool.shutdown()
         raise
     return rollout, trainer, pool
 
 
-def restart_workers(ctx: RunContext) -> None:
-    """Replace every actor (after one died): fresh processes, the initial weights; the caller restores a commit."""
+def restart_workers(ctx: RunContext) -> RunContext:
+    """Every actor replaced (after one died): fresh processes holding the initial weights, in a new context;
+    the caller restores a commit into them."""
     for group in (ctx.rollout, ctx.trainer, ctx.reward_pool):
         try:
             group.shutdown()
         except Exception:  # noqa: BLE001 - an actor already gone is what we are recovering from
             pass
-    ctx.rollout, ctx.trainer, ctx.reward_pool = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len)
+    return ctx.with_workers(*start_workers(ctx.config, ctx.model_path, ctx.max_seq_len))
 
 
 def trainer_kwargs(config: RunConfig) -> dict:
@@ -192,13 +224,13 @@ def _context_length(model_path: str) -> int:
     return int(AutoConfig.from_pretrained(model_path).max_position_embeddings)
 
 
-def shutdown_context(ctx: RunContext) -> None:
+def shutdown_workers(ctx: RunContext) -> None:
+    """Stop the context's actors (idempotent: a group already shut down has none left)."""
     ctx.rollout.shutdown()
     ctx.trainer.shutdown()
     ctx.reward_pool.shutdown()
+
+
+def shutdown_context(ctx: RunContext) -> None:
+    shutdown_workers(ctx)
     ctx.metrics.close()
-
-
-def reward_function(config: RunConfig, model_path: str):
-    """The reward in this process (standalone evaluation); runs use the pool of reward workers."""
-    return build_reward(reward_spec(config.reward, model_path))

@@ -4,12 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import ray
 from prefect import flow
 from prefect.runtime import flow_run
 
 from tailflow.config import ConfigError, RunConfig, config_from_dict, load_config
+from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.run_state import RunState
+from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
 from tailflow.flows.artifacts import RunArtifacts
@@ -17,8 +18,9 @@ from tailflow.flows.iteration import iteration
 from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
 from tailflow.flows.retry_policy import no_retry_on_user_error
 from tailflow.flows.run_guard import run_slot
-from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context
-from tailflow.tasks.evaluate import evaluate
+from tailflow.flows.setup import (build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context,
+                                  shutdown_workers)
+from tailflow.tasks.evaluate import evaluate_policy
 
 
 def default_run_id() -> str:
@@ -40,10 +42,6 @@ class RunSummary:
     mean_step_seconds: float
     latest_checkpoint: str | None
     metrics_path: str
-
-
-ACTOR_FAILURES = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError)
-"""A rollout or trainer actor died (process killed, node lost, out of memory) during an iteration."""
 
 
 @flow(name="rl_training", flow_run_name=run_name, retries=2, retry_delay_seconds=10)
@@ -88,14 +86,14 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str]) -> RunSum
             state = committed
             print_resume(ctx, state)
         else:
-            state = commit_initial_state(ctx, evaluate(ctx))
+            state = commit_initial_state(ctx, evaluate_policy(ctx).accuracy)
             print_start(ctx, state)
         artifacts = RunArtifacts(run_id, run_config.train.iterations)
         artifacts.progress(state.iteration)
         if ctx.metrics.wandb_run is not None:
             artifacts.wandb_link(ctx.metrics.wandb_run)
         for step in range(state.iteration, run_config.train.iterations):
-            state = run_iteration(ctx, state, step)
+            ctx, state = run_iteration(ctx, state, step)
             rows = ctx.metrics.rows()
             print_progress(rows[-1])
             artifacts.progress(state.iteration)
@@ -108,41 +106,37 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str]) -> RunSum
 
 def config_to_resume(config_path: str | None, overrides: list[str], config: RunConfig | dict | None,
                      run_id: str | None, allow_change: list[str] | None) -> tuple[RunConfig, list[str]]:
-    """The config a `resume=True` flow run continues with; the run must exist and have committed."""
-    from tailflow.config import apply_override
+    """The config a `resume=True` flow run continues with (as `tailflow resume`: `runs_report.config_for_resume`);
+    the run must exist and have committed."""
     from tailflow.runs_report import RunError, config_for_resume
 
     if not run_id:
         raise ConfigError("run_id: resume=True needs the id of the run to resume")
     if config is not None:
-        requested = config if isinstance(config, RunConfig) else config_from_dict(config)
-    else:
-        tree: dict[str, Any] = load_config(config_path).model_dump(mode="json") if config_path else {}
-        for assignment in overrides:
-            apply_override(tree, assignment)
-        requested = config_from_dict(tree)
-    store_uri = requested.storage.uri
+        return resolve_config(None, [], config), [*(allow_change or []), "storage.uri"]
+    store_uri = load_config(config_path, overrides).storage.uri
     try:
-        resumed = config_for_resume(open_store(store_uri), run_id, config_path, overrides, store_uri) \
-            if config is None else requested
+        resumed = config_for_resume(open_store(store_uri), run_id, config_path, overrides, store_uri)
     except RunError as error:
         raise ConfigError(str(error)) from None
     return resumed, [*(allow_change or []), "storage.uri"]
 
 
-def run_iteration(ctx, state: RunState, step: int) -> RunState:
+def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunContext, RunState]:
     """One iteration; if an actor dies in it, every actor is replaced, the last commit restored, and the
-    iteration runs again from its start (up to `train.iteration_retries` times)."""
+    iteration runs again from its start (up to `train.iteration_retries` times). The context returned holds
+    the workers in use after it."""
     retries = ctx.config.train.iteration_retries
     for attempt in range(retries + 1):
         try:
-            return iteration(ctx, state, step, attempt)
+            return ctx, iteration(ctx, state, step, attempt)
         except ACTOR_FAILURES as error:
             if attempt == retries:
+                shutdown_workers(ctx)  # the caller's context may hold the workers this replaced
                 raise
             print(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
                   f"from the last commit and running the iteration again (attempt {attempt + 2})", flush=True)
-            restart_workers(ctx)
+            ctx = restart_workers(ctx)
             restore_weights(ctx, state)
     raise AssertionError("unreachable")
 
@@ -171,7 +165,7 @@ def summarize(ctx, state: RunState) -> RunSummary:
 
 def print_resume(ctx, state: RunState) -> None:
     print(f"[tailflow] run {ctx.run_id}: resuming after iteration {state.iteration - 1:04d} "
-          f"(checkpoint {state.latest_checkpoint or 'initial model'}, {len(state.long_queue)} prompts queued)",
+          f"(checkpoint {state.latest_checkpoint or 'initial model'}, {len(state.tail.queue)} prompts queued)",
           flush=True)
 
 

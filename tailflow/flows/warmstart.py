@@ -46,7 +46,7 @@ def train_warm_start(config: RunConfig, output_dir: str) -> None:
     model = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, config.warmstart.seed)
     settings = config.warmstart
     sft_train(model, tokenizer, train, SFTConfig(steps=settings.steps, batch_size=settings.batch_size,
-                                                 lr=settings.lr, seed=settings.seed))
+                                                 lr=settings.lr, seed=settings.seed))  # defaults: warmstart.*
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
 

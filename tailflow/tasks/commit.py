@@ -4,7 +4,6 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
-import ray
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -22,18 +21,15 @@ def commit(ctx: RunContext, state: RunState, metrics_row: dict[str, Any]) -> Run
     then the state naming both, then `latest`. A crash anywhere before `latest` leaves the previous commit."""
     completed = state.iteration - 1
     key = checkpoint_key(ctx.run_id, completed)
-    checkpoint = ray.get(ctx.trainer.checkpoint_ref())
     with tempfile.TemporaryDirectory() as staging:
-        write_checkpoint(staging, checkpoint, ctx.model_config, ctx.tokenizer)
+        write_checkpoint(staging, ctx.trainer.checkpoint(), ctx.model_config, ctx.tokenizer)
         sha256 = weights_sha256(staging)
         ctx.store.put_dir(key, staging)
     fault_point("checkpoint", completed)
     ctx.metrics.append(metrics_row)
-    state = state.model_copy(update={"latest_checkpoint": key, "weights_sha256": sha256,
-                                     "rng": RngState.capture(ctx.config.train.seed)})
+    state = state.committed(key, sha256, RngState.capture(ctx.config.train.seed))
     commit_state(ctx.store, state, before_pointer=lambda: fault_point("commit", completed))
     ctx.metrics.publish(metrics_row)
     storage = ctx.config.storage
     prune_checkpoints(ctx.store, ctx.run_id, storage.keep_last, storage.keep_every, protected=key)
     return state
-

@@ -75,8 +75,14 @@ class RolloutGroup:
             loads[rank] += 1
         return loads
 
-    def load_weights(self, state_dict_ref, version: int) -> None:
-        """Every worker loads the same weights (one object-store copy) before any new request."""
+    def load_weights(self, state_dict: dict, version: int) -> None:
+        """Every worker loads these weights (put once into the object store) before any new request."""
+        import ray
+
+        self.load_weights_ref(ray.put(state_dict), version)
+
+    def load_weights_ref(self, state_dict_ref, version: int) -> None:
+        """The same from a state dict already in the object store (`weight_sync.py`: no copy via the driver)."""
         get_all([worker.load_weights.remote(state_dict_ref, version) for worker in self.workers])
 
     def stats(self) -> list[EngineStats]:

@@ -23,9 +23,3 @@ def start_ray(address: str | None, num_cpus: int | None, min_cpus: int) -> None:
     cpus = max(num_cpus or os.cpu_count() or 1, min_cpus)
     ray.init(num_cpus=cpus, **quiet)
 
-
-def stop_ray() -> None:
-    import ray
-
-    if ray.is_initialized():
-        ray.shutdown()

@@ -1,17 +1,19 @@
-"""The trainer's data-parallel ranks as Ray actors: one PolicyTrainer each, FSDP2 across them.
+"""The trainer's data-parallel ranks as Ray actors (`engines/train/worker.py`), FSDP2 across them.
 
 The driver shards a step's samples by tokens, counts the global response
 tokens and samples once (the loss denominators every rank divides by), and runs all ranks
-at once: each call is a collective, so no rank may be skipped. Weights leave
-as an ObjectRef to rank 0's full state dict, so rollout workers read them
-from the object store without a copy through the driver.
+at once: each call is a collective, so no rank may be skipped. For weight
+sync, rank 0's full state dict stays in the object store (`state_dict_ref`,
+used by `weight_sync.py`), so rollout workers read it without a copy through
+the driver; everything else this group returns is plain data.
 
 The caller owns `ray.init`.
 """
 from __future__ import annotations
 
-import os
 import socket
+import time
+from dataclasses import replace
 from typing import Any
 
 import ray
@@ -19,7 +21,8 @@ import torch
 
 from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
-from tailflow.engines.train.trainer import PolicyTrainer, TrainStepStats
+from tailflow.engines.train.trainer import TrainStepStats
+from tailflow.engines.train.worker import TrainerWorker
 
 START_ATTEMPTS = 3
 MASTER_ADDR = "127.0.0.1"
@@ -30,45 +33,6 @@ def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((MASTER_ADDR, 0))
         return sock.getsockname()[1]
-
-
-class TrainerWorker:
-    """Actor body: set this rank's torch.distributed env and threads, then hold one PolicyTrainer."""
-
-    def __init__(
-        self, model_path: str, rank: int, world_size: int, master_port: int, num_threads: int, trainer_kwargs: dict
-    ) -> None:
-        os.environ.update(
-            MASTER_ADDR=MASTER_ADDR,
-            MASTER_PORT=str(master_port),
-            RANK=str(rank),
-            WORLD_SIZE=str(world_size),
-            LOCAL_RANK=str(rank),
-        )
-        torch.set_num_threads(num_threads)
-        self.rank = rank
-        self.trainer = PolicyTrainer(model_path, rank=rank, world_size=world_size, **trainer_kwargs)
-
-    def is_ready(self) -> bool:
-        return True
-
-    def pid(self) -> int:
-        return os.getpid()
-
-    def train_step(self, samples: list[TrainSample], num_tokens_total: int, num_sequences_total: int) -> TrainStepStats:
-        return self.trainer.train_step(samples, num_tokens_total, num_sequences_total)
-
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        return self.trainer.full_state_dict()
-
-    def state_for_checkpoint(self) -> dict:
-        return self.trainer.state_for_checkpoint()
-
-    def load_checkpoint(self, state: dict) -> None:
-        self.trainer.load_checkpoint(state)
-
-    def save_hf(self, path: str) -> None:
-        self.trainer.save_hf(path)
 
 
 class TrainerGroup:
@@ -94,7 +58,8 @@ class TrainerGroup:
         for attempt in range(START_ATTEMPTS):
             master_port = find_free_port()
             self.workers = [
-                actor_class.remote(model_path, rank, world_size, master_port, num_threads, dict(trainer_kwargs or {}))
+                actor_class.remote(model_path, rank, world_size, MASTER_ADDR, master_port, num_threads,
+                                   dict(trainer_kwargs or {}))
                 for rank in range(world_size)
             ]
             try:
@@ -106,30 +71,34 @@ class TrainerGroup:
                     raise
 
     def train_step(self, samples: list[TrainSample]) -> TrainStepStats:
-        """One optimizer step on all ranks; every rank returns the same stats, rank 0's are returned."""
+        """One optimizer step on all ranks; every rank returns the same stats, rank 0's are returned with the
+        step's wall time."""
+        started = time.perf_counter()
         shards = shard_across_ranks(samples, self.world_size)
         num_tokens_total = count_response_tokens(samples)
         if num_tokens_total == 0:
             raise ValueError("train_step needs at least one response token")
         calls = [worker.train_step.remote(shard, num_tokens_total, len(samples))
                  for worker, shard in zip(self.workers, shards)]
-        return get_all(calls)[0]
+        return replace(get_all(calls)[0], seconds=time.perf_counter() - started)
 
     def state_dict_ref(self) -> ray.ObjectRef:
-        """All ranks gather; the ref to rank 0's full CPU state dict (HF names) is returned unfetched."""
+        """All ranks gather; the ref to rank 0's full CPU state dict (HF names), left in the object store for
+        the rollout workers to read (`weight_sync.py`)."""
         return self._rank0_ref([worker.full_state_dict.remote() for worker in self.workers])
 
-    def checkpoint_ref(self) -> ray.ObjectRef:
-        """Ref to rank 0's {"model": ..., "optimizer": ...} full state for exact resume."""
-        return self._rank0_ref([worker.state_for_checkpoint.remote() for worker in self.workers])
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The full policy weights (HF names), gathered on rank 0 and fetched here."""
+        return ray.get(self.state_dict_ref())
 
-    def load_checkpoint(self, state: ray.ObjectRef | dict) -> None:
-        """Every rank reads the same full state (a ref is resolved from the object store on each rank)."""
-        ref = state if isinstance(state, ray.ObjectRef) else ray.put(state)
+    def checkpoint(self) -> dict:
+        """Rank 0's {"model": ..., "optimizer": ...} full state, for exact resume."""
+        return ray.get(self._rank0_ref([worker.state_for_checkpoint.remote() for worker in self.workers]))
+
+    def load_checkpoint(self, state: dict) -> None:
+        """Every rank reads the same full state (one object-store copy)."""
+        ref = ray.put(state)
         get_all([worker.load_checkpoint.remote(ref) for worker in self.workers])
-
-    def save_hf(self, path: str) -> None:
-        get_all([worker.save_hf.remote(path) for worker in self.workers])
 
     def worker_pid(self, rank: int = 0) -> int:
         """The OS process of `rank` (fault-injection tests kill it)."""

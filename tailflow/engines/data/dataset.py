@@ -19,7 +19,7 @@ import numbers
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Literal
+from typing import Any, Iterator, Literal
 
 from tailflow.engines.data.problem import Problem
 
@@ -100,21 +100,6 @@ def load_problems(
     if not loaded.problems:
         raise DatasetError(f"{where}: no valid problems in {num_rows} rows; skipped by reason: {loaded.skip_reasons}")
     return loaded
-
-
-def save_problems_jsonl(problems: Iterable[Problem], path: str | os.PathLike) -> Path:
-    """Writes `prompt`, `answer`, `id`, `solution` per line (atomically); load back with
-    `load_problems(path, id_field="id", solution_field="solution")`."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_name(path.name + ".partial")
-    with open(partial, "w", encoding="utf-8") as out:
-        for problem in problems:
-            row = {"prompt": problem.prompt, "answer": problem.answer, "id": problem.problem_id}
-            row["solution"] = problem.solution
-            out.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(partial, path)
-    return path
 
 
 def _check_arguments(where: str, prompt_template: str, tokenizer, max_prompt_tokens, on_invalid: str) -> None:

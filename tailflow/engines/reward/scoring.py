@@ -6,16 +6,13 @@ within a group, so grouping happens here, once, by problem id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion
 
-
-class RewardFunction(Protocol):
-    """What every reward (math, code, judge) offers; `timeout_s` bounds each code execution."""
-
-    def score_problem(self, response_text: str, problem: Problem, timeout_s: float | None = None): ...
+if TYPE_CHECKING:
+    from tailflow.engines.reward.streaming import ScoringStats
 
 
 @dataclass(frozen=True)
@@ -38,6 +35,21 @@ class ScoredGroup:
         return [response.reward for response in self.responses]
 
 
+@dataclass(frozen=True)
+class ScoredRound:
+    """A round's scored groups (launch order) and how its scoring went; `seconds` is the scoring phase's wall
+    time after rollout (`time/step_reward`)."""
+
+    groups: list[ScoredGroup]
+    stats: "ScoringStats"
+    seconds: float
+
+    def observed_times(self) -> list[tuple[Problem, bool, float | None]]:
+        """(problem, correct, slowest execution) of every response: what the adaptive timeout learns from."""
+        return [(group.problem, response.correct, response.exec_s) for group in self.groups
+                for response in group.responses]
+
+
 def problem_id_of(request_id: str) -> str:
     """Request ids are `<problem_id>#<k>`; the problem id is everything before the last '#'."""
     return request_id.rpartition("#")[0]
@@ -56,34 +68,17 @@ def group_completions(problems: Sequence[Problem], completions: Sequence[Complet
     return by_problem
 
 
-def score_groups(
-    problems: Sequence[Problem], completions: Sequence[Completion], reward: RewardFunction, tokenizer,
-    timeout_s: float | None = None,
-) -> list[ScoredGroup]:
-    """Score in this process, one response after another (standalone evaluation, tests)."""
-    by_problem = group_completions(problems, completions)
-    groups = []
-    for problem in problems:
-        scored = []
-        for completion in by_problem[problem.problem_id]:
-            text = tokenizer.decode(completion.token_ids, skip_special_tokens=True)
-            result = reward.score_problem(text, problem, timeout_s)
-            scored.append(ScoredResponse(completion, text, result.reward, result.correct, result.exec_s))
-        groups.append(ScoredGroup(problem, tuple(scored)))
-    return groups
-
-
 def groups_from_outcomes(problems: Sequence[Problem], completions: Sequence[Completion], outcomes: Mapping,
-                         texts: Mapping[str, str] | None = None, tokenizer=None) -> list[ScoredGroup]:
-    """Scored groups from reward-pool outcomes (`request_id -> ScoreOutcome`), in `problems` order."""
+                         texts: Mapping[str, str]) -> list[ScoredGroup]:
+    """Scored groups from reward-pool outcomes (`request_id -> ScoreOutcome`), in `problems` order; `texts` are
+    the responses as the reward saw them (decoded once, by the scorer)."""
     by_problem = group_completions(problems, completions)
     groups = []
     for problem in problems:
         scored = []
         for completion in by_problem[problem.problem_id]:
             result = outcomes[completion.request_id].result
-            text = texts[completion.request_id] if texts else tokenizer.decode(completion.token_ids,
-                                                                                skip_special_tokens=True)
-            scored.append(ScoredResponse(completion, text, result.reward, result.correct, result.exec_s))
+            scored.append(ScoredResponse(completion, texts[completion.request_id], result.reward, result.correct,
+                                         result.exec_s))
         groups.append(ScoredGroup(problem, tuple(scored)))
     return groups

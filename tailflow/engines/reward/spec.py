@@ -17,6 +17,11 @@ class RewardSpec:
     options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of that function's constructor."""
 
+    @property
+    def runs_code(self) -> bool:
+        """The reward runs the response as a program: code datasets, per-test timeouts and their anchors."""
+        return self.type == "code"
+
 
 def reward_spec(reward_config, policy_model_path: str) -> RewardSpec:
     """From the `reward` config section; the judge defaults to the policy's initial model."""

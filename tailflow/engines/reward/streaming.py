@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.reward.pool import RewardPool
-from tailflow.engines.reward.scoring import problem_id_of
+from tailflow.engines.reward.scoring import ScoredRound, groups_from_outcomes, problem_id_of
 from tailflow.engines.reward.worker import ScoreItem, ScoreOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason
+
+if TYPE_CHECKING:
+    from tailflow.engines.cluster.reward_pool import RewardPool
 
 
 @dataclass(frozen=True)
@@ -67,11 +69,14 @@ class StreamingScorer:
         self.streaming = streaming
         self._outcomes: dict[str, ScoreOutcome] = {}
         self._sent: set[str] = set()
+        self.texts: dict[str, str] = {}
+        """Each response's text, decoded once when it is sent to the reward."""
         self.rollout_ended_at: float | None = None
 
     def item_for(self, completion: Completion) -> ScoreItem:
         problem = self.problems_by_id[problem_id_of(completion.request_id)]
         text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        self.texts[completion.request_id] = text
         return ScoreItem(completion.request_id, text, problem, self.timeout_of(problem))
 
     def on_finished(self, completions: Sequence[Completion]) -> None:
@@ -109,3 +114,10 @@ class StreamingScorer:
         )
         self.pool.shrink_to_recent_need()
         return outcomes, stats
+
+    def score_round(self, problems: Sequence[Problem], completions: Sequence[Completion]) -> ScoredRound:
+        """The kept completions' scores (waiting for those still outstanding), grouped by prompt."""
+        started = time.perf_counter()
+        outcomes, stats = self.finish(completions)
+        groups = groups_from_outcomes(problems, completions, outcomes, self.texts)
+        return ScoredRound(groups, stats, time.perf_counter() - started)

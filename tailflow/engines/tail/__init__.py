@@ -1,29 +1,31 @@
 """Tail batching (RollPacker): round planning, the long-prompt queue, the completion rule.
 
-Pure Python and engine-agnostic: the caller plans a round, launches its
-requests, feeds finished completions to the round's rule, aborts what the rule
-says, and finally defers the rule's unfinished prompts to the queue.
+Pure Python and engine-agnostic. One round: `begin_round` (round.py) plans it
+from the committed `TailState` and draws its prompts; the caller launches the
+requests and `run_round` (driver.py) runs them under the plan's completion
+rule, aborting what it says; `settle_round` queues the prompts the round gave
+up on and returns the next `TailState`.
 """
-from tailflow.engines.tail.completion import (
-    CompletionRule,
-    RoundResult,
-    ShortRoundResult,
-    WaitForAllRule,
-    rule_for,
-)
-from tailflow.engines.tail.planner import RoundKind, RoundPlan, launched_prompts, plan_round
+from tailflow.engines.tail.completion import CompletionRule, RoundResult, WaitForAllRule, rule_for
+from tailflow.engines.tail.planner import RoundKind, RoundPlan, launched_prompts, make_round_plan
 from tailflow.engines.tail.queue import LongPromptQueue, QueuedPrompt
+from tailflow.engines.tail.round import PlannedRound, begin_round, settle_round
+from tailflow.engines.tail.state import TailSettings, TailState
 
 __all__ = [
     "CompletionRule",
     "LongPromptQueue",
+    "PlannedRound",
     "QueuedPrompt",
     "RoundKind",
     "RoundPlan",
     "RoundResult",
-    "ShortRoundResult",
+    "TailSettings",
+    "TailState",
     "WaitForAllRule",
+    "begin_round",
     "launched_prompts",
-    "plan_round",
+    "make_round_plan",
     "rule_for",
+    "settle_round",
 ]

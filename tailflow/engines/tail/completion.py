@@ -45,9 +45,6 @@ class RoundResult:
         return problems, [completion for problem in problems for completion in kept[problem.problem_id]]
 
 
-ShortRoundResult = RoundResult
-
-
 class CompletionRule:
     """One round's completion state; `observe` each batch of finished requests, abort what it returns."""
 

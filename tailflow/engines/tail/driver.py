@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence
 
-from tailflow.engines.rollout.protocol import Completion, Request
+from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 from tailflow.engines.tail.completion import CompletionRule, RoundResult, WaitForAllRule
 
 
@@ -32,6 +32,7 @@ class StreamingRollout(Protocol):
     def abort(self, request_ids: Sequence[str]) -> list[Completion]: ...
     def has_unfinished(self) -> bool:
         """Any engine still holds a request (running or waiting)."""
+    def stats(self) -> list[EngineStats]: ...
 
 
 class RolloutStalled(RuntimeError):

@@ -53,7 +53,7 @@ def launched_prompts(prompts_per_step: int, prompt_ratio: float) -> int:
     return math.ceil(round(prompt_ratio * prompts_per_step, 9))
 
 
-def plan_round(
+def make_round_plan(
     queue: LongPromptQueue,
     iteration: int,
     prompts_per_step: int,

@@ -4,12 +4,13 @@ A short round aborts the prompts that did not finish in time (RollPacker, tail
 batching); they wait here until a full batch of them has gathered, and the
 next step is then a long round over the oldest of them. The queue holds
 problem ids only, so it travels in `RunState` as plain JSON and a resumed run
-looks the problems up again by id.
+looks the problems up again by id. Between iterations it is held, immutable,
+in `TailState` (state.py); this class is the policy's working copy.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
-from typing import Any, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Iterable, Sequence
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,6 @@ class LongPromptQueue:
             del self._prompts[prompt.problem_id]
         return taken
 
-    def to_state(self) -> list[dict[str, Any]]:
-        """JSON-safe records, oldest first (for `RunState`)."""
-        return [asdict(prompt) for prompt in self._prompts.values()]
-
-    @classmethod
-    def from_state(cls, state: Sequence[dict[str, Any]]) -> "LongPromptQueue":
-        return cls(QueuedPrompt(**record) for record in state)
+    def prompts(self) -> list[QueuedPrompt]:
+        """Every queued prompt, oldest first (what `TailState.queue` holds)."""
+        return list(self._prompts.values())

@@ -7,7 +7,7 @@ into micro-batches that fit in memory. `collate` makes the tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import torch
 
@@ -62,30 +62,33 @@ def count_response_tokens(samples: list[TrainSample]) -> int:
     return sum(sample.num_response_tokens for sample in samples)
 
 
-def _longest_first(samples: list[TrainSample]) -> list[TrainSample]:
-    order = sorted(range(len(samples)), key=lambda i: (-samples[i].num_tokens, i))
-    return [samples[i] for i in order]
+def pack_longest_first(lengths: Sequence[int], max_tokens_per_micro_batch: int) -> list[list[int]]:
+    """Indices packed, longest first (ties by index), into groups with rows * longest_row <= budget.
 
-
-def split_by_token_budget(samples: list[TrainSample], max_tokens_per_micro_batch: int) -> list[list[TrainSample]]:
-    """Pack samples, longest first, into micro-batches with rows * longest_row <= budget.
-
-    Sorting by length keeps padding small. A sample longer than the budget on
-    its own gets a micro-batch of its own. Same input -> same split.
+    Sorting by length keeps padding small (lengths are heavy-tailed: one padded
+    batch would be mostly padding). An item longer than the budget on its own
+    gets a group of its own. Same input -> same groups. The RL trainer and the
+    warm-start SFT both cut their batches with it.
     """
     if max_tokens_per_micro_batch < 1:
         raise ValueError(f"max_tokens_per_micro_batch must be >= 1, got {max_tokens_per_micro_batch}")
-    micro_batches: list[list[TrainSample]] = []
-    current: list[TrainSample] = []
-    for sample in _longest_first(samples):
-        longest = current[0].num_tokens if current else sample.num_tokens
+    groups: list[list[int]] = []
+    current: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        longest = lengths[current[0]] if current else lengths[index]
         if current and (len(current) + 1) * longest > max_tokens_per_micro_batch:
-            micro_batches.append(current)
+            groups.append(current)
             current = []
-        current.append(sample)
+        current.append(index)
     if current:
-        micro_batches.append(current)
-    return micro_batches
+        groups.append(current)
+    return groups
+
+
+def split_by_token_budget(samples: list[TrainSample], max_tokens_per_micro_batch: int) -> list[list[TrainSample]]:
+    """Micro-batches of samples, cut by `pack_longest_first` on their token counts."""
+    groups = pack_longest_first([sample.num_tokens for sample in samples], max_tokens_per_micro_batch)
+    return [[samples[i] for i in group] for group in groups]
 
 
 def shard_across_ranks(samples: list[TrainSample], world_size: int) -> list[list[TrainSample]]:
@@ -99,7 +102,8 @@ def shard_across_ranks(samples: list[TrainSample], world_size: int) -> list[list
         raise ValueError(f"world_size must be >= 1, got {world_size}")
     shards: list[list[TrainSample]] = [[] for _ in range(world_size)]
     num_tokens = [0] * world_size
-    for sample in _longest_first(samples):
+    for index in sorted(range(len(samples)), key=lambda i: (-samples[i].num_tokens, i)):
+        sample = samples[index]
         rank = min(range(world_size), key=lambda r: (num_tokens[r], len(shards[r]), r))
         shards[rank].append(sample)
         num_tokens[rank] += sample.num_tokens

@@ -14,23 +14,26 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from tailflow.engines.data.problem import Problem
+from tailflow.engines.train.batch import pack_longest_first
 
 IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
 class SFTConfig:
-    steps: int = 1500
-    batch_size: int = 32
-    lr: float = 2e-3
+    """Steps, batch size, learning rate and seed come from `warmstart.*` (their defaults live there, once);
+    the rest are the recipe's fixed choices."""
+
+    steps: int
+    batch_size: int
+    lr: float
+    seed: int
     warmup_steps: int = 50
     weight_decay: float = 0.0
-    seed: int = 0
     eval_every: int = 100
     max_tokens_per_micro_batch: int = 2048
-    """The batch is sorted by length and cut into micro-batches of at most this
-    many padded tokens: lengths are heavy-tailed, so one padded batch would be
-    mostly padding (3x slower measured here)."""
+    """Micro-batches of at most this many padded tokens (`pack_longest_first`: 3x faster than one padded
+    batch, measured here)."""
 
 
 @dataclass(frozen=True)
@@ -93,16 +96,8 @@ def sft_train(
 def accumulate_gradients(model: PreTrainedModel, batch: list[Problem], tokenizer, max_tokens: int) -> float:
     """Backward the batch's token-mean loss through length-sorted micro-batches; returns the loss."""
     encoded = [collate_sft([problem], tokenizer) for problem in batch]
-    order = sorted(range(len(batch)), key=lambda i: encoded[i]["input_ids"].shape[1])
     num_targets = sum(int((e["labels"] != IGNORE_INDEX).sum()) for e in encoded)
-    micro_batches, current = [], []
-    for index in order:
-        width = encoded[index]["input_ids"].shape[1]
-        if current and (len(current) + 1) * width > max_tokens:
-            micro_batches.append(current)
-            current = []
-        current.append(index)
-    micro_batches.append(current)
+    micro_batches = pack_longest_first([e["input_ids"].shape[1] for e in encoded], max_tokens)
     total = 0.0
     for indices in micro_batches:
         inputs = collate_sft([batch[i] for i in indices], tokenizer)

@@ -74,6 +74,8 @@ class TrainStepStats:
     num_samples: int
     logprob_diff_vs_rollout: float | None = None
     """Mean |trainer log-prob - rollout log-prob| over tokens that carry rollout log-probs."""
+    seconds: float = 0.0
+    """The step's wall time, from the driver (`time/step_train`); 0 where nobody timed it."""
 
     def metrics(self) -> dict[str, float]:
         """ROLL-compatible names (see ARCHITECTURE.md)."""
@@ -276,12 +278,6 @@ class PolicyTrainer:
         state_dict = get_model_state_dict(self.model, options=options)
         # Unsharded, torch returns the live parameters themselves (FSDP gathers into fresh tensors).
         return _replace_with_copies(state_dict) if self.mesh is None else state_dict
-
-    def save_hf(self, path: str) -> None:
-        """Gather, then rank 0 writes config + safetensors (`from_pretrained`-loadable; no tokenizer)."""
-        state_dict = self.full_state_dict()
-        if self.rank == 0:
-            self.model.save_pretrained(path, state_dict=state_dict)
 
     def state_for_checkpoint(self) -> dict:
         """{"model": full state dict, "optimizer": full optimizer state or None before the first step} on rank 0.

@@ -5,8 +5,6 @@ import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-STATUSES = ("ok", "error", "timeout", "killed")
-
 
 @dataclass(frozen=True)
 class SandboxLimits:

@@ -22,6 +22,8 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import ray
+
 from tailflow.engines.reward.spec import RewardSpec
 from tailflow.engines.reward.worker import RewardWorker, ScoreItem, ScoreOutcome
 
@@ -33,8 +35,6 @@ class RewardPool:
             raise ValueError(f"need 1 <= min_workers ({min_workers}) <= max_workers ({max_workers})")
         if backlog_per_worker < 1:
             raise ValueError(f"backlog_per_worker must be >= 1, got {backlog_per_worker}")
-        import ray
-
         self.spec = spec
         self.min_workers, self.max_workers, self.backlog_per_worker = min_workers, max_workers, backlog_per_worker
         self._actor_class = ray.remote(num_cpus=0, max_restarts=0)(RewardWorker)
@@ -68,8 +68,6 @@ class RewardPool:
 
     def _ready_indices(self) -> list[int]:
         """Workers that have started; waits for the first one if none has."""
-        import ray
-
         if self._starting:
             refs = list(self._starting.values())
             if len(self._starting) == len(self.workers):
@@ -88,8 +86,6 @@ class RewardPool:
 
     def shrink_to_recent_need(self) -> None:
         """After a round: keep what its peak backlog needed; idle workers beyond that are stopped."""
-        import ray
-
         wanted = self.workers_wanted(self.peak_backlog)
         last = len(self.workers) - 1
         if len(self.workers) > wanted and last not in set(self._outstanding.values()):
@@ -116,8 +112,6 @@ class RewardPool:
 
     def ready(self, timeout_s: float = 0.0) -> list[ScoreOutcome]:
         """Outcomes finished by now (waiting up to `timeout_s` for the first); a failed call raises."""
-        import ray
-
         if not self._outstanding:
             return []
         if timeout_s > 0:
@@ -130,8 +124,6 @@ class RewardPool:
         return outcomes
 
     def wait_all(self) -> list[ScoreOutcome]:
-        import ray
-
         outcomes = []
         while self._outstanding:
             done, _ = ray.wait(list(self._outstanding), num_returns=1)
@@ -147,13 +139,9 @@ class RewardPool:
         return [by_id[item.request_id] for item in items]
 
     def worker_pid(self, index: int = 0) -> int:
-        import ray
-
         return ray.get(self.workers[index].pid.remote())
 
     def shutdown(self) -> None:
-        import ray
-
         for worker in self.workers:
             try:
                 ray.get(worker.close.remote(), timeout=10)

@@ -1,0 +1,27 @@
+"""Greedy held-out accuracy: one response per problem at temperature 0, scored by the run's reward workers.
+
+The one evaluation path, used by the training run (before it starts and every
+`train.eval_every` iterations) and by `tailflow eval`. Code runs with the
+fixed `reward.timeout_max_s`, so accuracy never depends on the anchors the
+run has learned.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Sequence
+
+from tailflow.engines.data.problem import Problem
+from tailflow.engines.reward.streaming import StreamingScorer
+from tailflow.engines.rollout.requests import greedy_requests
+
+if TYPE_CHECKING:
+    from tailflow.engines.cluster.reward_pool import RewardPool
+    from tailflow.engines.cluster.rollout_group import RolloutGroup
+
+
+def held_out_accuracy(rollout: RolloutGroup, pool: RewardPool, tokenizer, problems: Sequence[Problem],
+                      prompt_template: str, max_new_tokens: int, timeout_s: float | None) -> float:
+    requests = greedy_requests(problems, max_new_tokens, tokenizer, prompt_template)
+    completions = rollout.generate(requests)
+    scorer = StreamingScorer(pool, tokenizer, problems, lambda problem: timeout_s, streaming=False)
+    scored = scorer.score_round(problems, completions)
+    return sum(group.responses[0].correct for group in scored.groups) / len(scored.groups)

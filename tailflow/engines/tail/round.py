@@ -1,0 +1,55 @@
+"""A round's two ends: `begin_round` chooses its prompts, `settle_round` queues the ones it gave up on.
+
+Between them the caller launches the plan's requests and runs them under the
+round's completion rule (driver.py). Both ends are pure: they take a
+`TailState` and return a new one, and the data cursor advances only in the
+returned state.
+
+A fresh draw skips problems that wait in the long-prompt queue (a later
+epoch can reach them again): their long round will train them, and a round
+must never launch one problem twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
+
+from tailflow.engines.data.cursor import draw_prompts
+from tailflow.engines.data.problem import Problem
+from tailflow.engines.tail.completion import RoundResult
+from tailflow.engines.tail.planner import RoundPlan, make_round_plan
+from tailflow.engines.tail.state import TailSettings, TailState
+
+
+@dataclass(frozen=True)
+class PlannedRound:
+    plan: RoundPlan
+    problems: list[Problem]
+    """Launch order: queued prompts (long round) or fresh ones."""
+    tail: TailState
+    """The tail state after planning: a long round has taken its prompts out, the cursor is past the draw."""
+
+
+def begin_round(tail: TailState, iteration: int, settings: TailSettings, problems: Sequence[Problem],
+                problems_by_id: Mapping[str, Problem]) -> PlannedRound:
+    queue, cursor = tail.long_queue(), replace(tail.cursor)
+    plan = make_round_plan(queue, iteration, settings.prompts_per_step, settings.responses_kept,
+                           settings.prompt_ratio, settings.responses_launched, settings.enabled)
+    if plan.fresh_prompts > len(problems) - len(queue):
+        raise ValueError(f"a round launches {plan.fresh_prompts} fresh prompts but the dataset has only "
+                         f"{len(problems)} ({len(queue)} of them queued): lower data.prompts_per_step")
+    chosen = [problems_by_id[queued.problem_id] for queued in plan.queued]
+    launched_ids: set[str] = set()
+    while len(chosen) < plan.fresh_prompts:
+        for problem in draw_prompts(problems, cursor, plan.fresh_prompts - len(chosen), settings.data_seed):
+            if problem.problem_id not in queue and problem.problem_id not in launched_ids:
+                chosen.append(problem)
+                launched_ids.add(problem.problem_id)
+    return PlannedRound(plan, chosen, TailState(queue=tuple(queue.prompts()), cursor=cursor))
+
+
+def settle_round(planned: PlannedRound, result: RoundResult) -> TailState:
+    """The tail state after the round: its unfinished prompts join the long-prompt queue."""
+    queue = planned.tail.long_queue()
+    queue.defer(result.deferred_problem_ids, planned.plan.iteration)
+    return TailState(queue=tuple(queue.prompts()), cursor=planned.tail.cursor)

@@ -1,0 +1,57 @@
+"""Tail batching's durable state and its settings: the one record the policy reads and writes.
+
+`TailState` is what the policy owns between iterations: the long-prompt queue
+(problem ids with their deferral counts, oldest first) and the data cursor.
+It lives in `RunState.tail` and is committed with every checkpoint, so a
+resumed run plans its next round from exactly the queue and data position
+it had. It is immutable: `begin_round` and `settle_round` (round.py) return
+new states, so a step that crashes after planning leaves the committed one
+untouched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tailflow.engines.data.cursor import DataCursor
+from tailflow.engines.tail.queue import LongPromptQueue, QueuedPrompt
+
+
+class TailState(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    queue: tuple[QueuedPrompt, ...] = ()
+    """The long-prompt queue, oldest first (each problem id at most once)."""
+    cursor: DataCursor = Field(default_factory=DataCursor)
+    """Where fresh prompts are drawn from next: epoch and position in the seeded order."""
+
+    def long_queue(self) -> LongPromptQueue:
+        """A working copy of the queue (the policy's mutable view; this state is unchanged)."""
+        return LongPromptQueue(self.queue)
+
+
+@dataclass(frozen=True)
+class TailSettings:
+    """The round-shaping settings of a run, read from the config once at setup."""
+
+    prompts_per_step: int
+    """P0: prompts trained per step."""
+    responses_kept: int
+    """R0: responses kept (and trained) per prompt."""
+    prompt_ratio: float
+    """Short rounds launch ceil(prompt_ratio * P0) prompts."""
+    responses_launched: int
+    """Responses launched per prompt in a short round."""
+    enabled: bool
+    """Tail batching on; off, every step is the synchronous baseline."""
+    data_seed: int
+    """The seeded order fresh prompts are drawn in."""
+    steps_per_poll: int
+    """Engine steps between looks at what finished (the round driver's granularity)."""
+
+    @classmethod
+    def from_config(cls, config) -> "TailSettings":
+        return cls(prompts_per_step=config.data.prompts_per_step, responses_kept=config.rollout.n,
+                   prompt_ratio=config.tail.prompt_ratio, responses_launched=config.responses_launched,
+                   enabled=config.tail.enabled, data_seed=config.data.seed, steps_per_poll=config.tail.steps_per_poll)
