@@ -77,7 +77,7 @@ class FinishedAt:
 
     completion: Completion
     step: int
-    """The engine's decode-step count after that step (`EngineStats.steps` then)."""
+    """Decode steps this engine has run in the current round, that one included (1 = the round's first)."""
     offset: int
     """1 for the first step of the call that returned it, 2 for the second...: a group merges workers'
     completions by it, so the ones finished in the same step of a poll come before later ones."""
