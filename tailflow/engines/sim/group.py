@@ -28,6 +28,11 @@ class SimGroup:
         """This round's finished request id -> (replica, step of the round it finished at), as `RolloutGroup`."""
         self.round_start = [0] * num_replicas
 
+    @classmethod
+    def of(cls, cost, lengths, num_replicas: int, num_slots: int, kv_budget_tokens: int | None = None) -> "SimGroup":
+        """`num_replicas` identical engines on one cost model and length source."""
+        return cls(lambda rank: SimEngine(cost, lengths, num_slots, kv_budget_tokens), num_replicas)
+
     def _start_round(self) -> None:
         self.finish_steps.clear()
         self.round_start = [engine.num_steps for engine in self.engines]

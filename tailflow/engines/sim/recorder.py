@@ -61,9 +61,9 @@ class TraceRecorder:
     def _response(self, rid: str, kept: set[str], aborted: set[str], steps: dict) -> TraceResponse:
         index = int(rid.rpartition("#")[2])
         finished, partial = self.finished.get(rid), self.aborted.get(rid)
-        if rid in aborted or finished is None:  # a finish racing its abort counts as aborted (discarded)
-            length = max(len(c.token_ids) for c in (finished, partial) if c is not None) if (finished or partial) else 0
-            return TraceResponse(index, length, "abort", None, None, "aborted")
+        outcome = "aborted" if rid in aborted else "kept" if rid in kept else "finished"
+        if finished is None:  # stopped by the rule before it finished (or lost): its length is a lower bound
+            return TraceResponse(index, len(partial.token_ids) if partial else 0, "abort", None, None, "aborted")
+        # finished: kept, not kept, or finished in the same poll as the abort that discarded it (its length is exact)
         worker, step = steps.get(rid, (None, None))
-        return TraceResponse(index, len(finished.token_ids), finished.finish_reason.value, step, worker,
-                             "kept" if rid in kept else "finished")
+        return TraceResponse(index, len(finished.token_ids), finished.finish_reason.value, step, worker, outcome)

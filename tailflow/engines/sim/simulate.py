@@ -19,6 +19,7 @@ from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
 from tailflow.engines.tail import LongPromptQueue, RoundKind, rule_for
 from tailflow.engines.tail.driver import run_round
+from tailflow.engines.tail.launch import launch_order
 from tailflow.engines.tail.prepare import prepare_round
 
 
@@ -70,7 +71,7 @@ def sim_requests(problems: list[Problem], responses_per_prompt: int, lengths: Le
     """The round's requests, `<problem>#<k>` in the real launch order; prompts are placeholders of their length."""
     params = SamplingParams(max_new_tokens=max_new_tokens)
     return [Request(f"{problem.problem_id}#{k}", PlaceholderTokens(lengths.prompt_tokens(problem.problem_id)), params)
-            for problem in problems for k in range(responses_per_prompt)]
+            for problem, k in launch_order(problems, responses_per_prompt)]
 
 
 class PolicySimulation:

@@ -8,8 +8,10 @@
 
 `outcome` is `kept` (trained on), `finished` (ended by itself but not trained:
 its prompt was deferred, or it finished after its prompt had R0) or `aborted`
-(stopped by the rule: `length` is what it had generated, a lower bound on
-what it would have; `step` is null). `step` is the decode step of the round
+(discarded by the rule). An aborted response with `finish` `abort` was stopped
+before it ended: `length` is what it had generated, a lower bound on what it
+would have, and `step` is null; one with another `finish` did end, in the same
+poll as the abort that discarded it, and its length is exact. `step` is the decode step of the round
 (1 = its first, counted on the engine that ran it) at which it finished, and
 `worker` that engine. `generate_s` is the
 round's measured rollout time (null when unknown). Runs write it through the
@@ -127,7 +129,7 @@ def finished_lengths(rounds: Sequence[TraceRound]) -> dict[str, list[int]]:
     for trace_round in rounds:
         for prompt in trace_round.prompts:
             pools.setdefault(prompt.problem_id, []).extend(
-                r.length for r in prompt.responses if r.outcome != "aborted")
+                r.length for r in prompt.responses if r.finish != "abort")
     return pools
 
 
@@ -154,7 +156,7 @@ class TraceLengths:
                 self._prompt_tokens[prompt.problem_id] = prompt.prompt_tokens
                 for r in prompt.responses:
                     length = (imputed_length(r.length, pools.get(prompt.problem_id, []), trace_round.max_new_tokens)
-                              if r.outcome == "aborted" else ResponseLength(r.length, FinishReason(r.finish)))
+                              if r.finish == "abort" else ResponseLength(r.length, FinishReason(r.finish)))
                     self._lengths[trace_round.iteration, f"{prompt.problem_id}#{r.index}"] = length
         self.iteration = min(self.rounds)
 
