@@ -231,6 +231,9 @@ class StorageConfig(Section):
     """Checkpoints kept (model + optimizer, one per iteration): the newest this many, never the committed one."""
     keep_every: int = Field(10, ge=0)
     """Also keep every checkpoint after an iteration count divisible by this (0: none), e.g. for later eval."""
+    rollout_trace: bool = True
+    """Write `<run>/rollout_trace.jsonl`: per iteration, every launched response's length, finish reason, engine
+    step and outcome (kept, finished, aborted). `tailflow plan --run` and the simulator read it."""
 
 
 class TrackingConfig(Section):
