@@ -19,6 +19,8 @@ from typing import Callable, Sequence
 
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
+from tailflow.engines.sim.costs import CostModelError
+from tailflow.engines.sim.presets import hardware_preset, model_preset
 from tailflow.engines.sim.roofline import RooflineCost
 from tailflow.engines.sim.simulate import PolicySettings, SimRound, simulate_policy
 from tailflow.engines.sim.step_time import NonRolloutCost, mean_step_time, shares_from_baseline, StageShares
@@ -98,6 +100,7 @@ class PlanReport:
 
 def smallest_tp(hardware: str, model: str, num_gpus: int) -> int:
     """The smallest power-of-two TP (up to 8) whose replica holds the weights and one KV budget."""
+    hardware_preset(hardware), model_preset(model)  # an unknown name is its own error, not "fits no TP"
     for tp in (1, 2, 4, 8):
         if num_gpus % tp == 0:
             try:
@@ -105,7 +108,7 @@ def smallest_tp(hardware: str, model: str, num_gpus: int) -> int:
                 return tp
             except ValueError:
                 continue
-    raise ValueError(f"{model} fits no TP <= 8 on {num_gpus} x {hardware}")
+    raise CostModelError(f"--model: {model} fits no TP <= 8 on {num_gpus} x {hardware}")
 
 
 def make_cost(request: PlanRequest, tp: int) -> RooflineCost:
