@@ -1,18 +1,26 @@
-"""Native engine vs transformers on the embedded task: useful tokens per second.
+"""Native engine vs transformers on the embedded task: useful tokens per second, same lengths on every side.
 
-    python bench/engine.py [--requests 64] [--quick] [--threads 1]
+    python bench/engine.py [--requests 64] [--seeds 3] [--quick] [--threads 1]
 
 Rollout lengths on the default task are long-tailed, so a static batch
 (`model.generate()`) keeps computing rows that have finished until its longest
 row ends; the native engine frees a finished row's slot at once. Only useful
 tokens count: each request's tokens up to its own finish.
 
-Lengths: with the shipped warm-start checkpoint (tailflow/assets/warmstart/)
-every method samples (temperature 1) until EOS, the task's real lengths. With
-no checkpoint, a random-init model is used and each request's length is forced
-to its reference solution's length (+1 for EOS): max_new_tokens = that length,
-EOS disabled, so no method can stop early and the lengths follow the task's
-distribution exactly. The last line is `RESULT engine_speedup_vs_generate=<x>`.
+Same work on every side. Each request's length is forced to its reference
+solution's length + 1 (the task's own long-tailed distribution): its
+max_new_tokens is that length and EOS does not stop anything, so every method
+produces exactly the same useful lengths (checked: a run where they differ
+stops with an error). Sampled lengths would differ between methods (each has
+its own random stream) and the ratio would compare different work. The model
+is the shipped warm-start checkpoint (tailflow/assets/warmstart/), or a
+random-init tiny Qwen2 where it is missing; with lengths forced its weights
+change only the tokens, not the work.
+
+Seeds. One seed draws one set of problems (so one set of lengths) and one
+sampling stream; the ratio moves with them, so it is measured on at least 3
+seeds and their mean is reported, with each seed's value. The last line is
+`RESULT engine_speedup_vs_generate=<mean over seeds>`.
 """
 from __future__ import annotations
 
@@ -35,15 +43,16 @@ WARMSTART_MAX_NEW_TOKENS = 300
 CURVE_NEW_TOKENS = 64
 
 
+MIN_SEEDS = 3
+
+
 @dataclass(frozen=True)
 class Workload:
-    """What every method is asked to do; `max_new_tokens[i]` is request i's own cap."""
+    """What every method is asked to do: request i makes exactly `max_new_tokens[i]` tokens (EOS never stops)."""
 
     model: PreTrainedModel
     prompts: list[list[int]]
     max_new_tokens: list[int]
-    use_eos: bool
-    eos_token_id: int
     pad_token_id: int
     description: str
 
@@ -61,21 +70,21 @@ class Timing:
 
 
 def build_workload(num_requests: int, seed: int) -> Workload:
+    """`num_requests` problems of seed `seed`, each forced to its reference solution's length + 1."""
     tokenizer = build_char_tokenizer()
     problems, _ = default_splits(num_requests, 1, seed)
     prompts = [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
-    if (WARMSTART / "config.json").is_file():
-        return Workload(load_model(WARMSTART), prompts, [WARMSTART_MAX_NEW_TOKENS] * num_requests, True, eos, pad,
-                        f"warm-start checkpoint {WARMSTART}: sampled at temperature 1 until EOS "
-                        f"(cap {WARMSTART_MAX_NEW_TOKENS})")
     lengths = [len(tokenizer(p.solution, add_special_tokens=False)["input_ids"]) + 1 for p in problems]
-    model = build_tiny_model(len(tokenizer), eos, pad, seed=seed)
+    if (WARMSTART / "config.json").is_file():
+        model, source = load_model(WARMSTART), f"warm-start checkpoint {WARMSTART}"
+    else:
+        model, source = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed), \
+            "random-init tiny Qwen2 (no warm-start checkpoint)"
     # generate() fills unset (None) fields from the model's own generation config: unset EOS there too.
     model.generation_config.eos_token_id = None
-    return Workload(model, prompts, lengths, False, eos, pad,
-                    "no warm-start checkpoint: random-init tiny Qwen2, each request forced to its reference "
-                    "solution's length + 1 (max_new_tokens = that, EOS disabled, so nothing stops early)")
+    return Workload(model, prompts, lengths, tokenizer.pad_token_id,
+                    f"{source}, temperature 1; each request forced to its reference solution's length + 1 "
+                    "(max_new_tokens = that, EOS never stops), so every method makes the same tokens")
 
 
 def engine_requests(workload: Workload, seed: int) -> list[Request]:
@@ -85,37 +94,35 @@ def engine_requests(workload: Workload, seed: int) -> list[Request]:
 
 def make_engine(workload: Workload, num_slots: int, max_new_tokens: int, seed: int) -> NativeEngine:
     max_seq_len = max(len(p) for p in workload.prompts) + max_new_tokens
-    eos = None if workload.use_eos else ()
-    return NativeEngine(workload.model, num_slots, max_seq_len, seed=seed, eos_token_ids=eos)
+    return NativeEngine(workload.model, num_slots, max_seq_len, seed=seed, eos_token_ids=())
 
 
 def time_native(workload: Workload, num_slots: int, seed: int) -> Timing:
     engine = make_engine(workload, num_slots, max(workload.max_new_tokens), seed)
     engine.generate(engine_requests(workload, seed)[:2])  # warm-up
     start = time.perf_counter()
-    completions = engine.generate(engine_requests(workload, seed))
+    requests = engine_requests(workload, seed)
+    completions = engine.generate(requests)
     seconds = time.perf_counter() - start
-    lengths = [len(c.token_ids) for c in completions]
+    length_of = {c.request_id: len(c.token_ids) for c in completions}  # they come back in finish order
+    lengths = [length_of[request.request_id] for request in requests]
     return Timing("native engine", seconds, sum(lengths), lengths)
 
 
 def generation_config(workload: Workload, max_new_tokens: int) -> GenerationConfig:
     return GenerationConfig(
         do_sample=True, temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=max_new_tokens,
-        eos_token_id=workload.eos_token_id if workload.use_eos else None, pad_token_id=workload.pad_token_id,
+        eos_token_id=None, pad_token_id=workload.pad_token_id,
     )
 
 
-def useful_length(tokens: list[int], cap: int, workload: Workload) -> int:
-    """Tokens up to this request's own finish: its cap, or its first EOS (kept)."""
-    tokens = tokens[:cap]
-    if workload.use_eos and workload.eos_token_id in tokens:
-        return tokens.index(workload.eos_token_id) + 1
-    return len(tokens)
+def useful_length(tokens: list[int], cap: int) -> int:
+    """Tokens up to this request's own finish, its cap (a static batch runs every row to the longest cap)."""
+    return len(tokens[:cap])
 
 
 def time_generate(workload: Workload, seed: int) -> Timing:
-    """One left-padded batch of every prompt, run until the longest cap (or every row's EOS)."""
+    """One left-padded batch of every prompt, run until the longest cap."""
     width = max(len(p) for p in workload.prompts)
     input_ids = torch.tensor([[workload.pad_token_id] * (width - len(p)) + p for p in workload.prompts])
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in workload.prompts])
@@ -128,13 +135,13 @@ def time_generate(workload: Workload, seed: int) -> Timing:
         output = workload.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
         seconds = time.perf_counter() - start
     responses = output[:, width:].tolist()
-    lengths = [useful_length(r, cap, workload) for r, cap in zip(responses, workload.max_new_tokens)]
+    lengths = [useful_length(r, cap) for r, cap in zip(responses, workload.max_new_tokens)]
     return Timing("transformers generate()", seconds, sum(lengths), lengths)
 
 
 def time_generate_batch(workload: Workload, seed: int) -> Timing:
-    """transformers' continuous batching; it has one max_new_tokens for all, so with forced
-    lengths every request runs to the longest cap and only each one's own length counts."""
+    """transformers' continuous batching; it has one max_new_tokens for all, so every request runs to the
+    longest cap and only each one's own length counts."""
     config = generation_config(workload, max(workload.max_new_tokens))
     torch.manual_seed(seed)
     start = time.perf_counter()
@@ -144,19 +151,16 @@ def time_generate_batch(workload: Workload, seed: int) -> Timing:
     outputs = list(results.values())
     if len(outputs) != len(workload.prompts) or any(o.error for o in outputs):
         raise RuntimeError(f"generate_batch returned {len(outputs)} of {len(workload.prompts)} results")
-    lengths = [useful_length(o.generated_tokens, cap, workload) for o, cap in zip(outputs, workload.max_new_tokens)]
+    lengths = [useful_length(o.generated_tokens, cap) for o, cap in zip(outputs, workload.max_new_tokens)]
     return Timing("transformers generate_batch()", seconds, sum(lengths), lengths)
 
 
 def throughput_curve(workload: Workload, sizes: list[int], new_tokens: int, seed: int) -> list[tuple[int, float]]:
     """Engine tokens/s with `size` requests all active, each exactly `new_tokens` long (EOS off)."""
     prompts = (workload.prompts * (max(sizes) // len(workload.prompts) + 1))[: max(sizes)]
-    fixed = Workload(workload.model, prompts, [new_tokens] * len(prompts), False,
-                     workload.eos_token_id, workload.pad_token_id, "curve")
     points = []
     for size in sizes:
-        sized = Workload(fixed.model, prompts[:size], fixed.max_new_tokens[:size], False,
-                         fixed.eos_token_id, fixed.pad_token_id, "curve")
+        sized = Workload(workload.model, prompts[:size], [new_tokens] * size, workload.pad_token_id, "curve")
         timing = time_native(sized, size, seed)
         points.append((size, timing.tokens_per_s))
     return points
@@ -172,41 +176,83 @@ def report_lengths(lengths: list[int]) -> str:
             f"P99 {percentile(lengths, 0.99)}, max {max(lengths)}, total {sum(lengths)}")
 
 
+@dataclass(frozen=True)
+class SeedComparison:
+    """Every method on one seed's workload; all made the same useful lengths (checked on construction)."""
+
+    seed: int
+    native: Timing
+    generate: Timing
+    generate_batch: Timing | None
+
+    @property
+    def speedup(self) -> float:
+        return self.native.tokens_per_s / self.generate.tokens_per_s
+
+
+def check_same_lengths(workload: Workload, timings: list[Timing]) -> None:
+    """A ratio of different work would mislead: every method must have made exactly the forced lengths."""
+    for timing in timings:
+        if timing.lengths != workload.max_new_tokens:
+            differing = sum(a != b for a, b in zip(timing.lengths, workload.max_new_tokens))
+            raise RuntimeError(f"{timing.name} made other lengths than the forced ones ({differing} of "
+                               f"{len(timing.lengths)} requests differ): the comparison would not be like for like")
+
+
+def compare_on_seed(num_requests: int, seed: int, with_generate_batch: bool) -> SeedComparison:
+    workload = build_workload(num_requests, seed)
+    native = time_native(workload, num_requests, seed)
+    generate = time_generate(workload, seed)
+    batch = None
+    if with_generate_batch:
+        try:
+            batch = time_generate_batch(workload, seed)
+        except Exception as error:  # report and carry on: it is only a reference point
+            print(f"  seed {seed}: transformers generate_batch() failed: {type(error).__name__}: {error}")
+    check_same_lengths(workload, [t for t in (native, generate, batch) if t is not None])
+    return SeedComparison(seed, native, generate, batch)
+
+
+def report_seed(comparison: SeedComparison) -> None:
+    print(f"seed {comparison.seed}: lengths {report_lengths(comparison.native.lengths)}")
+    for timing in (comparison.native, comparison.generate, comparison.generate_batch):
+        if timing is not None:
+            print(f"  {timing.name:32s} {timing.seconds:8.2f} s  {timing.useful_tokens:7d} useful tokens  "
+                  f"{timing.tokens_per_s:9.0f} tokens/s  ({timing.tokens_per_s / comparison.generate.tokens_per_s:.2f}x "
+                  "generate)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=64, help="requests in the side-by-side comparison")
+    parser.add_argument("--seeds", type=int, default=MIN_SEEDS, help=f"seeds averaged over (>= {MIN_SEEDS})")
     parser.add_argument("--quick", action="store_true", help="smoke run: 8 requests, short curve, no generate_batch")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch.set_num_threads; 1 is how a rollout worker runs (one engine per core), "
                              "and more threads than free cores makes every method several times slower")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the first seed; the others follow it")
     args = parser.parse_args()
+    if args.seeds < MIN_SEEDS:
+        parser.error(f"--seeds must be >= {MIN_SEEDS}: one seed's ratio moves with the lengths it draws")
     torch.set_num_threads(args.threads)
     num_requests = 8 if args.quick else args.requests
-    workload = build_workload(num_requests, args.seed)
-    print(f"workload: {num_requests} requests of the default task; {workload.description}")
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    print(f"workload: {num_requests} requests of the default task per seed, seeds {seeds}; "
+          f"{build_workload(1, args.seed).description}")
     print(f"threads: {args.threads}; native num_slots={num_requests}")
 
-    native = time_native(workload, num_requests, args.seed)
-    generate = time_generate(workload, args.seed)
-    timings = [native, generate]
-    if not args.quick:
-        try:
-            timings.append(time_generate_batch(workload, args.seed))
-        except Exception as error:  # report and carry on: it is only a reference point
-            print(f"transformers generate_batch() failed: {type(error).__name__}: {error}")
-
-    print(f"useful lengths (native): {report_lengths(native.lengths)}")
-    print(f"useful lengths (generate): {report_lengths(generate.lengths)}")
-    for timing in timings:
-        print(f"{timing.name:32s} {timing.seconds:8.2f} s  {timing.useful_tokens:7d} useful tokens  "
-              f"{timing.tokens_per_s:9.0f} tokens/s  ({timing.tokens_per_s / generate.tokens_per_s:.2f}x generate)")
+    comparisons = [compare_on_seed(num_requests, seed, not args.quick) for seed in seeds]
+    for comparison in comparisons:
+        report_seed(comparison)
+    speedups = [comparison.speedup for comparison in comparisons]
+    print(f"native vs generate(), same lengths, over {len(seeds)} seeds: mean {statistics.mean(speedups):.2f}x, "
+          f"min {min(speedups):.2f}x, max {max(speedups):.2f}x, stdev {statistics.stdev(speedups):.2f}")
 
     sizes, new_tokens = ([1, 4, 16], 16) if args.quick else ([1, 4, 16, 64, 256], CURVE_NEW_TOKENS)
     print(f"engine throughput curve ({new_tokens} new tokens per request, all active):")
-    for size, tokens_per_s in throughput_curve(workload, sizes, new_tokens, args.seed):
+    for size, tokens_per_s in throughput_curve(build_workload(max(sizes), args.seed), sizes, new_tokens, args.seed):
         print(f"  {size:4d} active: {tokens_per_s:9.0f} tokens/s")
-    print(f"RESULT engine_speedup_vs_generate={native.tokens_per_s / generate.tokens_per_s:.2f}")
+    print(f"RESULT engine_speedup_vs_generate={statistics.mean(speedups):.2f}")
 
 
 if __name__ == "__main__":

@@ -72,6 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     sandbox_run.add_argument("--stdin", metavar="FILE", help="file to feed the program on stdin")
     sandbox_run.add_argument("--backend", default="auto", choices=["auto", "bwrap", "process", "docker"],
                              help="auto: bwrap where it works, else process (as reward.sandbox)")
+    plan_arguments(commands.add_parser(
+        "plan", help="simulate tail batching on a GPU cluster from a trace; print the best settings, write a heatmap"))
+    calibrate = commands.add_parser("calibrate", help="measure this machine's native engine for the `cpu` cost model")
+    calibrate.add_argument("--out", default="cpu_cost.json", help="calibration file to write (default cpu_cost.json)")
+    calibrate.add_argument("--model", help="HF model directory (default: the shipped warm start)")
+    calibrate.add_argument("--threads", type=int, default=1, help="torch threads, as the rollout worker will have")
+    calibrate.add_argument("--quick", action="store_true", help="a 3 x 2 grid (smoke runs)")
     server = commands.add_parser("server", help="start a Prefect server (the UI) for deployments and workers")
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=4200)
@@ -80,6 +87,27 @@ def build_parser() -> argparse.ArgumentParser:
     deploy = commands.add_parser("deploy", help="register deployments/prefect.yaml on the Prefect server")
     deploy.add_argument("--repo", help="the tailflow checkout the worker runs flows from (default: this one)")
     return parser
+
+
+def plan_arguments(plan) -> None:
+    source = plan.add_argument_group("lengths (exactly one)")
+    source.add_argument("--run", metavar="RUN_ID", help="a run in storage.uri: its rollout_trace.jsonl")
+    source.add_argument("--trace", metavar="FILE", help="a rollout_trace.jsonl file")
+    source.add_argument("--rollpacker", metavar="FILE", help="RollPacker's response-length-and-rewards JSONL")
+    source.add_argument("--paper", action="store_true", help="the paper-like length generator (needs --max-new-tokens)")
+    plan.add_argument("--gpus", type=int, required=True, help="GPUs in the cluster (rollout and training share them)")
+    plan.add_argument("--hardware", default="h800", help="h100, h800 or a100")
+    plan.add_argument("--model", required=True, help="qwen2.5-7b, qwen2.5-14b or qwen2.5-32b")
+    plan.add_argument("--tp", type=int, default=None, help="rollout TP (default: the smallest that fits the model)")
+    plan.add_argument("--prompts-per-step", type=int, help="P0 (default: the run's; 128 for --paper/--rollpacker)")
+    plan.add_argument("--responses", type=int, help="R0 (default: the run's; 8 otherwise)")
+    plan.add_argument("--max-new-tokens", type=int, help="response cap for --paper (and --rollpacker)")
+    plan.add_argument("--grid", default="paper", choices=["paper", "fine"],
+                      help="paper: Figure 11's 4 x 4; fine: 9 prompt ratios x every response count R0..1.5 R0")
+    plan.add_argument("--rounds", type=int, default=10, help="simulated rounds per setting, at least (whole cycles)")
+    plan.add_argument("--out", default="plan", help="folder for plan.md and plan_heatmap.png")
+    plan.add_argument("--seed", type=int, default=0)
+    config_arguments(plan)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             return run_runs(args, config)
         elif args.command == "export":
             return run_export(args, config)
+        elif args.command == "plan":
+            return run_plan(args, config)
+        elif args.command == "calibrate":
+            return run_calibrate(args)
         return 0
     except user_errors() as error:
         print(f"tailflow: error: {error}", file=sys.stderr)
@@ -124,9 +156,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tailflow.engines.models import UnsupportedModelError
     from tailflow.engines.runs.commit import CommitError
     from tailflow.engines.store import StoreError
+    from tailflow.engines.sim.costs import CostModelError
+    from tailflow.engines.sim.trace import TraceError
     from tailflow.runs_report import RunError
 
-    return (ConfigError, DatasetError, UnsupportedModelError, StoreError, FileNotFoundError, RunError, CommitError)
+    return (ConfigError, DatasetError, UnsupportedModelError, StoreError, FileNotFoundError, RunError, CommitError,
+            CostModelError, TraceError)
 
 
 def allowed_changes(values: list[str]) -> list[str]:
@@ -208,6 +243,36 @@ def run_sandbox(args) -> int:
         print(f"tailflow: error: {error}", file=sys.stderr)
         return 2
     print(json.dumps(asdict(result)))
+    return 0
+
+
+def run_plan(args, config) -> int:
+    """The `plan` flow's search and outputs, run in-process (no Prefect server needed)."""
+    from tailflow.engines.sim.plan import PlanRequest, plan, smallest_tp
+    from tailflow.engines.sim.plan_report import text_table, write_plan
+    from tailflow.engines.sim.sources import LengthSpec, load_lengths, policy_sizes
+
+    spec = LengthSpec(args.run, config.storage.uri, args.trace, args.rollpacker, 20_000 if args.paper else None,
+                      args.max_new_tokens, args.seed)
+    spec.check()
+    p0, r0 = policy_sizes(spec, args.prompts_per_step, args.responses)
+    tp = args.tp or smallest_tp(args.hardware, args.model, args.gpus)
+    request = PlanRequest(args.gpus, args.hardware, args.model, tp, p0, r0, args.grid, args.rounds, seed=args.seed)
+    lengths, description = load_lengths(spec)
+    report = plan(request, lengths, description, progress=lambda line: print(f"[plan] {line}", flush=True))
+    page, heatmap = write_plan(report, args.out)
+    print(text_table(report))
+    print(f"wrote {page} and {heatmap}")
+    return 0
+
+
+def run_calibrate(args) -> int:
+    from tailflow.engines.sim.calibrate import calibrate_cpu
+    from tailflow.flows.setup import shipped_warmstart_dir
+
+    table = calibrate_cpu(args.model or shipped_warmstart_dir(), num_threads=args.threads, quick=args.quick)
+    Path(args.out).write_text(json.dumps(table.to_json(), indent=1) + "\n")
+    print(f"wrote {args.out}: {len(table.rows)} x {len(table.context)} grid ({table.device})")
     return 0
 
 

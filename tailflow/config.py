@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -193,6 +193,14 @@ class TailConfig(Section):
     """Engine steps between looks at what finished: aborts land at most this many steps late."""
 
 
+GPU_MISSING = (  # why cluster.device gpu is refused; the GPU issue removes it
+    "gpu is not supported yet, use cpu. Missing: (1) GPU rollout: the only rollout engine is the "
+    "native torch engine, which runs on CPU (no vLLM engine exists), so a GPU run would train on CUDA and still "
+    "generate on CPU; (2) GPU-exclusive placement: colocated placement asks Ray for half a GPU per actor, so Ray "
+    "can put two trainer ranks on one GPU instead of one trainer rank beside one rollout worker"
+)
+
+
 class ClusterConfig(Section):
     address: str | None = None
     """Existing Ray cluster to attach to (`ray://host:10001` or `auto`); None starts a local Ray."""
@@ -203,10 +211,20 @@ class ClusterConfig(Section):
     rollout_threads: int = Field(2, ge=1)
     """torch threads in each rollout actor."""
     device: Literal["cpu", "gpu"] = "cpu"
-    """What actors ask Ray for: CPUs, or GPUs (untested here: no GPU on the development machine)."""
+    """What actors ask Ray for. Only `cpu` runs today: `gpu` is refused until GPU rollout exists (rollout engines
+    run on CPU only, and colocated placement asks Ray for half a GPU per actor, which can put two trainer ranks on
+    one GPU)."""
     placement: Literal["colocated", "disaggregated"] = "colocated"
     """colocated: a rollout worker and a trainer rank share a device (half each; the phases take turns);
     disaggregated: every actor has a whole device. Checked against the Ray cluster before any actor starts."""
+
+
+    @field_validator("device")
+    @classmethod
+    def _refuse_gpu(cls, device: str) -> str:
+        if device == "gpu":
+            raise ValueError(GPU_MISSING)
+        return device
 
 
 class StorageConfig(Section):
@@ -217,6 +235,9 @@ class StorageConfig(Section):
     """Checkpoints kept (model + optimizer, one per iteration): the newest this many, never the committed one."""
     keep_every: int = Field(10, ge=0)
     """Also keep every checkpoint after an iteration count divisible by this (0: none), e.g. for later eval."""
+    rollout_trace: bool = True
+    """Write `<run>/rollout_trace.jsonl`: per iteration, every launched response's length, finish reason, engine
+    step and outcome (kept, finished, aborted). `tailflow plan --run` and the simulator read it."""
 
 
 class TrackingConfig(Section):

@@ -1,9 +1,10 @@
 """The benchmarks run end to end on tiny settings (`--quick`).
 
 Each runs as its own process, as a user runs it; the numbers are not checked
-here (the real runs are), only that the scripts finish and report. The two
-that train twice (~100 s each) are marked `bench` and left out of the
-default run to keep CI under its 20 minutes: `scripts/test.sh -m bench`.
+here (the real runs are), only that the scripts finish and report what makes
+their numbers comparable. The two that train twice (~100 s each) are marked
+`bench` and left out of the default run to keep CI under its 20 minutes:
+`scripts/test.sh -m bench`.
 """
 from __future__ import annotations
 
@@ -34,8 +35,20 @@ def run_bench(script: str, *args: str, timeout: int = 180) -> str:
 def test_tail_batching_quick():
     stdout = run_bench("tail_batching.py")
     last_line = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+", last_line)
+    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0",
+                        last_line)  # whole queue cycles: no deferred prompt left unpaid
     assert "VERDICT:" in stdout and "length profile" in stdout and "tokens/s" in stdout
+    assert "queue left at the end of the tail run: 0 prompts" in stdout
+
+
+def test_engine_quick():
+    """Both sides make the same forced lengths (the script stops otherwise), averaged over 3 seeds."""
+    stdout = run_bench("engine.py")
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT engine_speedup_vs_generate=\d+\.\d\d", last_line)
+    assert "same lengths, over 3 seeds" in stdout
+    assert [line.split(":")[0] for line in stdout.splitlines() if line.startswith("seed ")] == [
+        "seed 0", "seed 1", "seed 2"]
 
 
 def test_sensitivity_quick(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from tailflow.config import ConfigError, load_config
-from tailflow.engines.cluster.placement import check_cluster_fits, check_fits, placement_of
+from tailflow.engines.cluster.placement import check_cluster_fits, check_fits, placement_for, placement_of
 
 
 def test_colocated_actors_share_devices_and_disaggregated_ones_do_not():
@@ -13,12 +13,21 @@ def test_colocated_actors_share_devices_and_disaggregated_ones_do_not():
     apart = placement_of(load_config(None, ["rollout.num_workers=2", "train.num_workers=2",
                                             "cluster.placement=disaggregated"]))
     assert apart.needs() == {"CPU": 4.0}
-    gpu = placement_of(load_config(None, ["cluster.device=gpu", "train.num_workers=4", "rollout.num_workers=4"]))
+    gpu = placement_for("gpu", "colocated", num_rollout=4, num_trainer=4)  # no config reaches it (refused below)
     assert gpu.needs() == {"CPU": 8.0, "GPU": 4.0}  # 8 actors, two per GPU
 
 
+def test_a_gpu_run_is_refused_at_validation_saying_what_is_missing():
+    with pytest.raises(ConfigError) as error:
+        load_config(None, ["cluster.device=gpu"])
+    message = str(error.value)
+    assert "cluster.device: " in message and "gpu is not supported yet" in message
+    assert "native torch engine, which runs on CPU" in message  # rollout would stay on the CPU
+    assert "two trainer ranks on one GPU" in message  # colocated halves are not exclusive
+
+
 def test_a_run_that_cannot_fit_is_refused_with_the_numbers():
-    placement = placement_of(load_config(None, ["cluster.device=gpu", "cluster.placement=disaggregated"]))
+    placement = placement_for("gpu", "disaggregated", num_rollout=1, num_trainer=2)
     with pytest.raises(ConfigError, match=r"needs 3 GPU \(the cluster has 1\)"):
         check_fits(placement, {"CPU": 64.0, "GPU": 1.0}, "disaggregated")
     check_fits(placement, {"CPU": 64.0, "GPU": 3.0}, "disaggregated")

@@ -7,7 +7,8 @@ from tailflow.engines.data.problem import Problem
 from tailflow.engines.reward.scoring import ScoredGroup, ScoredResponse
 from tailflow.engines.rollout.protocol import Completion, FinishReason
 from tailflow.engines.train.samples import samples_from_groups
-from tailflow.tasks.train import train_step
+from tailflow.engines.reward.scoring import ScoredRound
+from tailflow.tasks.train import train_policy
 
 
 def group(problem_id: str, rewards: list[float], versions: list[int]) -> ScoredGroup:
@@ -40,9 +41,13 @@ def test_completions_of_other_weights_are_refused_naming_requests_and_versions()
 def test_the_train_task_refuses_before_the_trainer_is_called():
     calls = []
     ctx = SimpleNamespace(config=SimpleNamespace(train=SimpleNamespace(advantage="grpo")),
-                          trainer=SimpleNamespace(train_step=calls.append))
+                          trainer=SimpleNamespace(train_step=calls.append), fault_point=lambda phase, iteration: None)
+
+    def scored(versions):
+        return ScoredRound([group("a", [1.0, 0.0], versions)], stats=None, seconds=0.0)
+
     with pytest.raises(ValueError, match="a#1 \\(version 4\\)"):
-        train_step.fn(ctx, [group("a", [1.0, 0.0], [5, 4])], weight_version=5)
+        train_policy.fn(ctx, scored([5, 4]), iteration=5, weight_version=5)
     assert calls == []
-    train_step.fn(ctx, [group("a", [1.0, 0.0], [5, 5])], weight_version=5)
+    train_policy.fn(ctx, scored([5, 5]), iteration=5, weight_version=5)
     assert len(calls) == 1 and len(calls[0]) == 2

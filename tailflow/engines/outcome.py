@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from tailflow.engines.reward.scoring import ScoredRound
 from tailflow.engines.reward.timeouts import TimeoutAnchors
-from tailflow.engines.tail.launch import RoundRollout
+from tailflow.engines.tail.roll_out import RoundRollout
 from tailflow.engines.tail.round import PlannedRound
 from tailflow.engines.tail.state import TailState
 from tailflow.engines.train.trainer import TrainStepStats

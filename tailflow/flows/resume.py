@@ -18,6 +18,7 @@ from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import read_checkpoint
 from tailflow.engines.runs.commit import commit_state
 from tailflow.engines.runs.layout import config_key
+from tailflow.engines.sim.trace_log import RolloutTraceLog
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -76,3 +77,4 @@ def restore_commit(ctx: RunContext, state: RunState) -> None:
     if state.rng is not None:
         state.rng.restore()
     ctx.metrics.keep_committed(state.iteration)
+    RolloutTraceLog(ctx.store, ctx.run_id).keep_committed(state.iteration)

@@ -9,7 +9,7 @@ from tailflow.engines.reward.scoring import ScoredRound
 from tailflow.engines.reward.streaming import StreamingScorer
 from tailflow.engines.reward.timeouts import TimeoutAnchors
 from tailflow.engines.run_context import RunContext
-from tailflow.engines.tail.launch import RoundRollout
+from tailflow.engines.tail.roll_out import RoundRollout
 
 
 def start_scoring(ctx: RunContext, problems: list[Problem], anchors: TimeoutAnchors) -> StreamingScorer:

@@ -10,8 +10,10 @@ rollout and training never contend, at twice the devices.
 
 `check_fits` compares what the actors ask for with what the Ray cluster has,
 before any actor starts, and names the numbers when it cannot fit; otherwise
-Ray would leave the actors pending forever. GPU placement is written for
-clusters and untested here (no GPU).
+Ray would leave the actors pending forever. The GPU mapping is kept for the
+GPU work to come, but no run reaches it: config validation refuses
+`cluster.device: gpu` (config.GPU_MISSING says what is missing), so only
+`placement_for` called directly exercises it.
 """
 from __future__ import annotations
 
@@ -40,13 +42,18 @@ class Placement:
 
 
 def placement_of(config: RunConfig) -> Placement:
-    share = 0.5 if config.cluster.placement == "colocated" else 1.0
-    if config.cluster.device == "gpu":
+    return placement_for(config.cluster.device, config.cluster.placement, config.rollout.num_workers,
+                         config.train.num_workers)
+
+
+def placement_for(device: str, placement: str, num_rollout: int, num_trainer: int) -> Placement:
+    """Each actor's ask: half a device colocated, a whole one disaggregated (a GPU actor also takes one CPU)."""
+    share = 0.5 if placement == "colocated" else 1.0
+    if device == "gpu":
         one = ActorResources(num_cpus=1, num_gpus=share)
     else:
         one = ActorResources(num_cpus=share, num_gpus=0)
-    return Placement(rollout=one, trainer=one, num_rollout=config.rollout.num_workers,
-                     num_trainer=config.train.num_workers)
+    return Placement(rollout=one, trainer=one, num_rollout=num_rollout, num_trainer=num_trainer)
 
 
 def check_fits(placement: Placement, available: dict[str, float], placement_name: str) -> None:

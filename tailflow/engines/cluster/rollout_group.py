@@ -3,8 +3,8 @@
 Two ways to drive them. `generate` runs a batch to completion (the
 synchronous baseline). `submit` / `poll` / `abort` stream: each request goes
 to the worker with the fewest in flight (lowest index on ties), `poll` runs a
-few engine steps on every busy worker and returns what finished in engine
-order. Nothing depends on wall-clock timing, so with one worker a seeded
+few engine steps on every busy worker and returns what finished merged by
+engine step (the i-th step of every worker before any worker's next). Nothing depends on wall-clock timing, so with one worker a seeded
 run is reproducible bit for bit.
 """
 from __future__ import annotations
@@ -29,15 +29,25 @@ class RolloutGroup:
         ]
         self.worker_of: dict[str, int] = {}
         """In-flight request id -> index of the worker running it."""
+        self.finish_steps: dict[str, tuple[int, int]] = {}
+        """This round's finished request id -> (worker, step of the round it finished at), for traces."""
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """Run all requests to completion; completions come back in request order."""
+        self.finish_steps.clear()
         shares = [list(requests[rank :: len(self.workers)]) for rank in range(len(self.workers))]
-        results = get_all([worker.generate.remote(share) for worker, share in zip(self.workers, shares) if share])
-        by_id = {completion.request_id: completion for result in results for completion in result}
+        ranks = [rank for rank, share in enumerate(shares) if share]
+        results = get_all([self.workers[rank].generate_tagged.remote(shares[rank]) for rank in ranks])
+        by_id = {}
+        for rank, result in zip(ranks, results):
+            for tagged in result:
+                by_id[tagged.completion.request_id] = tagged.completion
+                self.finish_steps[tagged.completion.request_id] = (rank, tagged.step)
         return [by_id[request.request_id] for request in requests]
 
     def submit(self, requests: Sequence[Request]) -> None:
+        if not self.worker_of:
+            self.finish_steps.clear()  # a new round
         loads = self.in_flight_per_worker()
         shares: list[list[Request]] = [[] for _ in self.workers]
         for request in requests:
@@ -48,13 +58,17 @@ class RolloutGroup:
         get_all([self.workers[rank].submit.remote(share) for rank, share in enumerate(shares) if share])
 
     def poll(self, max_steps: int) -> list[Completion]:
-        """Up to `max_steps` engine steps on every busy worker; finished completions, worker by worker."""
+        """Up to `max_steps` engine steps on every busy worker; finished completions merged by engine step
+        (the i-th step of every worker before the (i+1)-th of any), then worker: merging worker by worker
+        would let worker 0's whole poll finish "first" and favour it in the completion rule."""
         busy = [rank for rank, load in enumerate(self.in_flight_per_worker()) if load]
-        results = get_all([self.workers[rank].step_many.remote(max_steps) for rank in busy])
-        finished = [completion for result in results for completion in result]
-        for completion in finished:
-            self.worker_of.pop(completion.request_id, None)
-        return finished
+        results = get_all([self.workers[rank].step_many_tagged.remote(max_steps) for rank in busy])
+        tagged = sorted(((f.offset, rank, index, f) for rank, result in zip(busy, results)
+                         for index, f in enumerate(result)), key=lambda item: item[:3])
+        for _, rank, _, f in tagged:
+            self.worker_of.pop(f.completion.request_id, None)
+            self.finish_steps[f.completion.request_id] = (rank, f.step)
+        return [f.completion for *_, f in tagged]
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
         """Abort in-flight requests (unknown or finished ids are ignored); their partial completions."""

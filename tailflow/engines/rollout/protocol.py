@@ -1,8 +1,9 @@
 """What crosses the rollout boundary: requests in, completions out.
 
-Every rollout engine (the native torch engine here, vLLM on GPU clusters)
-speaks this protocol, so the tail-batching policy and the flows never depend
-on which engine runs underneath.
+Every rollout engine speaks this protocol (today the native torch engine,
+on CPU; a GPU engine such as vLLM would have to as well, none exists yet), so
+the tail-batching policy and the flows never depend on which engine runs
+underneath.
 """
 from __future__ import annotations
 
@@ -68,6 +69,18 @@ class Completion:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     weight_version: int
+
+
+@dataclass(frozen=True)
+class FinishedAt:
+    """A completion with the engine step that finished it (workers return these to their group)."""
+
+    completion: Completion
+    step: int
+    """Decode steps this engine has run in the current round, that one included (1 = the round's first)."""
+    offset: int
+    """1 for the first step of the call that returned it, 2 for the second...: a group merges workers'
+    completions by it, so the ones finished in the same step of a poll come before later ones."""
 
 
 @dataclass(frozen=True)

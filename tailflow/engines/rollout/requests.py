@@ -11,6 +11,7 @@ from typing import Sequence
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Request, SamplingParams
+from tailflow.engines.tail.launch import launch_order
 
 
 def request_seed(*parts: object) -> int:
@@ -31,13 +32,13 @@ def sampling_requests(
     iteration: int,
     template: str = "{prompt}",
 ) -> list[Request]:
-    """`responses_per_prompt` sampled requests per problem, problem-major order."""
+    """`responses_per_prompt` sampled requests per problem, in the policy's launch order (response k of every
+    problem in turn, `tail.launch.launch_order`)."""
+    prompts = {problem.problem_id: prompt_token_ids(problem, tokenizer, template) for problem in problems}
     requests = []
-    for problem in problems:
-        prompt = prompt_token_ids(problem, tokenizer, template)
-        for k in range(responses_per_prompt):
-            seeded = SamplingParams(**{**params.__dict__, "seed": request_seed(seed, iteration, problem.problem_id, k)})
-            requests.append(Request(f"{problem.problem_id}#{k}", prompt, seeded))
+    for problem, k in launch_order(problems, responses_per_prompt):
+        seeded = SamplingParams(**{**params.__dict__, "seed": request_seed(seed, iteration, problem.problem_id, k)})
+        requests.append(Request(f"{problem.problem_id}#{k}", prompts[problem.problem_id], seeded))
     return requests
 
 

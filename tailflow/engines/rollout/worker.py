@@ -12,7 +12,7 @@ from typing import Mapping, Sequence
 import torch
 
 from tailflow.engines.rollout.native import NativeEngine
-from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
+from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishedAt, Request
 
 
 class RolloutWorker:
@@ -21,27 +21,53 @@ class RolloutWorker:
         # An actor gets num_cpus cores; more torch threads than that only contend.
         torch.set_num_threads(num_threads)
         self.engine = NativeEngine.from_pretrained(model_path, num_slots, max_seq_len, seed)
-
-    def submit(self, requests: Sequence[Request]) -> None:
-        self.engine.submit(requests)
+        self.finish_steps: dict[str, tuple[int, int]] = {}
+        """Request id -> (worker 0, step of this round it finished at), for traces (read in-process)."""
+        self.round_start_step = 0
+        """The engine's step count when this round began: finish steps count from it."""
 
     def step_many(self, max_steps: int) -> list[Completion]:
         """Up to `max_steps` steps (fewer if the engine goes idle); finished completions in order.
 
         Batching steps per call keeps the actor round-trip off the per-token path.
         """
-        completions = []
-        for _ in range(max_steps):
-            if not self.engine.has_unfinished():
-                break
-            completions.extend(self.engine.step())
-        return completions
+        return [tagged.completion for tagged in self.step_many_tagged(max_steps)]
 
     poll = step_many
     """The name `tailflow.engines.tail.driver.StreamingRollout` uses: an in-process worker drives a round too."""
 
+    def step_many_tagged(self, max_steps: int) -> list[FinishedAt]:
+        """As `step_many`, each completion with the step that finished it: a group of workers merges by it
+        (so no worker is favoured by its index), and traces record it."""
+        tagged = []
+        for offset in range(1, max_steps + 1):
+            if not self.engine.has_unfinished():
+                break
+            step = [FinishedAt(c, self.engine.num_steps - self.round_start_step, offset) for c in self.engine.step()]
+            tagged += step
+            self.finish_steps.update((f.completion.request_id, (0, f.step)) for f in step)
+        return tagged
+
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        return self.engine.generate(requests)
+        return [tagged.completion for tagged in self.generate_tagged(requests)]
+
+    def generate_tagged(self, requests: Sequence[Request]) -> list[FinishedAt]:
+        """Submit and step until idle (the engine's `generate`), keeping each completion's finish step."""
+        self._start_round()
+        self.engine.submit(requests)
+        tagged = []
+        while self.engine.has_unfinished():
+            tagged += self.step_many_tagged(64)
+        return tagged
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        if not self.engine.has_unfinished():
+            self._start_round()
+        self.engine.submit(requests)
+
+    def _start_round(self) -> None:
+        self.finish_steps.clear()
+        self.round_start_step = self.engine.num_steps
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
         return self.engine.abort(request_ids)

@@ -6,12 +6,14 @@
     <run>/states/init.json            the state before iteration 0 (initial eval, no checkpoint)
     <run>/states/iter-NNNN.json       the state after iteration NNNN
     <run>/latest.json                 the commit pointer: names the newest committed state; written last
+    <run>/rollout_trace.jsonl         one row per iteration: every launched response's length and outcome
 """
 from __future__ import annotations
 
 LATEST = "latest.json"
 CONFIG = "config.yaml"
 METRICS = "metrics.jsonl"
+ROLLOUT_TRACE = "rollout_trace.jsonl"
 
 
 def checkpoint_key(run_id: str, iteration: int) -> str:
@@ -34,3 +36,7 @@ def config_key(run_id: str) -> str:
 
 def metrics_key(run_id: str) -> str:
     return f"{run_id}/{METRICS}"
+
+
+def rollout_trace_key(run_id: str) -> str:
+    return f"{run_id}/{ROLLOUT_TRACE}"

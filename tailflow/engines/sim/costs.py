@@ -3,10 +3,11 @@
 The simulated engine asks only two questions per engine step (how long does
 prefilling these tokens take, how long does one decode step of these rows
 take); the round simulator asks three more per training step (train, reward,
-weight sync). A decode step is described by its number of active rows and the
-sum of their context lengths: both the GPU roofline (weights + KV bytes read)
-and the CPU grid (rows x mean context) are functions of those two numbers,
-so the engine can keep them as running totals and a step stays O(1).
+weight sync). A decode step is described by its number of active rows, the sum of their
+context lengths and the longest one: the GPU roofline reads weights + every
+cached key (the sum), the native CPU engine pads attention to the longest row
+(rows x the longest). The engine keeps these as running totals, so a step
+stays O(1).
 """
 from __future__ import annotations
 
@@ -21,20 +22,22 @@ class CostModel(ABC):
     name: str = "cost"
 
     @abstractmethod
-    def decode_s(self, num_rows: int, context_tokens: int) -> float:
-        """One decode step of `num_rows` rows whose contexts (prompt + generated so far) sum to `context_tokens`."""
+    def decode_s(self, num_rows: int, context_tokens: int, max_context: int) -> float:
+        """One decode step of `num_rows` rows whose contexts (prompt + generated so far) sum to `context_tokens`,
+        the longest being `max_context` (engines that pad attention to the longest row pay for rows x that)."""
 
     @abstractmethod
     def prefill_s(self, num_tokens: int, num_seqs: int) -> float:
         """Prefilling `num_seqs` admitted sequences holding `num_tokens` tokens in all (0 tokens: free)."""
 
-    def decode_span_s(self, num_rows: int, context_tokens: int, num_steps: int) -> float:
-        """`num_steps` decode steps with the same rows, each step adding `num_rows` tokens of context.
+    def decode_span_s(self, num_rows: int, context_tokens: int, max_context: int, num_steps: int) -> float:
+        """`num_steps` decode steps with the same rows, each step adding `num_rows` tokens of context (and one to
+        the longest).
 
         The engine jumps over steps in which nothing finishes, is admitted or preempted; models with a
         closed form override this (the roofline does), the rest sum step by step.
         """
-        return sum(self.decode_s(num_rows, context_tokens + num_rows * j) for j in range(num_steps))
+        return sum(self.decode_s(num_rows, context_tokens + num_rows * j, max_context + j) for j in range(num_steps))
 
     @abstractmethod
     def train_s(self, num_tokens: int) -> float:

@@ -89,7 +89,6 @@ class SimEngine:
         self.num_preemptions = 0
         self.busy_s = 0.0
         """Clock time spent prefilling and decoding (the rest of the clock is waiting for the other replicas)."""
-        self.finished_at: dict[str, Finished] = {}
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -146,7 +145,8 @@ class SimEngine:
             num_rows = len(running)
             jump = min(steps_left, min(seq.num_remaining for seq in running),
                        (self.kv_budget_tokens - self.kv_used_tokens) // num_rows)
-            self._charge(self.cost.decode_span_s(num_rows, self.kv_used_tokens, jump))
+            longest = max(seq.num_cached for seq in running)
+            self._charge(self.cost.decode_span_s(num_rows, self.kv_used_tokens, longest, jump))
             for seq in running:
                 seq.num_generated += jump
             self.kv_used_tokens += num_rows * jump
@@ -179,9 +179,7 @@ class SimEngine:
         records = []
         for seq in done:
             self.kv_used_tokens -= seq.num_cached
-            record = Finished(self._completion(seq, seq.target.finish_reason), self.num_steps, self.clock_s)
-            self.finished_at[seq.request_id] = record
-            records.append(record)
+            records.append(Finished(self._completion(seq, seq.target.finish_reason), self.num_steps, self.clock_s))
         self.scheduler.release(done)
         return records
 

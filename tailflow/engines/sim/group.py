@@ -24,6 +24,18 @@ class SimGroup:
         self.engines = [make_engine(rank) for rank in range(num_replicas)]
         self.clock_s = 0.0
         self.worker_of: dict[str, int] = {}
+        self.finish_steps: dict[str, tuple[int, int]] = {}
+        """This round's finished request id -> (replica, step of the round it finished at), as `RolloutGroup`."""
+        self.round_start = [0] * num_replicas
+
+    @classmethod
+    def of(cls, cost, lengths, num_replicas: int, num_slots: int, kv_budget_tokens: int | None = None) -> "SimGroup":
+        """`num_replicas` identical engines on one cost model and length source."""
+        return cls(lambda rank: SimEngine(cost, lengths, num_slots, kv_budget_tokens), num_replicas)
+
+    def _start_round(self) -> None:
+        self.finish_steps.clear()
+        self.round_start = [engine.num_steps for engine in self.engines]
 
     def _start_all(self) -> None:
         """Every replica starts the next call at the group's time (idle ones have waited for it)."""
@@ -33,15 +45,21 @@ class SimGroup:
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
         """Run all to completion, dealt round-robin; completions in request order (as `RolloutGroup`)."""
         self._start_all()
+        self._start_round()
         by_id: dict[str, Completion] = {}
         for rank, engine in enumerate(self.engines):
             share = list(requests[rank :: len(self.engines)])
             if share:
-                by_id.update((c.request_id, c) for c in engine.generate(share))
+                engine.submit(share)
+                for record in engine.run(UNLIMITED):
+                    by_id[record.completion.request_id] = record.completion
+                    self.finish_steps[record.completion.request_id] = (rank, record.step - self.round_start[rank])
         self.clock_s = max(engine.clock_s for engine in self.engines)
         return [by_id[request.request_id] for request in requests]
 
     def submit(self, requests: Sequence[Request]) -> None:
+        if not self.worker_of:
+            self._start_round()
         loads = self.in_flight_per_worker()
         shares: list[list[Request]] = [[] for _ in self.engines]
         for request in requests:
@@ -63,8 +81,9 @@ class SimGroup:
                 tagged += [(f.step - start, rank, i, f) for i, f in enumerate(engine.run(max_steps))]
         self.clock_s = max(engine.clock_s for engine in self.engines)
         tagged.sort(key=lambda item: item[:3])
-        for *_, record in tagged:
+        for _, rank, _, record in tagged:
             self.worker_of.pop(record.completion.request_id, None)
+            self.finish_steps[record.completion.request_id] = (rank, record.step - self.round_start[rank])
         return [record.completion for *_, record in tagged]
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
@@ -74,16 +93,14 @@ class SimGroup:
                 by_rank.setdefault(self.worker_of.pop(request_id), []).append(request_id)
         return [c for rank, ids in sorted(by_rank.items()) for c in self.engines[rank].abort(ids)]
 
+    def has_unfinished(self) -> bool:
+        return any(engine.has_unfinished() for engine in self.engines)
+
     def in_flight_per_worker(self) -> list[int]:
         loads = [0] * len(self.engines)
         for rank in self.worker_of.values():
             loads[rank] += 1
         return loads
-
-    def drain(self) -> None:
-        """Finish whatever is left (nothing, after a round the rule ended) so weights may load."""
-        for engine in self.engines:
-            engine.run(UNLIMITED)
 
     def stats(self) -> list[EngineStats]:
         return [engine.stats() for engine in self.engines]
@@ -91,10 +108,3 @@ class SimGroup:
     @property
     def num_preemptions(self) -> int:
         return sum(engine.num_preemptions for engine in self.engines)
-
-    def finished_at(self, request_id: str) -> tuple[int, Finished] | None:
-        """(replica, record) of a finished request, for traces."""
-        for rank, engine in enumerate(self.engines):
-            if request_id in engine.finished_at:
-                return rank, engine.finished_at[request_id]
-        return None

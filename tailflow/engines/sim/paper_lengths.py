@@ -56,10 +56,14 @@ class PaperLikeLengths:
     """`num_prompts` synthetic prompts `p000000`..., each response's length a seeded draw (see module doc)."""
 
     def __init__(self, num_prompts: int, max_new_tokens: int, seed: int = 0,
-                 params: PaperLengthParams = PaperLengthParams()) -> None:
+                 params: PaperLengthParams = PaperLengthParams(), reference_cap: int | None = None) -> None:
+        """`reference_cap`: draw lengths as at that cap (in tokens) and cut them at `max_new_tokens`, instead of
+        scaling them with the cap. Not the generator's assumption: a variant bench/sim_validate.py prints,
+        decided after the first results (see docs/simulator.md)."""
         if num_prompts < 1 or max_new_tokens < 2:
             raise ValueError(f"need num_prompts >= 1 and max_new_tokens >= 2, got {num_prompts}, {max_new_tokens}")
         self.max_new_tokens = max_new_tokens
+        self.scale_tokens = reference_cap or max_new_tokens
         self.seed = seed
         self.params = params
         self.iteration = 0
@@ -87,8 +91,8 @@ class PaperLikeLengths:
         p = self.params
         z = self._difficulty[problem_id]
         rng = seeded_rng("response", self.seed, iteration, request_id)
-        median = p.median_fraction * self.max_new_tokens
+        median = p.median_fraction * self.scale_tokens
         if rng.random() < min(0.95, p.tail_base * math.exp(p.tail_slope * z)):
-            low, high = math.log(p.tail_low * median), math.log(p.tail_high_fraction * self.max_new_tokens)
+            low, high = math.log(p.tail_low * median), math.log(p.tail_high_fraction * self.scale_tokens)
             return capped(round(math.exp(rng.uniform(low, high))), cap)
         return capped(round(median * math.exp(p.prompt_sigma * z + rng.gauss(0.0, p.response_sigma))), cap)

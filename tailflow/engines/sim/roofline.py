@@ -126,15 +126,18 @@ class RooflineCost(CostModel):
         ring = 2.0 * (tp - 1) / tp * message / self.hardware.nvlink_bytes_per_s
         return 2 * self.model.num_layers * (ring + self.efficiency.allreduce_latency_s)
 
-    def decode_s(self, num_rows: int, context_tokens: int) -> float:
+    def decode_s(self, num_rows: int, context_tokens: int, max_context: int = 0) -> float:
         if num_rows == 0:
             return 0.0
         memory = self._mem_fixed + self._mem_per_context * context_tokens
         compute = self._flops_per_row * num_rows + self._flops_per_context * context_tokens
         return max(memory, compute) + self.efficiency.step_overhead_s + self.allreduce_s(num_rows)
 
-    def decode_span_s(self, num_rows: int, context_tokens: int, num_steps: int) -> float:
-        """Closed form: context grows by num_rows a step, so memory and compute time are lines in the step index."""
+    def decode_span_s(self, num_rows: int, context_tokens: int, max_context: int, num_steps: int) -> float:
+        """Closed form: context grows by num_rows a step, so memory and compute time are lines in the step index.
+
+        Paged attention reads each row's own context, so `max_context` plays no part here.
+        """
         if num_rows == 0 or num_steps <= 0:
             return 0.0
         memory = (self._mem_fixed + self._mem_per_context * context_tokens, self._mem_per_context * num_rows)

@@ -1,25 +1,27 @@
 """Run tailflow's own tail-batching policy on simulated replicas, round after round.
 
 Nothing of the policy is re-implemented here: each round is planned by
-`prepare_round` (which calls `plan_round` and draws from the data cursor),
-driven by `run_round` under `rule_for(plan)`, and its stragglers go to the
-same `LongPromptQueue`, exactly as `flows/iteration.py` and
-`bench/sensitivity.py` do. Only the engine underneath is simulated.
+`begin_round` (which calls `make_round_plan` and draws from the data cursor),
+driven by `run_round` under `rule_for(plan)`, and settled by `settle_round`
+(its stragglers join the long-prompt queue of the same `TailState`), exactly
+as `flows/iteration.py` and `bench/sensitivity.py` do. Only the engine
+underneath is simulated.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Callable
 
-from tailflow.engines.data.cursor import DataCursor
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Request, SamplingParams
 from tailflow.engines.sim.engine import PlaceholderTokens
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
-from tailflow.engines.tail import LongPromptQueue, RoundKind, rule_for
+from tailflow.engines.tail import RoundKind, rule_for
 from tailflow.engines.tail.driver import run_round
-from tailflow.engines.tail.prepare import prepare_round
+from tailflow.engines.tail.launch import launch_order
+from tailflow.engines.tail.round import begin_round, settle_round
+from tailflow.engines.tail.state import TailSettings, TailState
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,11 @@ class PolicySettings:
     @property
     def launched(self) -> int:
         return self.responses_launched or self.responses_kept
+
+    def tail_settings(self) -> TailSettings:
+        return TailSettings(prompts_per_step=self.prompts_per_step, responses_kept=self.responses_kept,
+                            prompt_ratio=self.prompt_ratio, responses_launched=self.launched, enabled=self.enabled,
+                            data_seed=self.data_seed, steps_per_poll=self.steps_per_poll)
 
 
 @dataclass(frozen=True)
@@ -70,7 +77,7 @@ def sim_requests(problems: list[Problem], responses_per_prompt: int, lengths: Le
     """The round's requests, `<problem>#<k>` in the real launch order; prompts are placeholders of their length."""
     params = SamplingParams(max_new_tokens=max_new_tokens)
     return [Request(f"{problem.problem_id}#{k}", PlaceholderTokens(lengths.prompt_tokens(problem.problem_id)), params)
-            for problem in problems for k in range(responses_per_prompt)]
+            for problem, k in launch_order(problems, responses_per_prompt)]
 
 
 class PolicySimulation:
@@ -82,16 +89,12 @@ class PolicySimulation:
         self.group = group
         self.problems = [Problem(problem_id, "", "") for problem_id in lengths.problem_ids()]
         self.problems_by_id = {problem.problem_id: problem for problem in self.problems}
-        self.queue = LongPromptQueue()
-        self.cursor = DataCursor()
+        self.tail = TailState()
         self.rounds: list[SimRound] = []
 
     def run_round(self) -> SimRound:
         s, iteration = self.settings, len(self.rounds)
-        prepared = prepare_round(iteration, self.queue, self.cursor, self.problems, self.problems_by_id,
-                                 prompts_per_step=s.prompts_per_step, responses_kept=s.responses_kept,
-                                 prompt_ratio=s.prompt_ratio, responses_launched=s.launched, enabled=s.enabled,
-                                 data_seed=s.data_seed)
+        prepared = begin_round(self.tail, iteration, s.tail_settings(), self.problems, self.problems_by_id)
         plan = prepared.plan
         self.lengths.begin_round(iteration)
         requests = sim_requests(prepared.problems, plan.responses_per_prompt, self.lengths,
@@ -99,7 +102,7 @@ class PolicySimulation:
         before, started = self.group.stats(), self.group.clock_s
         busy_before, preempted_before = [e.busy_s for e in self.group.engines], self.group.num_preemptions
         result = run_round(self.group, requests, rule_for(plan, requests), s.steps_per_poll)
-        self.queue.defer(result.deferred_problem_ids, iteration)
+        self.tail = settle_round(prepared, result)
         after, seconds = self.group.stats(), self.group.clock_s - started
         busy = sum(e.busy_s - b for e, b in zip(self.group.engines, busy_before))
         kept = [c for _, completions in result.completed for c in completions]
@@ -111,7 +114,7 @@ class PolicySimulation:
             trained_tokens=sum(len(c.prompt_token_ids) + len(c.token_ids) for c in kept),
             preemptions=self.group.num_preemptions - preempted_before,
             bubble_ratio=1.0 - busy / (len(self.group.engines) * seconds) if seconds > 0 else 0.0,
-            queue_after=len(self.queue),
+            queue_after=len(self.tail.queue),
         )
         self.rounds.append(record)
         return record
@@ -119,7 +122,7 @@ class PolicySimulation:
     def run_cycles(self, min_rounds: int, max_rounds: int | None = None) -> list[SimRound]:
         """At least `min_rounds`, then until the queue is empty (whole short+long cycles), at most `max_rounds`."""
         max_rounds = max_rounds or 4 * min_rounds
-        while len(self.rounds) < min_rounds or (len(self.queue) and len(self.rounds) < max_rounds):
+        while len(self.rounds) < min_rounds or (len(self.tail.queue) and len(self.rounds) < max_rounds):
             self.run_round()
         return self.rounds
 

@@ -1,49 +1,20 @@
-"""Launch a planned round on the rollout workers and keep what it trained, in launch order.
+"""The order a round's requests are launched in: response k of every prompt in turn.
 
-The rollout phase of a step, as one engine function: the plan's requests
-(each response seeded by the run seed, the iteration and its request id), the
-round driven under the plan's completion rule, and the engines' counters
-before and after turned into the phase's `RolloutStats`.
+A short round launches more requests than the engines have slots (e.g. 40
+prompts x 10 responses into 128 slots), first come first served. Launched
+prompt by prompt, the last prompts would wait for slots while the first ones
+ran all their responses, so they would be deferred more often whatever their
+length, and the long-prompt queue would partly hold late-launched prompts
+rather than long ones. Interleaved, every prompt has its first responses
+running from the first step, and what defers a prompt is its lengths.
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
-from typing import Callable
+from typing import Sequence, TypeVar
 
-from tailflow.engines.data.problem import Problem
-from tailflow.engines.rollout.protocol import Completion, SamplingParams
-from tailflow.engines.rollout.requests import sampling_requests
-from tailflow.engines.rollout.rollout_stats import RolloutStats, summarize_rollout
-from tailflow.engines.tail.completion import RoundResult, rule_for
-from tailflow.engines.tail.driver import StreamingRollout, run_round
-from tailflow.engines.tail.round import PlannedRound
+T = TypeVar("T")
 
 
-@dataclass(frozen=True)
-class RoundRollout:
-    """What a round's rollout produced: the rule's result, the phase's figures, and the trained part of it."""
-
-    iteration: int
-    result: RoundResult
-    stats: RolloutStats
-    problems: list[Problem]
-    """The completed prompts, in launch order."""
-    completions: list[Completion]
-    """Their kept responses, prompt by prompt in launch order (what the trainer sees)."""
-
-
-def roll_out_round(rollout: StreamingRollout, planned: PlannedRound, sampling: SamplingParams, tokenizer,
-                   prompt_template: str, seed: int, steps_per_poll: int,
-                   on_finished: Callable[[list[Completion]], None] | None = None) -> RoundRollout:
-    """`on_finished` (streamed scoring) sees each batch of finished responses as the round goes on."""
-    plan = planned.plan
-    requests = sampling_requests(planned.problems, plan.responses_per_prompt, sampling, tokenizer, seed,
-                                 plan.iteration, prompt_template)
-    before = rollout.stats()
-    started = time.perf_counter()
-    result = run_round(rollout, requests, rule_for(plan, requests), steps_per_poll, on_finished)
-    seconds = time.perf_counter() - started
-    problems, completions = result.trained_in_launch_order(planned.problems)
-    stats = summarize_rollout(completions, before, rollout.stats(), seconds)
-    return RoundRollout(plan.iteration, result, stats, problems, completions)
+def launch_order(prompts: Sequence[T], responses_per_prompt: int) -> list[tuple[T, int]]:
+    """(prompt, response index) pairs: index 0 of every prompt, then index 1 of every prompt, ..."""
+    return [(prompt, k) for k in range(responses_per_prompt) for prompt in prompts]

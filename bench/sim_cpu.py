@@ -1,0 +1,143 @@
+"""The machine half of bench/sim_validate.py: real rounds here, replayed on the `cpu` cost model.
+
+Two real runs of the policy on one in-process `RolloutWorker` (the shipped
+warm-start model, the default task, configs/default.yaml's P0, R0, cap and
+slots): the synchronous baseline and tail batching, each for whole short+long
+cycles, exactly as bench/sensitivity.py drives a cell (begin_round ->
+rule_for -> run_round -> queue.defer); the weights do not change, so the
+length profile is the warm start's. Each round's trace (recorded by
+`TraceRecorder`, with its measured generate time) is then replayed on a
+simulated engine with the cpu model, and the two times are compared.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from statistics import mean, median
+from typing import Any
+
+from tailflow.engines.rollout.protocol import Request
+from tailflow.engines.sim.group import SimGroup
+from tailflow.engines.sim.recorder import TraceRecorder
+from tailflow.engines.sim.table_cost import TableCost
+from tailflow.engines.sim.trace import TraceLengths, TraceRound
+from tailflow.engines.tail import RoundPlan, rule_for
+from tailflow.engines.tail.driver import run_round
+from tailflow.engines.tail.round import begin_round, settle_round
+from tailflow.engines.tail.state import TailSettings, TailState
+
+
+@dataclass(frozen=True)
+class CpuWorkload:
+    worker: Any
+    """In-process RolloutWorker."""
+    tokenizer: Any
+    problems: list
+    params: Any
+    prompts_per_step: int
+    responses_kept: int
+    responses_launched: int
+    prompt_ratio: float
+    num_slots: int
+    steps_per_poll: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class MeasuredRound:
+    plan: RoundPlan
+    requests: list[Request]
+    trace: TraceRound
+    steps: int
+
+
+def run_policy(w: CpuWorkload, enabled: bool, min_rounds: int) -> list[MeasuredRound]:
+    """Real rounds (whole cycles when tail batching is on), each timed and traced."""
+    from tailflow.engines.rollout.requests import sampling_requests
+
+    tail, rounds = TailState(), []
+    by_id = {p.problem_id: p for p in w.problems}
+    settings = TailSettings(prompts_per_step=w.prompts_per_step, responses_kept=w.responses_kept,
+                            prompt_ratio=w.prompt_ratio, responses_launched=w.responses_launched, enabled=enabled,
+                            data_seed=w.seed, steps_per_poll=w.steps_per_poll)
+    while len(rounds) < min_rounds or (len(tail.queue) and len(rounds) < 4 * min_rounds):
+        iteration = len(rounds)
+        prepared = begin_round(tail, iteration, settings, w.problems, by_id)
+        plan = prepared.plan
+        requests = sampling_requests(prepared.problems, plan.responses_per_prompt, w.params, w.tokenizer, w.seed,
+                                     iteration)
+        recorder, steps_before = TraceRecorder(w.worker), w.worker.stats().steps
+        started = time.perf_counter()
+        result = run_round(recorder, requests, rule_for(plan, requests), w.steps_per_poll)
+        seconds = time.perf_counter() - started
+        tail = settle_round(prepared, result)
+        trace = recorder.round_trace(iteration, plan.kind.value, requests, result, w.params.max_new_tokens, seconds)
+        rounds.append(MeasuredRound(plan, requests, trace, w.worker.stats().steps - steps_before))
+    return rounds
+
+
+@dataclass(frozen=True)
+class ReplayedRound:
+    measured: MeasuredRound
+    predicted_s: float
+    steps: int
+
+    @property
+    def measured_s(self) -> float:
+        return self.measured.trace.generate_s
+
+    @property
+    def rel_err(self) -> float:
+        return abs(self.predicted_s - self.measured_s) / self.measured_s
+
+
+def replay(rounds: list[MeasuredRound], cost: TableCost, num_slots: int, steps_per_poll: int) -> list[ReplayedRound]:
+    """Each real round again on a simulated engine fed its own trace, under the same plan and rule."""
+    lengths = TraceLengths([r.trace for r in rounds])
+    replayed = []
+    for measured in rounds:
+        lengths.begin_round(measured.plan.iteration)
+        group = SimGroup.of(cost, lengths, 1, num_slots)
+        run_round(group, measured.requests, rule_for(measured.plan, measured.requests), steps_per_poll)
+        replayed.append(ReplayedRound(measured, group.clock_s, group.stats()[0].steps))
+    return replayed
+
+
+@dataclass(frozen=True)
+class CpuValidation:
+    sync: list[ReplayedRound]
+    tail: list[ReplayedRound]
+
+    @property
+    def all_rounds(self) -> list[ReplayedRound]:
+        return self.sync + self.tail
+
+    @property
+    def median_rel_err(self) -> float:
+        return median(r.rel_err for r in self.all_rounds)
+
+    @property
+    def measured_ratio(self) -> float:
+        """tail / sync mean generate time per round (tail over whole cycles)."""
+        return mean(r.measured_s for r in self.tail) / mean(r.measured_s for r in self.sync)
+
+    @property
+    def predicted_ratio(self) -> float:
+        return mean(r.predicted_s for r in self.tail) / mean(r.predicted_s for r in self.sync)
+
+    @property
+    def ratio_err(self) -> float:
+        return abs(self.predicted_ratio - self.measured_ratio)
+
+    @property
+    def steps_match(self) -> bool:
+        return all(r.steps == r.measured.steps for r in self.all_rounds)
+
+
+def print_cpu_table(validation: CpuValidation) -> None:
+    print(f"{'run':6s}{'round':>6s}{'kind':>7s}{'measured s':>12s}{'predicted s':>13s}{'rel err':>9s}"
+          f"{'steps real/sim':>16s}")
+    for name, rounds in (("sync", validation.sync), ("tail", validation.tail)):
+        for r in rounds:
+            print(f"{name:6s}{r.measured.plan.iteration:6d}{r.measured.plan.kind.value:>7s}{r.measured_s:12.2f}"
+                  f"{r.predicted_s:13.2f}{r.rel_err:9.1%}{r.measured.steps:>9d}/{r.steps:<6d}")

@@ -1,0 +1,123 @@
+"""The paper half of bench/sim_validate.py: RollPacker's own settings on the `roofline` model.
+
+The settings (arXiv 2509.21009, section 6): P0 = 128 prompts, R0 = 8, H800
+GPUs; Qwen2.5-7B at an 8k cap on 16 GPUs (rollout TP 1), 14B at 16k on 32 (TP
+2), 32B at 32k on 64 (TP 2). Tail batching is prompt ratio 1.25 with 10
+responses launched for 8 kept. Paper numbers: Figure 11 (average rollout time
+per period, seconds; the fixed-P and fixed-R rows are the other cells of that
+figure) and Table 2 ("+ Tail Batching", end-to-end speedup over veRL).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from statistics import mean
+
+from tailflow.engines.sim.group import SimGroup
+from tailflow.engines.sim.paper_lengths import PaperLikeLengths
+from tailflow.engines.sim.roofline import RooflineCost
+from tailflow.engines.sim.simulate import PolicySettings, SimRound, simulate_policy
+from tailflow.engines.sim.step_time import mean_step_time, shares_from_baseline
+
+P0, R0 = 128, 8
+ETAS = (1.0, 1.125, 1.25, 1.5)
+NUM_PROMPTS = 20_000
+NUM_SLOTS = 2048
+"""vLLM's max_num_seqs in RollPacker's example config: the KV budget, not slots, limits a replica."""
+
+
+@dataclass(frozen=True)
+class PaperSetting:
+    name: str
+    model: str
+    num_gpus: int
+    tp: int
+    max_new_tokens: int
+    sync_s: float
+    """Figure 11, synchronous (eta 1.0)."""
+    tail_s: float
+    """Figure 11, 'Ours' (prompt ratio 1.25, 10 of 8 responses)."""
+    e2e_speedup: float
+    """Table 2, '+ Tail Batching'."""
+    fixed_p: tuple[float, ...]
+    """Figure 11, P = P0, responses ceil(eta x 8) for eta in ETAS."""
+    fixed_r: tuple[float, ...]
+    """Figure 11, R = R0, prompt ratio eta."""
+
+    @property
+    def rollout_ratio(self) -> float:
+        return self.sync_s / self.tail_s
+
+
+PAPER = (
+    PaperSetting("7B/8k", "qwen2.5-7b", 16, 1, 8192, 82, 47, 1.30, (82, 77, 71, 54), (82, 77, 72, 60)),
+    PaperSetting("14B/16k", "qwen2.5-14b", 32, 2, 16384, 277, 88, 1.48, (277, 260, 232, 115), (277, 244, 169, 143)),
+    PaperSetting("32B/32k", "qwen2.5-32b", 64, 2, 32768, 673, 170, 2.21, (673, 658, 655, 265), (673, 636, 259, 279)),
+)
+
+
+@dataclass(frozen=True)
+class SimulatedSetting:
+    paper: PaperSetting
+    sync: list[SimRound]
+    tail: list[SimRound]
+    e2e_speedup: float
+    """With the paper's Table 1 stage shares fixed on the simulated synchronous step."""
+    e2e_speedup_roofline: float
+    """With first-principles train time (6N + 2 forward passes, MFU) and no reward."""
+
+    @property
+    def sync_s(self) -> float:
+        return mean(r.rollout_s for r in self.sync)
+
+    @property
+    def tail_s(self) -> float:
+        return mean(r.rollout_s for r in self.tail)
+
+    @property
+    def rollout_ratio(self) -> float:
+        return self.sync_s / self.tail_s
+
+
+def simulate_cell(setting: PaperSetting, prompt_ratio: float, responses: int, min_rounds: int, seed: int,
+                  reference_cap: int | None = None, prompts_per_step: int = P0) -> list[SimRound]:
+    """Prompt ratio 1 with R0 responses is the synchronous baseline (tail batching off: one batch call)."""
+    enabled = (prompt_ratio, responses) != (1.0, R0)
+    cost = RooflineCost.from_presets("h800", setting.model, setting.num_gpus, setting.tp)
+    lengths = PaperLikeLengths(NUM_PROMPTS, setting.max_new_tokens, seed, reference_cap=reference_cap)
+    policy = PolicySettings(prompts_per_step, R0, prompt_ratio, responses, enabled=enabled, data_seed=seed)
+    group = lambda: SimGroup.of(cost, lengths, cost.cluster.num_replicas, NUM_SLOTS, cost.kv_budget_tokens)
+    return simulate_policy(policy, lengths, group, min_rounds)
+
+
+def simulate_setting(setting: PaperSetting, min_rounds: int, seed: int, reference_cap: int | None = None,
+                     prompts_per_step: int = P0) -> SimulatedSetting:
+    sync = simulate_cell(setting, 1.0, R0, min_rounds, seed, reference_cap, prompts_per_step)
+    tail = simulate_cell(setting, 1.25, 10, min_rounds, seed, reference_cap, prompts_per_step)
+    shares = shares_from_baseline(sync)
+    roofline = RooflineCost.from_presets("h800", setting.model, setting.num_gpus, setting.tp)
+    return SimulatedSetting(setting, sync, tail,
+                            mean_step_time(sync, shares).total_s / mean_step_time(tail, shares).total_s,
+                            mean_step_time(sync, roofline).total_s / mean_step_time(tail, roofline).total_s)
+
+
+def rel_err(simulated: float, paper: float) -> float:
+    return abs(simulated - paper) / paper
+
+
+def describe_rounds(rounds: list[SimRound]) -> str:
+    short = [r.rollout_s for r in rounds if r.kind.value != "long"]
+    long = [r.rollout_s for r in rounds if r.kind.value == "long"]
+    text = f"{len(short)} short/sync rounds mean {mean(short):.1f} s"
+    if long:
+        text += f", {len(long)} long rounds mean {mean(long):.1f} s"
+    return text + f", preemptions {sum(r.preemptions for r in rounds)}, bubble {mean(r.bubble_ratio for r in rounds):.2f}"
+
+
+def grid_row(setting: PaperSetting, fixed: str, min_rounds: int, seed: int) -> list[float]:
+    """Figure 11's other cells: fixed P (responses ceil(eta R0)) or fixed R (prompt ratio eta)."""
+    cells = []
+    for eta in ETAS:
+        ratio, responses = (1.0, math.ceil(eta * R0)) if fixed == "P" else (eta, R0)
+        cells.append(mean(r.rollout_s for r in simulate_cell(setting, ratio, responses, min_rounds, seed)))
+    return cells

@@ -1,0 +1,91 @@
+"""A plan as a person reads it: a printed table, a markdown artifact, a heatmap PNG."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from tailflow.engines.sim.plan import PlanCell, PlanReport
+
+HEADER = ("prompt ratio", "responses", "rollout s/step", "step s", "speedup", "long rounds", "wasted tok/step",
+          "preempt/step")
+
+
+def cell_values(cell: PlanCell) -> tuple[str, ...]:
+    return (f"{cell.prompt_ratio:g}", str(cell.responses_launched), f"{cell.rollout_s:.1f}", f"{cell.step_s:.1f}",
+            f"{cell.speedup:.2f}x", f"{cell.long_round_share:.0%}", f"{cell.wasted_tokens:,.0f}", f"{cell.preemptions:.0f}")
+
+
+def recommendation(report: PlanReport) -> str:
+    best, r = report.recommended, report.request
+    if best.speedup <= 1.0:
+        return "recommendation: keep tail batching off (tail.enabled: false): no setting beats the synchronous step"
+    cadence = f"a long round every {1 / best.long_round_share:.1f} steps" if best.long_round_share else "no long rounds"
+    return (f"recommendation: tail.prompt_ratio={best.prompt_ratio:g} tail.responses_launched={best.responses_launched} "
+            f"(P0={r.prompts_per_step}, R0={r.responses_kept}): {best.speedup:.2f}x the synchronous step "
+            f"({report.baseline.step_s:.1f} s -> {best.step_s:.1f} s), {cadence}; "
+            f"rollout TP {report.tp_short} for short rounds, {report.tp_long} for long rounds")
+
+
+def text_table(report: PlanReport) -> str:
+    rows = [HEADER] + [cell_values(c) for c in report.cells]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
+    lines = ["  ".join(value.rjust(width) for value, width in zip(row, widths)) for row in rows]
+    tp_lines = [f"  TP {t.tp}: short rounds {t.short_round_s:.1f} s ({t.preemptions_short:.0f} preemptions), "
+                f"long rounds {t.long_round_s:.1f} s ({t.preemptions_long:.0f} preemptions)" for t in report.tp_choices]
+    return "\n".join([f"cost model: {report.cost}", f"lengths: {report.lengths}", *lines,
+                      "rollout TP at the recommended setting:", *tp_lines, recommendation(report)])
+
+
+def markdown(report: PlanReport, heatmap_name: str | None = None) -> str:
+    r = report.request
+    lines = [f"# Tail-batching plan: {r.model} on {r.num_gpus} x {r.hardware} (TP {r.tp})", "",
+             f"Cost model: {report.cost}. Lengths: {report.lengths}. P0={r.prompts_per_step}, R0={r.responses_kept}, "
+             f"{r.grid} grid, at least {r.rounds} simulated rounds per setting (whole cycles).", "",
+             "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
+    lines += ["| " + " | ".join(cell_values(c)) + " |" for c in report.cells]
+    lines += ["", "| rollout TP | short round s | long round s | preemptions short / long |", "| --- | --- | --- | --- |"]
+    lines += [f"| {t.tp} | {t.short_round_s:.1f} | {t.long_round_s:.1f} | {t.preemptions_short:.0f} / "
+              f"{t.preemptions_long:.0f} |" for t in report.tp_choices]
+    lines += ["", f"**{recommendation(report)}**"]
+    if heatmap_name:
+        lines += ["", f"Heatmap: `{heatmap_name}`"]
+    return "\n".join(lines) + "\n"
+
+
+def write_heatmap(report: PlanReport, path: str | Path) -> Path:
+    """Speedup over synchronous, prompt ratio (rows) x responses launched (columns)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ratios = sorted({c.prompt_ratio for c in report.cells})
+    responses = sorted({c.responses_launched for c in report.cells})
+    by_key = {(c.prompt_ratio, c.responses_launched): c.speedup for c in report.cells}
+    grid = [[by_key.get((p, n), float("nan")) for n in responses] for p in ratios]
+    figure, axes = plt.subplots(figsize=(1.2 + 0.9 * len(responses), 1.0 + 0.6 * len(ratios)))
+    image = axes.imshow(grid, cmap="viridis", aspect="auto", origin="lower")
+    axes.set_xticks(range(len(responses)), [str(n) for n in responses])
+    axes.set_yticks(range(len(ratios)), [f"{p:g}" for p in ratios])
+    axes.set_xlabel("responses launched per prompt")
+    axes.set_ylabel("prompt ratio")
+    for i, row in enumerate(grid):
+        for j, value in enumerate(row):
+            axes.text(j, i, f"{value:.2f}", ha="center", va="center", color="white", fontsize=8)
+    r = report.request
+    axes.set_title(f"simulated step speedup: {r.model}, {r.num_gpus} x {r.hardware}", fontsize=9)
+    figure.colorbar(image, ax=axes)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path
+
+
+def write_plan(report: PlanReport, out_dir: str | Path) -> tuple[Path, Path]:
+    """`<out_dir>/plan.md` and `<out_dir>/plan_heatmap.png`."""
+    out = Path(out_dir)
+    heatmap = write_heatmap(report, out / "plan_heatmap.png")
+    page = out / "plan.md"
+    page.write_text(markdown(report, heatmap.name))
+    return page, heatmap

@@ -1,0 +1,91 @@
+"""Where `tailflow plan` gets its lengths: a run in the store, a trace file, RollPacker's logs, or the generator."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tailflow.engines.sim.lengths import LengthSource
+from tailflow.engines.sim.trace import TraceError
+
+
+@dataclass(frozen=True)
+class LengthSpec:
+    """Exactly one of run_id, trace_path, rollpacker_path, paper_prompts."""
+
+    run_id: str | None = None
+    storage_uri: str = "runs"
+    trace_path: str | None = None
+    rollpacker_path: str | None = None
+    paper_prompts: int | None = None
+    """The paper-like generator with this many synthetic prompts."""
+    max_new_tokens: int | None = None
+    """The cap: required for the generator; optional for RollPacker logs (default: their longest response)."""
+    seed: int = 0
+
+    def check(self) -> None:
+        given = [name for name in ("run_id", "trace_path", "rollpacker_path", "paper_prompts") if getattr(self, name)]
+        if len(given) != 1:
+            raise TraceError("give exactly one of --run, --trace, --rollpacker, --paper "
+                             f"(got {', '.join(given) or 'none'})")
+        if self.paper_prompts and not self.max_new_tokens:
+            raise TraceError("--paper needs --max-new-tokens (the response cap, e.g. 16384)")
+
+
+def load_lengths(spec: LengthSpec) -> tuple[LengthSource, str]:
+    """The source and one line saying what it is."""
+    from tailflow.engines.sim.paper_lengths import PaperLikeLengths
+    from tailflow.engines.sim.rollpacker import read_rollpacker_lengths
+    from tailflow.engines.sim.trace import pools_from_trace, read_trace
+
+    spec.check()
+    if spec.paper_prompts:
+        return (PaperLikeLengths(spec.paper_prompts, spec.max_new_tokens, spec.seed),
+                f"paper-like generator, {spec.max_new_tokens}-token cap, seed {spec.seed}")
+    if spec.rollpacker_path:
+        pools = read_rollpacker_lengths(spec.rollpacker_path, spec.max_new_tokens, spec.seed)
+        return pools, f"RollPacker length log {spec.rollpacker_path} ({len(pools.pools)} prompts)"
+    if spec.trace_path:
+        rounds, where = read_trace(spec.trace_path), spec.trace_path
+    else:
+        rounds, where = run_trace(spec.run_id, spec.storage_uri), f"run {spec.run_id}"
+    pools = pools_from_trace(rounds, spec.seed, where)
+    return pools, f"{where}: {len(rounds)} rounds, {len(pools.pools)} prompts, cap {pools.max_new_tokens}"
+
+
+def run_trace(run_id: str, storage_uri: str):
+    from tailflow.engines.sim.trace_log import RolloutTraceLog
+    from tailflow.engines.store import open_store
+
+    log = RolloutTraceLog(open_store(storage_uri), run_id)
+    try:
+        return log.rounds()
+    except FileNotFoundError:
+        raise TraceError(f"run {run_id}: no {log.key} in {storage_uri} (a run before traces, or "
+                         "storage.rollout_trace: false)") from None
+
+
+def run_policy_sizes(run_id: str, storage_uri: str) -> tuple[int, int]:
+    """(P0, R0) from the run's saved config."""
+    import yaml
+
+    from tailflow.config import config_from_dict
+    from tailflow.engines.runs.layout import config_key
+    from tailflow.engines.store import open_store
+
+    store = open_store(storage_uri)
+    key = config_key(run_id)
+    if not store.exists(key):
+        raise TraceError(f"run {run_id}: no {key} in {storage_uri}")
+    config = config_from_dict(yaml.safe_load(store.read_text(key)) or {}, source=key)
+    return config.data.prompts_per_step, config.rollout.n
+
+
+def policy_sizes(spec: LengthSpec, prompts_per_step: int | None, responses_kept: int | None) -> tuple[int, int]:
+    """P0 and R0 to plan for: as given, else the run's own config, else the paper's (128, 8) for the generator
+    and RollPacker logs, and tailflow's defaults (32, 8) for a trace file."""
+    if spec.run_id:
+        default = run_policy_sizes(spec.run_id, spec.storage_uri)
+    elif spec.trace_path:
+        default = (32, 8)
+    else:
+        default = (128, 8)
+    return prompts_per_step or default[0], responses_kept or default[1]

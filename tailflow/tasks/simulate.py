@@ -1,0 +1,34 @@
+"""Plan tail batching on the simulator: search the settings, publish the table, heatmap and recommendation."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prefect import task
+from prefect.artifacts import create_markdown_artifact
+
+from tailflow.engines.sim.plan import PlanReport, PlanRequest, plan
+from tailflow.engines.sim.plan_report import markdown, recommendation, text_table, write_plan
+from tailflow.engines.sim.sources import LengthSpec, load_lengths
+
+
+@dataclass(frozen=True)
+class PlanSummary:
+    recommendation: str
+    table: str
+    markdown_path: str
+    heatmap_path: str
+
+
+@task
+def search_settings(request: PlanRequest, spec: LengthSpec) -> PlanReport:
+    """Every setting of the grid on the simulator (pure computation on plain inputs: safe to retry)."""
+    lengths, description = load_lengths(spec)
+    return plan(request, lengths, description, progress=print)
+
+
+@task
+def publish_plan(report: PlanReport, out_dir: str) -> PlanSummary:
+    page, heatmap = write_plan(report, out_dir)
+    create_markdown_artifact(key="tail-batching-plan", markdown=markdown(report, str(heatmap)),
+                             description=recommendation(report))
+    return PlanSummary(recommendation(report), text_table(report), str(page), str(heatmap))

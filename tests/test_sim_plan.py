@@ -1,0 +1,83 @@
+"""`tailflow plan` and the `plan` flow on tiny settings: a table, a recommendation, a heatmap; bad input is one line."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from tailflow.cli import main
+from tailflow.engines.sim.trace import TracePrompt, TraceResponse, TraceRound
+from tailflow.engines.sim.trace_log import RolloutTraceLog
+from tailflow.engines.store import LocalStore
+
+TINY = ["--gpus", "4", "--model", "qwen2.5-7b", "--hardware", "h100", "--rounds", "3"]
+
+
+def check_outputs(out, stdout: str, num_settings: int) -> None:
+    rows = [line for line in stdout.splitlines() if re.match(r"\s+[\d.]+\s+\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+x", line)]
+    assert len(rows) == num_settings
+    assert re.search(r"recommendation: .*rollout TP \d for short rounds, \d for long rounds", stdout)
+    assert (out / "plan_heatmap.png").read_bytes().startswith(b"\x89PNG")
+    assert "| prompt ratio |" in (out / "plan.md").read_text()
+
+
+def test_plan_with_the_paper_generator(tmp_path, capsys):
+    out = tmp_path / "plan"
+    code = main(["plan", "--paper", "--max-new-tokens", "2048", "--prompts-per-step", "8", "--responses", "4",
+                 "--out", str(out), *TINY])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    check_outputs(out, stdout, 16)  # the paper's 4 x 4 grid
+    assert "1.125          5" in stdout  # responses ceil(1.125 x 4) = 5
+
+
+def fake_run(store_root, run_id: str) -> None:
+    """A run directory as a training run leaves it: its config and a trace of 4 rounds (P0 = 4, R0 = 2)."""
+    store = LocalStore(store_root)
+    store.write_text(f"{run_id}/config.yaml", yaml.safe_dump({"data": {"prompts_per_step": 4}, "rollout": {"n": 2}}))
+    log = RolloutTraceLog(store, run_id)
+    for iteration in range(4):
+        prompts = tuple(TracePrompt(f"q{iteration}-{p}", 30, tuple(
+            TraceResponse(k, 10 + 37 * p * k % 300, "eos", 10 + 37 * p * k % 300, 0, "kept") for k in range(3)))
+            for p in range(6))
+        log.append(TraceRound(iteration, "short", 400, None, prompts))
+
+
+def test_plan_from_a_run_in_the_store(tmp_path, capsys):
+    fake_run(tmp_path / "store", "run-a")
+    out = tmp_path / "plan"
+    code = main(["plan", "--run", "run-a", "--set", f"storage.uri={tmp_path / 'store'}", "--out", str(out), *TINY])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    check_outputs(out, stdout, 16)
+    assert "(P0=4, R0=2)" in stdout or "keep tail batching off" in stdout  # sizes from the run's config
+    assert "run run-a: 4 rounds, 24 prompts, cap 400" in stdout
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--paper", "--max-new-tokens", "2048", "--hardware", "tpu"], "--hardware: unknown preset 'tpu'"),
+    (["--paper"], "--paper needs --max-new-tokens"),
+    (["--trace", "/nonexistent/t.jsonl"], "/nonexistent/t.jsonl: no such trace file"),
+    (["--run", "nope"], "run nope: no nope/config.yaml"),
+    (["--paper", "--max-new-tokens", "64", "--trace", "x"], "give exactly one of --run, --trace"),
+])
+def test_bad_plan_input_is_one_line(tmp_path, capsys, args, message):
+    code = main(["plan", "--gpus", "4", "--model", "qwen2.5-7b", "--set", f"storage.uri={tmp_path}", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_plan_flow_publishes_a_markdown_artifact(prefect_api, tmp_path):
+    from prefect.client.orchestration import get_client
+
+    from tailflow.flows.plan import plan_tail_batching
+
+    summary = plan_tail_batching(gpus=4, hardware="h100", model="qwen2.5-7b", paper_prompts=500, max_new_tokens=2048,
+                                 prompts_per_step=8, responses_kept=4, rounds=3, out_dir=str(tmp_path / "plan"))
+    assert summary.recommendation.startswith("recommendation:")
+    assert (tmp_path / "plan" / "plan_heatmap.png").is_file()
+    with get_client(sync_client=True) as client:
+        artifact = client.read_latest_artifacts()  # newest per key
+        page = next(a for a in artifact if a.key == "tail-batching-plan")
+    assert "| prompt ratio |" in page.data and summary.recommendation in page.data
