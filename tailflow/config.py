@@ -146,6 +146,10 @@ class RewardConfig(Section):
         return self
 
 
+OFF_POLICY_LOSSES = ("ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr")
+"""train.loss values that correct for the behaviour policy (engines/train/losses.py has the same list)."""
+
+
 class TrainConfig(Section):
     iterations: int = Field(50, ge=1)
     """Number of RL iterations (optimizer steps)."""
@@ -163,6 +167,23 @@ class TrainConfig(Section):
     token sum, averaged); `constant`, number of responses x rollout.max_new_tokens, the constant divisor of Dr.
     GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"), which removes the length bias of dividing by
     each response's own length. Metrics (entropy, clip fraction) stay token means."""
+    loss: Literal["ppo_clip", "ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr"] = "ppo_clip"
+    """Policy loss (engines/train/losses.py gives each formula and its paper): `ppo_clip`, PPO's clip against the
+    trainer's own log-probs at the start of the step (with one optimizer step per iteration its ratio is 1: the
+    on-policy policy gradient); the off-policy corrections, which use the rollout engine's log-probs of the
+    sampled tokens: `ppo_behaviour` (PPO's clip against them), `decoupled_ppo` (clip against the proximal
+    policy, importance weight to the behaviour policy capped at is_cap), `tis` (truncated importance sampling),
+    `cispo` (clipped importance weight, clip_low / clip_high as its epsilons), `topr` (plain policy gradient for
+    responses with a positive reward, truncated importance sampling for the rest)."""
+    is_cap: float = Field(2.0, gt=0.0)
+    """decoupled_ppo: cap of the importance weight exp(logp_proximal - logp_behaviour)."""
+    skip_zero_advantage: bool = True
+    """Responses whose advantage is 0 (every response of their group got the same reward) carry no policy
+    gradient: skip their forward and backward. The loss still divides by the whole batch's counts (their tokens
+    count in token_mean), so the gradient is the full batch's. Only without a KL penalty: with kl_coef > 0
+    every token has a gradient and nothing is skipped. `actor/entropy`, `actor/clip_fraction`,
+    `actor/approx_kl` and `actor/logprob_diff_vs_rollout` then cover the trained responses;
+    `actor/skipped_samples` counts the others."""
     clip_low: float = Field(0.2, ge=0.0)
     clip_high: float = Field(0.2, ge=0.0)
     kl_coef: float = Field(0.0, ge=0.0)
@@ -281,6 +302,19 @@ class RunConfig(Section):
             raise ValueError(
                 f"tail.responses_launched ({self.tail.responses_launched}) must be >= rollout.n ({self.rollout.n})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_importance_correction(self) -> "RunConfig":
+        rollout, loss = self.rollout, self.train.loss
+        if (rollout.top_p < 1 or rollout.top_k > 0) and loss not in OFF_POLICY_LOSSES:
+            raise ValueError(f"rollout.top_p {rollout.top_p} / rollout.top_k {rollout.top_k} sample from a truncated "
+                             f"distribution that train.loss {loss!r} does not correct for: use top_p 1 and top_k 0, "
+                             f"or an importance-corrected train.loss ({', '.join(OFF_POLICY_LOSSES)})")
+        if loss in OFF_POLICY_LOSSES and rollout.temperature != 1.0:
+            raise ValueError(f"train.loss {loss!r} needs the behaviour log-probs of the sampling distribution, but the "
+                             f"rollout engine reports them at temperature 1 (rollout.temperature is "
+                             f"{rollout.temperature}): use rollout.temperature 1 or train.loss ppo_clip")
         return self
 
     @property

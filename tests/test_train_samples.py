@@ -40,8 +40,10 @@ def test_completions_of_other_weights_are_refused_naming_requests_and_versions()
 
 def test_the_train_task_refuses_before_the_trainer_is_called():
     calls = []
-    ctx = SimpleNamespace(config=SimpleNamespace(train=SimpleNamespace(advantage="grpo")),
-                          trainer=SimpleNamespace(train_step=calls.append), fault_point=lambda phase, iteration: None)
+    ctx = SimpleNamespace(config=SimpleNamespace(train=SimpleNamespace(advantage="grpo", skip_zero_advantage=True,
+                                                                       kl_coef=0.0)),
+                          trainer=SimpleNamespace(train_step=lambda samples, **options: calls.append(samples)),
+                          fault_point=lambda phase, iteration: None)
 
     def scored(versions):
         return ScoredRound([group("a", [1.0, 0.0], versions)], stats=None, seconds=0.0)

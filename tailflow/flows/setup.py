@@ -216,7 +216,8 @@ def trainer_kwargs(config: RunConfig) -> dict:
         lr=train.lr, weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm, kl_coef=train.kl_coef,
         clip_low=train.clip_low, clip_high=train.clip_high,
         max_tokens_per_micro_batch=train.max_tokens_per_micro_batch, seed=train.seed,
-        loss_agg=train.loss_agg, max_new_tokens=config.rollout.max_new_tokens,
+        loss_agg=train.loss_agg, max_new_tokens=config.rollout.max_new_tokens, loss=train.loss, is_cap=train.is_cap,
+        temperature=config.rollout.temperature or 1.0,
     )
 
 

@@ -70,17 +70,27 @@ class TrainerGroup:
                 if attempt == START_ATTEMPTS - 1:
                     raise
 
-    def train_step(self, samples: list[TrainSample]) -> TrainStepStats:
+    def train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False) -> TrainStepStats:
         """One optimizer step on all ranks; every rank returns the same stats, rank 0's are returned with the
-        step's wall time."""
+        step's wall time.
+
+        `skip_zero_advantage`: samples whose advantage is 0 have no policy gradient (without a KL term), so
+        they are left out of the forward and backward while the loss still divides by the whole batch's
+        counts: the same gradient for less work. At least one sample is always trained, so a batch with no
+        signal still takes a real (zero-gradient) optimizer step, as it would unskipped.
+        """
         started = time.perf_counter()
-        shards = shard_across_ranks(samples, self.world_size)
         num_tokens_total = count_response_tokens(samples)
         if num_tokens_total == 0:
             raise ValueError("train_step needs at least one response token")
-        calls = [worker.train_step.remote(shard, num_tokens_total, len(samples))
+        trained = [sample for sample in samples if sample.advantage != 0.0] if skip_zero_advantage else samples
+        trained = trained or samples[:1]
+        shards = shard_across_ranks(trained, self.world_size)
+        calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))
                  for worker, shard in zip(self.workers, shards)]
-        return replace(get_all(calls)[0], seconds=time.perf_counter() - started)
+        stats = get_all(calls)[0]
+        return replace(stats, num_samples=len(samples), skipped_samples=len(samples) - len(trained),
+                       seconds=time.perf_counter() - started)
 
     def state_dict_ref(self) -> ray.ObjectRef:
         """All ranks gather; the ref to rank 0's full CPU state dict (HF names), left in the object store for

@@ -17,14 +17,17 @@ class TrainSample:
     """One scored response: the prompt, the response and its advantage.
 
     `rollout_logprobs[i]` is the rollout engine's log-prob of
-    `response_token_ids[i]`; it is only compared with the trainer's own
-    (a health metric), never trained on.
+    `response_token_ids[i]` (the behaviour policy's): the off-policy losses
+    correct with it, and every loss compares it with the trainer's own (a
+    health metric).
     """
 
     prompt_token_ids: tuple[int, ...]
     response_token_ids: tuple[int, ...]
     advantage: float
     rollout_logprobs: tuple[float, ...] | None = None
+    reward: float = 0.0
+    """The response's reward (TOPR treats responses with a positive reward as plain policy gradient)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

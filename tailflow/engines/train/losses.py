@@ -120,6 +120,130 @@ def ppo_clip_loss(
     return loss, stats
 
 
+PolicyLoss = Literal["ppo_clip", "ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr"]
+POLICY_LOSSES: tuple[str, ...] = PolicyLoss.__args__
+OFF_POLICY_LOSSES = ("ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr")
+"""The losses that correct for the behaviour (rollout) policy with its log-probs: they allow responses
+sampled by other weights (async training) or by a truncated distribution (top-p, top-k)."""
+
+
+def decoupled_ppo_loss(
+    logprobs: torch.Tensor,
+    prox_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float = 0.2,
+    is_cap: float = 2.0,
+    num_tokens_total: int | None = None,
+    loss_denominator: int | None = None,
+) -> tuple[torch.Tensor, PPOStats]:
+    """Decoupled PPO (Hilton et al. 2022, "Batch size-invariance for policy optimization", eq. 3; AReaL):
+    clip against the proximal policy, correct for the behaviour policy with a capped importance weight.
+
+        w        = sg(min(exp(prox_logprobs - behaviour_logprobs), is_cap))      [B, T]
+        ratio    = exp(logprobs - prox_logprobs)                                 [B, T]
+        pg_loss  = w * max(-A * ratio, -A * clip(ratio, 1 - clip_low, 1 + clip_high))
+        loss     = sum(pg_loss * mask) / loss_denominator
+
+    prox_logprobs [B, T]: the trainer's own log-probs at the start of the step (no grad).
+    `clip_fraction` counts tokens where the clip won; `approx_kl` is k3 of the proximal ratio.
+    """
+    mask = mask.to(logprobs.dtype)
+    weight = torch.clamp(torch.exp(prox_logprobs - behaviour_logprobs), max=is_cap).detach()
+    log_ratio = logprobs - prox_logprobs.detach()
+    ratio = torch.exp(log_ratio)
+    token_advantages = advantages.to(logprobs.dtype).unsqueeze(1)
+    pg_loss1 = -token_advantages * ratio
+    pg_loss2 = -token_advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    pg_loss = weight * torch.maximum(pg_loss1, pg_loss2)
+    loss = token_sum_over_total(pg_loss, mask, num_tokens_total if loss_denominator is None else loss_denominator)
+    with torch.no_grad():
+        stats = PPOStats(
+            pg_loss=loss.item(),
+            clip_fraction=token_sum_over_total((pg_loss2 > pg_loss1).to(mask.dtype), mask, num_tokens_total).item(),
+            approx_kl=token_sum_over_total((ratio - 1.0) - log_ratio, mask, num_tokens_total).item(),
+        )
+    return loss, stats
+
+
+def weighted_pg_loss(
+    logprobs: torch.Tensor,
+    weight: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    num_tokens_total: int | None,
+    loss_denominator: int | None,
+    truncated: torch.Tensor,
+) -> tuple[torch.Tensor, PPOStats]:
+    """The REINFORCE form the importance-weighted losses share:
+
+        loss = sum(-sg(weight) * A * logprobs * mask) / loss_denominator
+
+    `truncated` [B, T] marks tokens whose weight the clip changed (reported as `clip_fraction`);
+    `approx_kl` is k3 of pi / mu (current over behaviour)."""
+    mask = mask.to(logprobs.dtype)
+    token_advantages = advantages.to(logprobs.dtype).unsqueeze(1)
+    pg_loss = -weight.detach() * token_advantages * logprobs
+    loss = token_sum_over_total(pg_loss, mask, num_tokens_total if loss_denominator is None else loss_denominator)
+    with torch.no_grad():
+        log_ratio = torch.clamp(logprobs - behaviour_logprobs, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+        stats = PPOStats(
+            pg_loss=loss.item(),
+            clip_fraction=token_sum_over_total(truncated.to(mask.dtype), mask, num_tokens_total).item(),
+            approx_kl=token_sum_over_total(torch.exp(log_ratio) - 1.0 - log_ratio, mask, num_tokens_total).item(),
+        )
+    return loss, stats
+
+
+def behaviour_ratio(logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor) -> torch.Tensor:
+    """r = pi / mu = exp(logprobs - behaviour_logprobs), detached, the log clamped to +-MAX_LOG_RATIO.  [B, T]"""
+    return torch.exp(torch.clamp(logprobs.detach() - behaviour_logprobs, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+
+
+def tis_loss(logprobs, behaviour_logprobs, advantages, mask, num_tokens_total=None, loss_denominator=None):
+    """Truncated importance sampling (Yao et al. 2025, "Your efficient RL framework secretly brings you
+    off-policy RL training"; IMPALA's truncation):
+
+        loss = sum(-sg(clip(r, 0, 1)) * A * logprobs * mask) / loss_denominator,   r = pi / mu   [B, T]
+    """
+    ratio = behaviour_ratio(logprobs, behaviour_logprobs)
+    return weighted_pg_loss(logprobs, torch.clamp(ratio, 0.0, 1.0), behaviour_logprobs, advantages, mask,
+                            num_tokens_total, loss_denominator, truncated=ratio > 1.0)
+
+
+def cispo_loss(logprobs, behaviour_logprobs, advantages, mask, eps_low=0.2, eps_high=0.2, num_tokens_total=None,
+               loss_denominator=None):
+    """CISPO (MiniMax-M1, 2025, eq. 4): clip the importance weight, never the gradient, so every token
+    keeps a gradient:
+
+        loss = sum(-sg(clip(r, 1 - eps_low, 1 + eps_high)) * A * logprobs * mask) / loss_denominator   [B, T]
+    """
+    ratio = behaviour_ratio(logprobs, behaviour_logprobs)
+    weight = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    return weighted_pg_loss(logprobs, weight, behaviour_logprobs, advantages, mask, num_tokens_total,
+                            loss_denominator, truncated=weight != ratio)
+
+
+def topr_loss(logprobs, behaviour_logprobs, advantages, is_positive, mask, num_tokens_total=None,
+              loss_denominator=None):
+    """TOPR (Le Roux et al. 2025, "Tapered Off-Policy REINFORCE", eq. 9): plain policy gradient for responses
+    with a positive reward, truncated importance sampling for the rest:
+
+        weight = 1 where is_positive[b], else clip(r, 0, 1)                              [B, T]
+        loss   = sum(-sg(weight) * A * logprobs * mask) / loss_denominator
+
+    is_positive [B] bool: the response's reward is > 0.
+    """
+    ratio = behaviour_ratio(logprobs, behaviour_logprobs)
+    positive = is_positive.to(torch.bool).unsqueeze(1)
+    weight = torch.where(positive, torch.ones_like(ratio), torch.clamp(ratio, 0.0, 1.0))
+    return weighted_pg_loss(logprobs, weight, behaviour_logprobs, advantages, mask, num_tokens_total,
+                            loss_denominator, truncated=~positive & (ratio > 1.0))
+
+
 def kl_penalty(
     logprobs: torch.Tensor,
     ref_logprobs: torch.Tensor,

@@ -36,6 +36,7 @@ def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight
                     response_token_ids=tuple(completion.token_ids),
                     advantage=float(advantage),
                     rollout_logprobs=tuple(completion.logprobs),
+                    reward=float(response.reward),
                 )
             )
     return samples

@@ -40,12 +40,19 @@ from tailflow.engines.train.batch import (
     split_by_token_budget,
 )
 from tailflow.engines.train.losses import (
+    OFF_POLICY_LOSSES,
+    POLICY_LOSSES,
     LossAggregation,
+    PolicyLoss,
+    cispo_loss,
+    decoupled_ppo_loss,
     entropy_from_logits,
     kl_penalty,
     loss_denominator,
     ppo_clip_loss,
+    tis_loss,
     token_logprobs,
+    topr_loss,
 )
 
 SUMMED_STATS = (
@@ -74,6 +81,8 @@ class TrainStepStats:
     num_samples: int
     logprob_diff_vs_rollout: float | None = None
     """Mean |trainer log-prob - rollout log-prob| over tokens that carry rollout log-probs."""
+    skipped_samples: int = 0
+    """Samples left out of the forward and backward (zero advantage, `train.skip_zero_advantage`)."""
     seconds: float = 0.0
     """The step's wall time, from the driver (`time/step_train`); 0 where nobody timed it."""
 
@@ -83,17 +92,22 @@ class TrainStepStats:
         out = {f"actor/{name}": float(getattr(self, name)) for name in names}
         if self.logprob_diff_vs_rollout is not None:
             out["actor/logprob_diff_vs_rollout"] = self.logprob_diff_vs_rollout
+        out["actor/skipped_samples"] = self.skipped_samples
         return out
 
 
 @dataclass(frozen=True)
-class OldLogprobs:
-    """The no-grad pass of one micro-batch: [B, T] tensors and the rollout comparison sums."""
+class MicroBatchInputs:
+    """What one micro-batch's loss needs besides its tokens: [B, T] tensors (no grad)."""
 
-    logprobs: torch.Tensor
     ref_logprobs: torch.Tensor | None
-    rollout_abs_diff: float
-    rollout_tokens: float
+    """The reference model's log-probs (KL penalty only)."""
+    behaviour_logprobs: torch.Tensor
+    """The rollout engine's log-probs of the sampled tokens (0 where none were reported)."""
+    has_behaviour: torch.Tensor
+    """1 where `behaviour_logprobs` holds a value."""
+    is_positive: torch.Tensor
+    """[B] bool: the response's reward is > 0 (TOPR)."""
 
 
 class PolicyTrainer:
@@ -114,12 +128,22 @@ class PolicyTrainer:
         backend: str | None = None,
         loss_agg: LossAggregation = "token_mean",
         max_new_tokens: int | None = None,
+        loss: PolicyLoss = "ppo_clip",
+        is_cap: float = 2.0,
+        temperature: float = 1.0,
     ) -> None:
         """`backend` None picks "nccl" when CUDA is present, else "gloo". With world_size > 1 the
         process group is made from env MASTER_ADDR / MASTER_PORT (set by TrainerGroup). `loss_agg` picks the
-        loss denominator (losses.loss_denominator); `constant` needs `max_new_tokens`."""
+        loss denominator (losses.loss_denominator); `constant` needs `max_new_tokens`. `loss` picks the policy
+        loss (`train.loss`); `temperature` is the rollouts' sampling temperature: the trainer's logits are
+        divided by it, so its log-probs are those of the distribution the tokens were drawn from."""
         loss_denominator(loss_agg, 1, 1, max_new_tokens)  # a bad choice fails here, not at the first step
+        if loss not in POLICY_LOSSES:
+            raise ValueError(f"unknown loss {loss!r}; choose one of {list(POLICY_LOSSES)}")
+        if temperature <= 0:
+            raise ValueError(f"temperature must be > 0 to train on sampled responses, got {temperature}")
         self.loss_agg, self.max_new_tokens = loss_agg, max_new_tokens
+        self.loss, self.is_cap, self.temperature = loss, is_cap, temperature
         self.rank, self.world_size = rank, world_size
         self.max_grad_norm, self.kl_coef = max_grad_norm, kl_coef
         self.clip_low, self.clip_high = clip_low, clip_high
@@ -164,20 +188,25 @@ class PolicyTrainer:
     # ---- the step ------------------------------------------------------------------------------
 
     def train_step(
-        self, samples: list[TrainSample], num_tokens_total: int, num_sequences_total: int | None = None
+        self, samples: list[TrainSample], num_tokens_total: int, num_sequences_total: int | None = None,
+        num_metric_tokens: int | None = None,
     ) -> TrainStepStats:
         """One optimizer step on this rank's `samples`; `num_tokens_total` counts response tokens and
-        `num_sequences_total` samples (None: this rank's, the single-process case) on ALL ranks."""
+        `num_sequences_total` samples (None: this rank's, the single-process case) of the whole step's batch
+        on ALL ranks: the loss divides by them. `num_metric_tokens` (None: num_tokens_total) divides the token
+        means reported (entropy, clip fraction, approx KL): the response tokens trained, when samples with no
+        gradient were left out of `samples`."""
         if num_tokens_total < 1:
             raise ValueError(f"num_tokens_total must be >= 1, got {num_tokens_total}")
         num_sequences = len(samples) if num_sequences_total is None else num_sequences_total
         denominator = loss_denominator(self.loss_agg, num_tokens_total, num_sequences, self.max_new_tokens)
+        num_tokens_total = num_metric_tokens or num_tokens_total
         parts = self._plan_micro_batches(samples)
-        batches = [self._collate(part) for part in parts]
-        olds = [self._score(part, batch) for part, batch in zip(parts, batches)]
         totals = dict.fromkeys(SUMMED_STATS, 0.0) | {"samples": float(len(samples))}
-        for batch, old in zip(batches, olds):
-            for name, value in self._accumulate_gradients(batch, old, num_tokens_total, denominator).items():
+        for part in parts:
+            batch = self._collate(part)
+            inputs = self._micro_batch_inputs(part, batch)
+            for name, value in self._accumulate_gradients(batch, inputs, num_tokens_total, denominator).items():
                 totals[name] += value
         grad_norm = self._clip_and_step()
         return self._reduce_stats(totals, grad_norm, num_tokens_total)
@@ -200,45 +229,72 @@ class PolicyTrainer:
         return MicroBatch(*(t.to(self.device) for t in filler._replace(response_mask=filler.response_mask * 0)))
 
     def _logprobs(self, model: PreTrainedModel, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """([B, T, V] logits, [B, T] next-token log-probs)."""
+        """([B, T, V] logits / temperature, [B, T] next-token log-probs of that distribution)."""
         logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         return logits, token_logprobs(logits, batch.input_ids)
 
     @torch.no_grad()
-    def _score(self, part: list[TrainSample], batch: MicroBatch) -> OldLogprobs:
-        _, old_logprobs = self._logprobs(self.model, batch)
+    def _micro_batch_inputs(self, part: list[TrainSample], batch: MicroBatch) -> MicroBatchInputs:
+        """No old-log-prob pass: with one optimizer step per iteration the weights at the start of the step
+        are the ones that take the gradient, so the proximal (old) log-probs are the forward's own, detached.
+        Only a KL penalty needs a second model's pass."""
         ref_logprobs = self._logprobs(self.ref_model, batch)[1] if self.ref_model is not None else None
-        if not part:
-            return OldLogprobs(old_logprobs, ref_logprobs, rollout_abs_diff=0.0, rollout_tokens=0.0)
-        rollout, present = (t.to(self.device) for t in rollout_logprobs_matrix(part, batch.input_ids.shape[1]))
-        abs_diff = ((old_logprobs - rollout).abs() * present).sum().item()
-        return OldLogprobs(old_logprobs, ref_logprobs, abs_diff, present.sum().item())
+        if not part:  # a filler row (this rank has fewer micro-batches than another)
+            zeros = torch.zeros_like(batch.response_mask)
+            return MicroBatchInputs(ref_logprobs, zeros, zeros, torch.zeros(1, dtype=torch.bool, device=self.device))
+        behaviour, present = (t.to(self.device) for t in rollout_logprobs_matrix(part, batch.input_ids.shape[1]))
+        if self.loss in OFF_POLICY_LOSSES and bool(((present == 0) & (batch.response_mask > 0)).any()):
+            raise ValueError(f"train.loss {self.loss!r} needs the rollout log-prob of every response token; "
+                             "some samples have none")
+        is_positive = torch.tensor([sample.reward > 0 for sample in part], device=self.device)
+        return MicroBatchInputs(ref_logprobs, behaviour, present, is_positive)
+
+    def _policy_loss(self, logprobs: torch.Tensor, batch: MicroBatch, inputs: MicroBatchInputs,
+                     num_tokens_total: int, denominator: int):
+        """`train.loss`, one line each: the on-policy clip, or a correction for the behaviour policy."""
+        args = (batch.advantages, batch.response_mask)
+        proximal, behaviour = logprobs.detach(), inputs.behaviour_logprobs
+        totals = dict(num_tokens_total=num_tokens_total, loss_denominator=denominator)
+        if self.loss == "ppo_clip":
+            return ppo_clip_loss(logprobs, proximal, *args, self.clip_low, self.clip_high, **totals)
+        if self.loss == "ppo_behaviour":
+            return ppo_clip_loss(logprobs, behaviour, *args, self.clip_low, self.clip_high, **totals)
+        if self.loss == "decoupled_ppo":
+            return decoupled_ppo_loss(logprobs, proximal, behaviour, *args, self.clip_low, self.clip_high,
+                                      self.is_cap, **totals)
+        if self.loss == "tis":
+            return tis_loss(logprobs, behaviour, *args, **totals)
+        if self.loss == "cispo":
+            return cispo_loss(logprobs, behaviour, *args, self.clip_low, self.clip_high, **totals)
+        return topr_loss(logprobs, behaviour, batch.advantages, inputs.is_positive, batch.response_mask, **totals)
 
     def _accumulate_gradients(
-        self, batch: MicroBatch, old: OldLogprobs, num_tokens_total: int, denominator: int
+        self, batch: MicroBatch, inputs: MicroBatchInputs, num_tokens_total: int, denominator: int
     ) -> dict[str, float]:
         """Forward + backward of one micro-batch; returns its share of the step's SUMMED_STATS."""
         logits, logprobs = self._logprobs(self.model, batch)
         mask = batch.response_mask
-        pg_loss, pg_stats = ppo_clip_loss(
-            logprobs, old.logprobs, batch.advantages, mask, self.clip_low, self.clip_high, num_tokens_total,
-            loss_denominator=denominator,
-        )
-        kl = kl_penalty(logprobs, old.ref_logprobs, mask, denominator) if old.ref_logprobs is not None else None
+        pg_loss, pg_stats = self._policy_loss(logprobs, batch, inputs, num_tokens_total, denominator)
+        ref = inputs.ref_logprobs
+        kl = kl_penalty(logprobs, ref, mask, denominator) if ref is not None else None
         loss = pg_loss + self.kl_coef * kl if kl is not None else pg_loss
         # FSDP2 AVERAGES gradients over ranks, but each rank's loss is already its share of the
         # global loss (divided by a global count): multiply back so the ranks' grads SUM.
         (loss * self.world_size).backward()
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach(), mask, num_tokens_total).item()
+            present = inputs.has_behaviour
+            abs_diff = ((logprobs.detach() - inputs.behaviour_logprobs).abs() * present).sum().item()
         return {
             "pg_loss": pg_stats.pg_loss,
             "clip_fraction": pg_stats.clip_fraction,
             "approx_kl": pg_stats.approx_kl,
             "kl": kl.item() if kl is not None else 0.0,
             "entropy": entropy,
-            "rollout_abs_diff": old.rollout_abs_diff,
-            "rollout_tokens": old.rollout_tokens,
+            "rollout_abs_diff": abs_diff,
+            "rollout_tokens": present.sum().item(),
         }
 
     def _clip_and_step(self) -> float:

@@ -30,9 +30,9 @@ class TrainerWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def train_step(self, samples: list[TrainSample], num_tokens_total: int, num_sequences_total: int
-                   ) -> TrainStepStats:
-        return self.trainer.train_step(samples, num_tokens_total, num_sequences_total)
+    def train_step(self, samples: list[TrainSample], num_tokens_total: int, num_sequences_total: int,
+                   num_metric_tokens: int) -> TrainStepStats:
+        return self.trainer.train_step(samples, num_tokens_total, num_sequences_total, num_metric_tokens)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.trainer.full_state_dict()
