@@ -13,14 +13,16 @@ from tailflow.engines.runs.layout import metrics_key
 from tailflow.engines.store import ArtifactStore
 
 
-WALL_CLOCK_METRICS = ("reward/overlap_ratio", "reward/workers")
-"""Metrics outside `time/` that still depend on timing (how scoring overlapped rollout, how far the
-reward pool grew): a seeded rerun or a resume reproduces every other value exactly."""
+TIMING_PREFIX = "time/"
+"""Every metric derived from a wall clock lives under `time/` (step times, how much scoring overlapped
+rollout, how far the reward pool grew), so a seeded rerun or a resumed twin reproduces every other key
+exactly. Exceptions, documented in docs/operations.md: `reward/timeout_anchor_s` (code rewards: the
+slowest correct execution) and, near a code timeout, `reward/timeouts` and the rewards themselves."""
 
 
 def without_timing(row: dict[str, Any]) -> dict[str, Any]:
-    """The row's reproducible part: no `time/*` key and none of `WALL_CLOCK_METRICS`."""
-    return {k: v for k, v in row.items() if not k.startswith("time/") and k not in WALL_CLOCK_METRICS}
+    """The row's reproducible part: no `time/*` key."""
+    return {k: v for k, v in row.items() if not k.startswith(TIMING_PREFIX)}
 
 
 def jsonable(value: Any) -> Any:
