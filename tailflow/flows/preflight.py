@@ -13,6 +13,7 @@ from transformers import AutoConfig, AutoTokenizer
 
 from tailflow.config import ConfigError, RunConfig
 from tailflow.engines.store import open_store
+from tailflow.engines.track.tensorboard import require_tensorboard
 from tailflow.flows.setup import load_datasets, resolve_model_path
 
 
@@ -25,3 +26,5 @@ def check_inputs(config: RunConfig) -> None:
         raise ConfigError(f"rollout.max_new_tokens ({config.rollout.max_new_tokens}) leaves no room for a prompt "
                           f"in the model's context of {context_length} tokens")
     load_datasets(config, AutoTokenizer.from_pretrained(model_path), context_length - config.rollout.max_new_tokens)
+    if config.tracking.tensorboard:
+        require_tensorboard()

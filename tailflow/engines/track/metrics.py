@@ -37,10 +37,12 @@ def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class MetricsLogger:
-    def __init__(self, store: ArtifactStore, run_id: str, wandb_run: Any = None):
+    def __init__(self, store: ArtifactStore, run_id: str, wandb_run: Any = None, tensorboard: Any = None):
         self.store = store
         self.key = metrics_key(run_id)
         self.wandb_run = wandb_run
+        self.tensorboard = tensorboard
+        """TensorBoardLog (tracking.tensorboard) or None."""
 
     def log(self, row: dict[str, Any]) -> None:
         self.append(row)
@@ -54,6 +56,8 @@ class MetricsLogger:
         """The row to W&B (after the commit, so W&B never sees an iteration that is run again)."""
         if self.wandb_run is not None:
             self.wandb_run.log(jsonable_row(row), step=row.get("iteration"))
+        if self.tensorboard is not None:
+            self.tensorboard.log(jsonable_row(row))
 
     def keep_committed(self, num_iterations: int) -> int:
         """On resume: drop rows of iterations >= `num_iterations` (written, never committed); returns rows dropped."""
@@ -71,6 +75,8 @@ class MetricsLogger:
     def close(self) -> None:
         if self.wandb_run is not None:
             self.wandb_run.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def start_wandb(run_id: str, project: str, mode: str, config: dict[str, Any], directory: str) -> Any:
