@@ -168,8 +168,8 @@ def main() -> None:
         print(f"{batch_row['iteration']:>4} | {batch_row['time/step_generate']:>12.2f} "
               f"{batch_row['time/step_reward']:>9.2f} {batch_row['time/reward_busy']:>7.2f} | "
               f"{stream_row['time/step_generate']:>15.2f} {stream_row['time/step_reward']:>9.2f} "
-              f"{stream_row['time/reward_busy']:>7.2f} {stream_row['reward/overlap_ratio']:>8.2f} "
-              f"{stream_row['reward/workers']:>8}")
+              f"{stream_row['time/reward_busy']:>7.2f} {stream_row['time/reward_overlap_ratio']:>8.2f} "
+              f"{stream_row['time/reward_workers']:>8}")
     batch_reward = sum(row["time/step_reward"] for row in runs[False])
     stream_reward = sum(row["time/step_reward"] for row in runs[True])
     hidden = 1 - stream_reward / batch_reward

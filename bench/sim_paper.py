@@ -121,3 +121,16 @@ def grid_row(setting: PaperSetting, fixed: str, min_rounds: int, seed: int) -> l
         ratio, responses = (1.0, math.ceil(eta * R0)) if fixed == "P" else (eta, R0)
         cells.append(mean(r.rollout_s for r in simulate_cell(setting, ratio, responses, min_rounds, seed)))
     return cells
+
+
+def paper_short_round_bound(setting: PaperSetting, rounds_per_period: int = 5) -> float:
+    """Upper bound on the paper's mean short round, from Figure 11 alone: a period of 4 short + 1 long round
+    averages `tail_s`, and a long round (only the deferred, longest prompts) lasts at least a synchronous one."""
+    return (rounds_per_period * setting.tail_s - setting.sync_s) / (rounds_per_period - 1)
+
+
+def paper_implied_e2e(setting: PaperSetting, rollout_share: float = 0.72) -> float:
+    """The end-to-end speedup the paper's own Figure 11 ratio gives with its Table 1 shares, if a tail-batched
+    step paid the baseline's reward + train time: sync_step / (tail rollout + (1 - 0.72) sync_step)."""
+    sync_step = setting.sync_s / rollout_share
+    return sync_step / (setting.tail_s + (1 - rollout_share) * sync_step)

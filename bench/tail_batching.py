@@ -275,6 +275,28 @@ def verdict(c: Comparison) -> str:
     return f"VERDICT: {'; '.join(parts)} -> " + ("all targets met" if not missed else f"{missed} of 3 targets missed")
 
 
+SIM_GPUS, SIM_HARDWARE, SIM_MODEL = 8, "h100", "qwen2.5-7b"
+
+
+def simulated_speedups(storage: Path, config) -> tuple[float, float]:
+    """(step time, generate time) baseline/tail that the simulator predicts for the two runs' own traces on
+    8 H100s with a 7B preset: every traced round replayed on the roofline model (docs/simulator.md)."""
+    from tailflow.engines.sim.replay import replay_on
+    from tailflow.engines.sim.roofline import RooflineCost
+    from tailflow.engines.sim.step_time import mean_step_time
+    from tailflow.engines.sim.trace_log import RolloutTraceLog
+    from tailflow.engines.store import LocalStore
+
+    cost = RooflineCost.from_presets(SIM_HARDWARE, SIM_MODEL, SIM_GPUS, 1)
+    steps = []
+    for run_id in ("tail-bench-baseline", "tail-bench-tail"):
+        rounds = RolloutTraceLog(LocalStore(storage), run_id).rounds()
+        steps.append(mean_step_time(replay_on(rounds, cost, SIM_GPUS, 2048, config.data.prompts_per_step,
+                                              config.rollout.n, cost.kv_budget_tokens, config.tail.steps_per_poll),
+                                    cost))
+    return steps[0].total_s / steps[1].total_s, steps[0].rollout_s / steps[1].rollout_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iterations", type=int,
@@ -318,6 +340,7 @@ def main() -> None:
             tree = default_config_tree(settings.overrides | {"tail.enabled": enabled, "storage.uri": str(storage)})
             run_id = "tail-bench-" + ("tail" if enabled else "baseline")
             runs.append(run_training(name, tree, storage, run_id))
+        simulated = simulated_speedups(storage, config)
     comparison = compare(*runs, num_slots=config.rollout.num_slots)
     rounds = " ".join("L" if row["tail/round"] else "S" for row in comparison.tail.rows)
     print(f"\ntail run rounds by iteration (S short, L long): {rounds}")
@@ -329,6 +352,10 @@ def main() -> None:
     queue_left = comparison.tail.rows[-1]["tail/long_queue_size"]
     print(f"queue left at the end of the tail run: {queue_left} prompts"
           + ("" if queue_left == 0 else " deferred but never trained: their long round is NOT in the step times"))
+    print(f"SIMULATED, not measured (roofline, {SIM_GPUS} x {SIM_HARDWARE}, {SIM_MODEL} preset, replaying these two "
+          f"runs' own rollout traces): step_total_speedup {simulated[0]:.2f}x (this CPU, measured: "
+          f"{comparison.step_total_speedup:.2f}x), generate speedup {simulated[1]:.2f}x (this CPU: "
+          f"{fmt_ratio(*comparison.sums('time/step_generate'))})")
     print(verdict(comparison))
     print(f"RESULT step_total_speedup={comparison.step_total_speedup:.2f} "
           f"short_generate_speedup={comparison.short_generate_speedup:.2f} "

@@ -33,6 +33,12 @@ def allow_change_argument(parser: argparse.ArgumentParser) -> None:
                         help="config keys a resumed run may change, e.g. train.iterations (repeatable)")
 
 
+def take_over_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--take-over", action="store_true",
+                        help="take the run's lease from the writer holding it (only if you know it is dead or "
+                             "must stop; a dead holder on this host, or one silent for 60 s, is replaced anyway)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailflow", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -41,10 +47,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--run-id", help="name of the run directory under storage.uri (default: generated); "
                        "an existing run with a commit resumes")
     allow_change_argument(train)
+    take_over_argument(train)
     resume = commands.add_parser("resume", help="continue a run from its last commit (default: its saved config)")
     resume.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
     config_arguments(resume)
     allow_change_argument(resume)
+    take_over_argument(resume)
+    report = commands.add_parser("report", help="draw a run's report.html (plots) and index.html in its directory")
+    report.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    config_arguments(report)
     runs = commands.add_parser("runs", help="list the runs in the artifact store, or show one")
     runs_commands = runs.add_subparsers(dest="runs_command", required=True)
     runs_list = runs_commands.add_parser("list", help="one line per run: progress, queue, eval, checkpoint")
@@ -135,6 +146,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"warm-start checkpoint: {warm_start(args.config, args.overrides)}")
         elif args.command == "resume":
             return run_resume(args, config)
+        elif args.command == "report":
+            return run_report(args, config)
         elif args.command == "runs":
             return run_runs(args, config)
         elif args.command == "export":
@@ -180,8 +193,10 @@ def allowed_changes(values: list[str]) -> list[str]:
 def run_train(args) -> int:
     from tailflow.flows.training import rl_training
 
-    summary = rl_training(config_path=args.config, overrides=args.overrides, run_id=args.run_id,
-                          allow_change=allowed_changes(args.allow_change))
+    allow_change = allowed_changes(args.allow_change)
+    with one_line_user_errors():
+        summary = rl_training(config_path=args.config, overrides=args.overrides, run_id=args.run_id,
+                              allow_change=allow_change, take_over=args.take_over)
     print_summary(summary)
     return 0
 
@@ -195,9 +210,32 @@ def run_resume(args, config) -> int:
     allow_change = allowed_changes(args.allow_change)
     store = open_store(config.storage.uri)
     resumed = config_for_resume(store, args.run_id, args.config, args.overrides, config.storage.uri)
-    summary = rl_training(config=resumed.model_dump(mode="json"), run_id=args.run_id,
-                          allow_change=allow_change + ["storage.uri"])
+    with one_line_user_errors():
+        summary = rl_training(config=resumed.model_dump(mode="json"), run_id=args.run_id,
+                              allow_change=allow_change + ["storage.uri"], take_over=args.take_over)
     print_summary(summary)
+    return 0
+
+
+def one_line_user_errors():
+    from tailflow.flows.retry_policy import USER_ERRORS
+    from tailflow.terminal import quiet_tracebacks_of
+
+    return quiet_tracebacks_of(USER_ERRORS)
+
+
+def run_report(args, config) -> int:
+    from tailflow.engines.store import open_store
+    from tailflow.engines.track.report import write_report
+    from tailflow.runs_report import RunError
+
+    store = open_store(config.storage.uri)
+    if not store.exists(f"{args.run_id}/config.yaml"):
+        raise RunError(f"no run {args.run_id} in {store.uri()} (see `tailflow runs list`)")
+    report = write_report(store, args.run_id)
+    print(f"report of run {args.run_id} after {report.iterations} iterations: {store.uri(report.page)}\n"
+          f"  plots: {', '.join(store.uri(key) for key in report.plots)}\n"
+          f"  index: {store.uri(args.run_id + '/index.html')}")
     return 0
 
 

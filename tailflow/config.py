@@ -267,6 +267,12 @@ class TrackingConfig(Section):
     wandb_mode: Literal["offline", "online"] = "offline"
     """`offline` writes the W&B run locally (no network needed); `online` uploads."""
     wandb_project: str = "tailflow"
+    tensorboard: bool = False
+    """Also write TensorBoard event files (same metric names as metrics.jsonl) to `<run>/tensorboard/` in a
+    local store, or a local cache folder for S3 (its path is printed). Needs the `tensorboard` package."""
+    report_every: int = Field(10, ge=0)
+    """Redraw `<run>/report.html` (plots) and `<run>/index.html` every N iterations; 0: only at the end.
+    Always drawn when the run finishes; `tailflow report RUN` draws it on demand."""
 
 
 class WarmStartConfig(Section):

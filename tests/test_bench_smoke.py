@@ -65,3 +65,10 @@ def test_reward_quick():
     last_line = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT adaptive_timeout_speedup=\S+ reward_hidden_fraction=\S+", last_line)
     assert "VERDICT:" in stdout and "sandbox backend:" in stdout
+
+
+def test_sim_validate_quick():
+    stdout = run_bench("sim_validate.py")
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT cpu_round_err=\S+ cpu_ratio_err=\S+ paper_ratio_err=\S+ sim_speedup_32b=\S+", last_line)
+    assert "Fig 11 rollout ratio sync/tail" in stdout and "replayed rounds end at the measured engine step: all" in stdout

@@ -35,8 +35,8 @@ def test_judge_reward_run(prefect_api, tmp_path):
     assert [row["iteration"] for row in rows] == [0, 1]
     for row in rows:
         assert 0 < row["reward/mean"] < 1  # graded p(yes) / (p(yes) + p(no)), not 0/1
-        assert 1 <= row["reward/workers"] <= 2
-        assert 0 <= row["reward/overlap_ratio"] <= 1
+        assert 1 <= row["time/reward_workers"] <= 2
+        assert 0 <= row["time/reward_overlap_ratio"] <= 1
         assert row["reward/timeouts"] == 0
     assert summary.final_accuracy is not None
     assert read_committed_state(LocalStore(tmp_path), "judged").iteration == 2

@@ -81,3 +81,17 @@ def test_plan_flow_publishes_a_markdown_artifact(prefect_api, tmp_path):
         artifact = client.read_latest_artifacts()  # newest per key
         page = next(a for a in artifact if a.key == "tail-batching-plan")
     assert "| prompt ratio |" in page.data and summary.recommendation in page.data
+
+
+def test_a_runs_trace_replays_round_by_round_on_a_gpu_preset(tmp_path):
+    """What bench/tail_batching.py's simulated line does: each traced round again, on 8 x H100 with a 7B."""
+    from tailflow.engines.sim.replay import replay_on
+    from tailflow.engines.sim.roofline import RooflineCost
+
+    fake_run(tmp_path, "run-b")
+    rounds = RolloutTraceLog(LocalStore(tmp_path), "run-b").rounds()
+    cost = RooflineCost.from_presets("h100", "qwen2.5-7b", 8, 1)
+    replayed = replay_on(rounds, cost, 8, 2048, prompts_per_step=4, responses_kept=2)
+    assert [r.iteration for r in replayed] == [0, 1, 2, 3] and all(r.kind.value == "short" for r in replayed)
+    assert all(r.num_kept == 4 * 2 for r in replayed)  # P0 prompts x R0 responses, as the run trained
+    assert all(r.num_aborted > 0 and r.rollout_s > 0 for r in replayed)  # 6 launched, 4 complete: the rest abort

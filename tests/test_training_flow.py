@@ -138,6 +138,39 @@ def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_pat
     assert len(state.tail.queue) == 2  # 18 drawn = 4 trained x 4 iterations + 2 queued
     assert state.round_history == [0, 0, 1, 0]
 
+    # the run's report, drawn at its end, and the lease released
+    for name in ("reward", "lengths", "step_times", "long_queue", "wasted_tokens"):
+        assert (tmp_path / "tail-test" / "report" / f"{name}.png").stat().st_size > 5_000, name
+    assert "report/lengths.png" in (tmp_path / "tail-test" / "index.html").read_text()
+    assert not (tmp_path / ".leases" / "tail-test.json").exists()
+
+    # progress lines in Prefect's logs: the run's (every iteration) and each iteration's own
+    logs = flow_run_logs("tail-test")
+    assert [line[len("[tailflow] iter "):][:4] for line in logs["tail-test"] if line.startswith("[tailflow] iter")] \
+        == ["0000", "0001", "0002", "0003"]
+    assert any(line.startswith("[tailflow] run tail-test: 64 train / 8 eval problems") for line in logs["tail-test"])
+    assert any(line.startswith("[tailflow] iter 0002 |") for line in logs["iter-0002"])
+
+
+def flow_run_logs(run_name: str) -> dict[str, list[str]]:
+    """Log messages of the newest flow run named `run_name` and of its subflow runs, by flow run name."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId,
+                                                LogFilter, LogFilterFlowRunId)
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        (parent,) = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_name])),
+                                          sort=FlowRunSort.START_TIME_DESC, limit=1)
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent.id])))
+        runs = {run.id: run.name for run in [parent, *children]}
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=list(runs))), limit=200)
+    by_name: dict[str, list[str]] = {name: [] for name in runs.values()}
+    for log in logs:
+        by_name[runs[log.flow_run_id]].append(log.message)
+    return by_name
+
 
 def test_training_on_a_jsonl_dataset_with_custom_fields(prefect_api, tiny_model_dir, tmp_path):
     """Real data path: problems from JSONL with other field names, one bad row skipped and counted."""

@@ -20,7 +20,7 @@ SHOWN = (
     "time/step_total", "time/step_generate", "time/step_reward", "time/step_train", "time/step_model_update",
     "reward/mean", "reward/accuracy", "token/response_length/mean", "token/response_length/max",
     "rollout/bubble_ratio", "tail/round", "tail/long_queue_size", "tail/aborted_requests", "tail/wasted_tokens",
-    "reward/overlap_ratio", "reward/workers", "reward/timeouts", "actor/pg_loss", "actor/grad_norm", "eval/accuracy",
+    "time/reward_overlap_ratio", "time/reward_workers", "reward/timeouts", "actor/pg_loss", "actor/grad_norm", "eval/accuracy",
 )
 
 
@@ -60,7 +60,7 @@ def artifact_key(run_id: str) -> str:
 
 TABLE_COLUMNS = ("iteration", "tail/round", "time/step_total", "time/step_generate", "time/step_reward",
                  "time/step_train", "reward/mean", "reward/accuracy", "token/response_length/mean",
-                 "token/response_length/max", "tail/long_queue_size", "reward/overlap_ratio", "eval/accuracy")
+                 "token/response_length/max", "tail/long_queue_size", "time/reward_overlap_ratio", "eval/accuracy")
 
 
 def browse_url(uri: str) -> str:

@@ -14,9 +14,11 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from tailflow.config import ConfigError
+from tailflow.engines.data.dataset import DatasetError
+from tailflow.engines.models import UnsupportedModelError
 from tailflow.engines.store import StoreError
 
-USER_ERRORS = (ConfigError,)
+USER_ERRORS = (ConfigError, DatasetError, UnsupportedModelError)
 """Errors no retry can fix. StoreError is not one: an unreachable store may come back."""
 
 

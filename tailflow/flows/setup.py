@@ -31,6 +31,7 @@ from tailflow.engines.tail.state import TailSettings
 from tailflow.engines.runs.layout import config_key, metrics_key
 from tailflow.engines.store import ArtifactStore, local_working_dir
 from tailflow.engines.track import MetricsLogger, start_wandb
+from tailflow.engines.track.tensorboard import start_tensorboard
 
 
 def shipped_warmstart_dir() -> Path:
@@ -128,12 +129,13 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunCo
     tracking = config.tracking
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
                              str(local_working_dir(store, run_id))) if tracking.wandb else None)
+    tensorboard = start_tensorboard(tracking.tensorboard, local_working_dir(store, run_id))
     rollout, trainer, reward_pool = start_workers(config, model_path, max_seq_len)  # last: nothing after it
     return RunContext(                                                                # can fail and leak them
         run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
         eval_problems=datasets.eval, reward=reward, timeouts=TimeoutPolicy.from_config(config.reward),
         sampling=sampling_params(config), tail=TailSettings.from_config(config), rollout=rollout,
-        trainer=trainer, reward_pool=reward_pool, metrics=MetricsLogger(store, run_id, wandb_run),
+        trainer=trainer, reward_pool=reward_pool, metrics=MetricsLogger(store, run_id, wandb_run, tensorboard),
         model_path=model_path, model_config=AutoConfig.from_pretrained(model_path), max_seq_len=max_seq_len,
         num_skipped_rows=datasets.num_skipped,
     )

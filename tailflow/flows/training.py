@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -16,10 +15,13 @@ from tailflow.engines.store import open_store
 from tailflow.flows.artifacts import RunArtifacts
 from tailflow.flows.iteration import iteration
 from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
+from tailflow.flows.preflight import check_inputs
 from tailflow.flows.retry_policy import no_retry_on_user_error
-from tailflow.flows.run_guard import run_slot
+from tailflow.flows.run_hooks import after_iteration, after_run
+from tailflow.flows.run_log import print_resume, print_start, say
 from tailflow.flows.setup import (build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context,
                                   shutdown_workers)
+from tailflow.flows.writer import run_writer
 from tailflow.tasks.evaluate import evaluate_policy
 
 
@@ -52,6 +54,7 @@ def rl_training(
     config: RunConfig | None = None,
     allow_change: list[str] | None = None,
     resume: bool = False,
+    take_over: bool = False,
 ) -> RunSummary:
     """Train a policy with RL, or continue run `run_id` from its last commit.
 
@@ -60,7 +63,8 @@ def rl_training(
     flow run (Prefect's `retries`, or Retry in the UI) resumes the same way: the
     run id is fixed by the first attempt (the flow run's id when none is given).
     `resume=True` insists on an existing run and, unless a config is given, uses
-    the run's saved config with `overrides` on top (as `tailflow resume`).
+    the run's saved config with `overrides` on top (as `tailflow resume`). `take_over=True` takes the
+    run's lease from a writer that still holds it (docs/operations.md, one writer per run).
     """
     with no_retry_on_user_error():
         if resume:
@@ -68,11 +72,12 @@ def rl_training(
         else:
             run_config = resolve_config(config_path, overrides or [], config)
         run_id = run_id or default_run_id()
-    with no_retry_on_user_error(), run_slot(run_id):
-        return train(run_config, run_id, allow_change or [])
+        check_inputs(run_config)
+    with no_retry_on_user_error(), run_writer(run_config, run_id, take_over) as lease:
+        return train(run_config, run_id, allow_change or [], lease)
 
 
-def train(run_config: RunConfig, run_id: str, allow_change: list[str]) -> RunSummary:
+def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=None) -> RunSummary:
     store = open_store(run_config.storage.uri)
     committed = read_committed_state(store, run_id)
     if committed is not None:
@@ -95,10 +100,11 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str]) -> RunSum
         for step in range(state.iteration, run_config.train.iterations):
             ctx, state = run_iteration(ctx, state, step)
             rows = ctx.metrics.rows()
-            print_progress(rows[-1])
+            after_iteration(ctx, state, rows[-1], lease)
             artifacts.progress(state.iteration)
             artifacts.metrics(rows)
             artifacts.checkpoint_link(ctx.store.uri(state.latest_checkpoint), step)
+        after_run(ctx, state)
         return summarize(ctx, state)
     finally:
         shutdown_context(ctx)
@@ -134,8 +140,8 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
             if attempt == retries:
                 shutdown_workers(ctx)  # the caller's context may hold the workers this replaced
                 raise
-            print(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
-                  f"from the last commit and running the iteration again (attempt {attempt + 2})", flush=True)
+            say(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
+                f"from the last commit and running the iteration again (attempt {attempt + 2})")
             ctx = restart_workers(ctx)
             restore_weights(ctx, state)
     raise AssertionError("unreachable")
@@ -160,27 +166,4 @@ def summarize(ctx, state: RunState) -> RunSummary:
         mean_step_seconds=sum(r["time/step_total"] for r in rows) / max(len(rows), 1),
         latest_checkpoint=ctx.store.uri(state.latest_checkpoint) if state.latest_checkpoint else None,
         metrics_path=ctx.store.uri(ctx.metrics.key),
-    )
-
-
-def print_resume(ctx, state: RunState) -> None:
-    print(f"[tailflow] run {ctx.run_id}: resuming after iteration {state.iteration - 1:04d} "
-          f"(checkpoint {state.latest_checkpoint or 'initial model'}, {len(state.tail.queue)} prompts queued)",
-          flush=True)
-
-
-def print_start(ctx, state: RunState) -> None:
-    skipped = f" ({ctx.num_skipped_rows} invalid rows skipped)" if ctx.num_skipped_rows else ""
-    print(f"[tailflow] run {ctx.run_id}: {len(ctx.train_problems)} train / {len(ctx.eval_problems)} eval problems"
-          f"{skipped}, initial greedy accuracy {state.initial_eval_accuracy:.1%}", flush=True)
-
-
-def print_progress(row: dict[str, Any]) -> None:
-    evaluated = f" | eval {row['eval/accuracy']:.1%}" if row.get("eval/accuracy") is not None else ""
-    print(
-        f"[tailflow] iter {row['iteration']:04d} | step {row['time/step_total']:.1f}s "
-        f"(gen {row['time/step_generate']:.1f}s, train {row['time/step_train']:.1f}s) | "
-        f"reward {row['reward/mean']:.3f} | len mean {row['token/response_length/mean']:.0f} "
-        f"max {row['token/response_length/max']}{evaluated}",
-        flush=True,
     )

@@ -15,6 +15,19 @@ from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 
 
+def share_by_load(requests: Sequence[Request], loads: list[int], worker_of: dict[str, int]) -> list[list[Request]]:
+    """Each request to the worker with the fewest in flight (lowest index on ties); records it in `worker_of`.
+    The simulated group (engines/sim/group.py) places with this same function."""
+    loads = list(loads)
+    shares: list[list[Request]] = [[] for _ in loads]
+    for request in requests:
+        rank = min(range(len(loads)), key=lambda r: (loads[r], r))
+        shares[rank].append(request)
+        loads[rank] += 1
+        worker_of[request.request_id] = rank
+    return shares
+
+
 class RolloutGroup:
     def __init__(self, model_path: str, num_workers: int, num_slots: int, max_seq_len: int, seed: int, num_threads: int,
                  num_cpus: float = 1, num_gpus: float = 0):
@@ -48,13 +61,7 @@ class RolloutGroup:
     def submit(self, requests: Sequence[Request]) -> None:
         if not self.worker_of:
             self.finish_steps.clear()  # a new round
-        loads = self.in_flight_per_worker()
-        shares: list[list[Request]] = [[] for _ in self.workers]
-        for request in requests:
-            rank = min(range(len(self.workers)), key=lambda r: (loads[r], r))
-            shares[rank].append(request)
-            loads[rank] += 1
-            self.worker_of[request.request_id] = rank
+        shares = share_by_load(requests, self.in_flight_per_worker(), self.worker_of)
         get_all([self.workers[rank].submit.remote(share) for rank, share in enumerate(shares) if share])
 
     def poll(self, max_steps: int) -> list[Completion]:

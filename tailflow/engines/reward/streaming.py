@@ -8,7 +8,7 @@ round at once: the batch-after-rollout baseline, on the same pool.
 
 What was hidden: each outcome carries its wall-clock start and end in the
 worker; the part of it before rollout ended ran alongside rollout.
-`reward/overlap_ratio` is that hidden scoring time over all scoring time.
+`time/reward_overlap_ratio` is that hidden scoring time over all scoring time.
 Responses of prompts the round later defers were scored for nothing; they
 are counted (`reward/unused_scores`), not used.
 """
@@ -49,9 +49,9 @@ class ScoringStats:
 
     def metrics(self) -> dict[str, float]:
         return {
-            "reward/overlap_ratio": self.overlap_ratio,
+            "time/reward_overlap_ratio": self.overlap_ratio,
             "reward/timeouts": self.num_timeouts,
-            "reward/workers": self.workers,
+            "time/reward_workers": self.workers,
             "time/reward_busy": self.busy_s,
             "reward/unused_scores": self.num_unused,
         }

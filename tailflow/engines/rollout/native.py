@@ -82,10 +82,7 @@ class NativeEngine:
 
     def submit(self, requests: Seq[Request]) -> None:
         """Queue requests FIFO; all are validated before any is queued."""
-        seen = self.scheduler.in_flight_ids()
-        for request in requests:
-            self._validate(request, seen)
-            seen.add(request.request_id)
+        self.scheduler.check_new(requests, self._validate)
         for request in requests:
             self.scheduler.add(Sequence(request, self.num_arrived, self.seed))
             self.num_arrived += 1

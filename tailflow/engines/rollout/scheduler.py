@@ -49,6 +49,14 @@ class Scheduler:
     def in_flight_ids(self) -> set[str]:
         return {seq.request_id for seq in self.waiting} | {seq.request_id for seq in self.running}
 
+    def check_new(self, requests, validate) -> None:
+        """`validate(request, seen)` every request before any is queued; `seen` holds the ids in flight and
+        those earlier in the batch, so a duplicate is refused."""
+        seen = self.in_flight_ids()
+        for request in requests:
+            validate(request, seen)
+            seen.add(request.request_id)
+
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 

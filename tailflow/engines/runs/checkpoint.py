@@ -21,7 +21,7 @@ TIED_HEAD = "lm_head.weight"
 
 
 def write_checkpoint(directory: str | Path, checkpoint: dict[str, Any], model_config: Any, tokenizer: Any) -> None:
-    """`checkpoint` is `TrainerGroup.checkpoint_ref()`'s {"model", "optimizer"}; written into `directory`."""
+    """`checkpoint` is `TrainerGroup.checkpoint()`'s {"model", "optimizer"}; written into `directory`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     weights = dict(checkpoint["model"])

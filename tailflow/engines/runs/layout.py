@@ -7,6 +7,9 @@
     <run>/states/iter-NNNN.json       the state after iteration NNNN
     <run>/latest.json                 the commit pointer: names the newest committed state; written last
     <run>/rollout_trace.jsonl         one row per iteration: every launched response's length and outcome
+    <run>/report.html, report/*.png   the run report (tailflow report); <run>/index.html lists the run's files
+    .leases/<run>.json                the writer's lease (engines/runs/lease.py): outside <run>/, so a run
+                                      refused before its first write leaves no directory behind
 """
 from __future__ import annotations
 
@@ -40,3 +43,7 @@ def metrics_key(run_id: str) -> str:
 
 def rollout_trace_key(run_id: str) -> str:
     return f"{run_id}/{ROLLOUT_TRACE}"
+
+
+def lease_key(run_id: str) -> str:
+    return f".leases/{run_id}.json"

@@ -3,10 +3,14 @@
 For each grid point an engine with exactly `rows` slots takes `rows` requests
 whose prompts are `context` tokens long, EOS disabled, and decodes a few
 steps: the first step also prefills (its excess over a decode step is the
-prefill point), the median of the rest is the decode point. The median
-damps a shared machine's bursts; run it when the machine is as quiet as it
-will be when you run the workload. Writes the `cpu` calibration file
-(table_cost.py describes the format).
+prefill point), the median of the rest is the decode point.
+
+With one torch thread (the default) a step is timed by the CPU time of the
+calling thread, not the wall clock: on a machine shared with other work
+(this one runs other agents' jobs) the wall clock measures the neighbours
+too, while the engine's own CPU time is what an idle machine's wall time
+would be. With more threads the wall clock is used (their CPU time adds up).
+Writes the `cpu` calibration file (table_cost.py describes the format).
 """
 from __future__ import annotations
 
@@ -32,7 +36,12 @@ class GridPoint:
     prefill_s: float
 
 
-def measure_point(model, rows: int, context: int, steps: int, seed: int) -> GridPoint:
+def step_clock(num_threads: int):
+    """The clock a step is timed with (see the module doc): thread CPU time for one thread, else wall time."""
+    return time.thread_time if num_threads == 1 else time.perf_counter
+
+
+def measure_point(model, rows: int, context: int, steps: int, seed: int, clock=time.thread_time) -> GridPoint:
     from tailflow.engines.rollout import NativeEngine, Request, SamplingParams
 
     rng = random.Random(seed)
@@ -42,9 +51,9 @@ def measure_point(model, rows: int, context: int, steps: int, seed: int) -> Grid
     engine.submit([Request(f"r{i}", tuple(rng.randrange(vocab) for _ in range(context)), params) for i in range(rows)])
     durations = []
     for _ in range(steps):
-        started = time.perf_counter()
+        started = clock()
         engine.step()
-        durations.append(time.perf_counter() - started)
+        durations.append(clock() - started)
     decode = statistics.median(durations[1:])
     return GridPoint(rows, context, decode, max(durations[0] - decode, 0.0))
 
@@ -69,9 +78,10 @@ def calibrate_cpu(model_path: str | Path, num_threads: int = 1, steps: int = 10,
     try:
         model = load_model(model_path)
         rows_axis, context_axis = (QUICK_ROWS, QUICK_CONTEXT) if quick else (ROWS, CONTEXT)
-        measure_point(model, 2, 16, 3, seed)  # warm-up: first calls allocate
-        sweeps = [[measure_point(model, rows, context, steps, seed) for rows in rows_axis for context in context_axis]
-                  for _ in range(max(passes, 1))]
+        clock = step_clock(num_threads)
+        measure_point(model, 2, 16, 3, seed, clock)  # warm-up: first calls allocate
+        sweeps = [[measure_point(model, rows, context, steps, seed, clock) for rows in rows_axis
+                   for context in context_axis] for _ in range(max(passes, 1))]
     finally:
         torch.set_num_threads(previous)
     points = [median_point([sweep[index] for sweep in sweeps]) for index in range(len(sweeps[0]))]
@@ -79,6 +89,8 @@ def calibrate_cpu(model_path: str | Path, num_threads: int = 1, steps: int = 10,
     decode = tuple(tuple(by_point[r, c].decode_s for c in context_axis) for r in rows_axis)
     prefill = tuple(tuple(by_point[r, c].prefill_s for c in context_axis) for r in rows_axis)
     return StepCostTable(
-        kind="cpu", device=f"CPU, {num_threads} torch threads, torch {torch.__version__}", engine="native",
+        kind="cpu", engine="native",
+        device=f"CPU, {num_threads} torch thread(s), torch {torch.__version__}, timed by "
+               f"{'thread CPU time' if num_threads == 1 else 'wall clock'}",
         model=str(model_path), tp=1, attention="padded", rows=tuple(rows_axis), context=tuple(context_axis),
         decode_seconds=decode, prefill_seconds=prefill)

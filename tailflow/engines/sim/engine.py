@@ -93,10 +93,7 @@ class SimEngine:
     # ---- requests in -------------------------------------------------------------------------
 
     def submit(self, requests: Seq[Request]) -> None:
-        seen = self.scheduler.in_flight_ids()
-        for request in requests:
-            self._validate(request, seen)
-            seen.add(request.request_id)
+        self.scheduler.check_new(requests, self._validate)
         for request in requests:
             target = self.lengths.length_of(request)
             if not 1 <= target.num_tokens <= request.params.max_new_tokens:

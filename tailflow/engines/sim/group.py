@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
+from tailflow.engines.cluster.rollout_group import share_by_load
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 from tailflow.engines.sim.engine import UNLIMITED, Finished, SimEngine
 
@@ -60,13 +61,7 @@ class SimGroup:
     def submit(self, requests: Sequence[Request]) -> None:
         if not self.worker_of:
             self._start_round()
-        loads = self.in_flight_per_worker()
-        shares: list[list[Request]] = [[] for _ in self.engines]
-        for request in requests:
-            rank = min(range(len(self.engines)), key=lambda r: (loads[r], r))
-            shares[rank].append(request)
-            loads[rank] += 1
-            self.worker_of[request.request_id] = rank
+        shares = share_by_load(requests, self.in_flight_per_worker(), self.worker_of)
         for engine, share in zip(self.engines, shares):
             if share:
                 engine.submit(share)

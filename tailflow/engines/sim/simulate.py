@@ -17,7 +17,7 @@ from tailflow.engines.rollout.protocol import Request, SamplingParams
 from tailflow.engines.sim.engine import PlaceholderTokens
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
-from tailflow.engines.tail import RoundKind, rule_for
+from tailflow.engines.tail import RoundKind, RoundPlan, RoundResult, rule_for
 from tailflow.engines.tail.driver import run_round
 from tailflow.engines.tail.launch import launch_order
 from tailflow.engines.tail.round import begin_round, settle_round
@@ -69,7 +69,27 @@ class SimRound:
     preemptions: int
     bubble_ratio: float
     """1 - busy replica-seconds / (replicas x round time): the idle share of the rollout GPUs."""
-    queue_after: int
+
+
+def simulate_round(group: SimGroup, plan: RoundPlan, requests: list[Request],
+                   steps_per_poll: int) -> tuple[SimRound, RoundResult]:
+    """One round of `plan` on `group` under the real driver and rule, and what it did."""
+    before, started = group.stats(), group.clock_s
+    busy_before, preempted_before = [e.busy_s for e in group.engines], group.num_preemptions
+    result = run_round(group, requests, rule_for(plan, requests), steps_per_poll)
+    after, seconds = group.stats(), group.clock_s - started
+    busy = sum(e.busy_s - b for e, b in zip(group.engines, busy_before))
+    kept = [c for _, completions in result.completed for c in completions]
+    record = SimRound(
+        iteration=plan.iteration, kind=plan.kind, rollout_s=seconds,
+        decode_steps=max(a.steps - b.steps for a, b in zip(after, before)),
+        tokens_generated=sum(a.tokens_generated - b.tokens_generated for a, b in zip(after, before)),
+        wasted_tokens=result.wasted_tokens, num_aborted=len(result.aborted_request_ids), num_kept=len(kept),
+        trained_tokens=sum(len(c.prompt_token_ids) + len(c.token_ids) for c in kept),
+        preemptions=group.num_preemptions - preempted_before,
+        bubble_ratio=1.0 - busy / (len(group.engines) * seconds) if seconds > 0 else 0.0,
+    )
+    return record, result
 
 
 def sim_requests(problems: list[Problem], responses_per_prompt: int, lengths: LengthSource,
@@ -99,23 +119,8 @@ class PolicySimulation:
         self.lengths.begin_round(iteration)
         requests = sim_requests(prepared.problems, plan.responses_per_prompt, self.lengths,
                                 self.lengths.max_new_tokens)
-        before, started = self.group.stats(), self.group.clock_s
-        busy_before, preempted_before = [e.busy_s for e in self.group.engines], self.group.num_preemptions
-        result = run_round(self.group, requests, rule_for(plan, requests), s.steps_per_poll)
+        record, result = simulate_round(self.group, plan, requests, s.steps_per_poll)
         self.tail = settle_round(prepared, result)
-        after, seconds = self.group.stats(), self.group.clock_s - started
-        busy = sum(e.busy_s - b for e, b in zip(self.group.engines, busy_before))
-        kept = [c for _, completions in result.completed for c in completions]
-        record = SimRound(
-            iteration=iteration, kind=plan.kind, rollout_s=seconds,
-            decode_steps=max(a.steps - b.steps for a, b in zip(after, before)),
-            tokens_generated=sum(a.tokens_generated - b.tokens_generated for a, b in zip(after, before)),
-            wasted_tokens=result.wasted_tokens, num_aborted=len(result.aborted_request_ids), num_kept=len(kept),
-            trained_tokens=sum(len(c.prompt_token_ids) + len(c.token_ids) for c in kept),
-            preemptions=self.group.num_preemptions - preempted_before,
-            bubble_ratio=1.0 - busy / (len(self.group.engines) * seconds) if seconds > 0 else 0.0,
-            queue_after=len(self.tail.queue),
-        )
         self.rounds.append(record)
         return record
 

@@ -7,10 +7,16 @@ rename): a reader never sees half a file.
 """
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 
 def _read_umask() -> int:
@@ -32,6 +38,16 @@ def _fsync_dir(path: str | Path) -> None:
 
 class StoreError(OSError):
     pass
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """An object read for a conditional write: its bytes, the tag a write must match, and its age by the
+    store's own clock (S3: the server's Date minus LastModified; local: now minus mtime), so no reader
+    compares its clock with the writer's."""
+    data: bytes
+    tag: str
+    age_s: float
 
 
 class LocalStore:
@@ -139,3 +155,49 @@ class LocalStore:
             return []
         return sorted(entry.name for entry in target.iterdir() if not entry.name.startswith("."))
 
+
+    # -- conditional writes (the run lease, engines/runs/lease.py) ------------------------------------
+    # Local files have no ETags: the tag is the content's sha256, and check-then-write runs under an
+    # flock on a sidecar file, so two processes on this host (or on an NFS mount with working locks)
+    # cannot both win.
+
+    @contextmanager
+    def _locked(self, key: str) -> Iterator[Path]:
+        target = self.path(key)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with open(target.parent / f".{target.name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            yield target
+
+    def read_versioned(self, key: str) -> Versioned | None:
+        target = self.path(key)
+        try:
+            data, mtime = target.read_bytes(), target.stat().st_mtime
+        except FileNotFoundError:
+            return None
+        return Versioned(data, hashlib.sha256(data).hexdigest(), max(0.0, time.time() - mtime))
+
+    def create_if_absent(self, key: str, data: bytes) -> str | None:
+        """Write `key` only if nothing is there; its tag, or None when it exists."""
+        with self._locked(key) as target:
+            if target.exists():
+                return None
+            self.write_bytes(key, data)
+        return hashlib.sha256(data).hexdigest()
+
+    def replace_if(self, key: str, data: bytes, tag: str) -> str | None:
+        """Overwrite `key` only if it still holds what `tag` names; the new tag, or None."""
+        with self._locked(key):
+            current = self.read_versioned(key)
+            if current is None or current.tag != tag:
+                return None
+            self.write_bytes(key, data)
+        return hashlib.sha256(data).hexdigest()
+
+    def delete_if(self, key: str, tag: str) -> bool:
+        with self._locked(key) as target:
+            current = self.read_versioned(key)
+            if current is None or current.tag != tag:
+                return False
+            target.unlink()
+        return True

@@ -7,6 +7,10 @@ What S3 does not give us, and how this file makes up for it:
 - no end-to-end integrity we control: every object carries the sha256 of its
   content in its metadata (`x-amz-meta-sha256`) and every read checks it,
   retrying a mismatch a few times before failing;
+- no locks: the run lease uses S3's conditional writes (`If-None-Match: *` to
+  create, `If-Match: <ETag>` to renew or delete), which S3 has answered with
+  412 since 2024 (and moto 5.x too); a concurrent conditional write may get
+  409 instead, read here as "lost the race" all the same;
 - no append: `append_line` reads the whole object and writes it back (fine for
   the small metrics JSONL files it is used for, with one writer per run).
 Transient faults (503 Slow Down, dropped connections, timeouts) are retried by
@@ -21,11 +25,14 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import mimetypes
 import os
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from email.utils import parsedate_to_datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +43,12 @@ from botocore.config import Config
 from botocore.exceptions import (BotoCoreError, ClientError, FlexibleChecksumError, IncompleteReadError,
                                  ReadTimeoutError, ResponseStreamingError)
 
-from tailflow.engines.store.local import StoreError
+from tailflow.engines.store.local import StoreError, Versioned
 
 MIB = 1024 * 1024
 MANIFEST_NAME = ".manifest.json"
 NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+LOST_RACE_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
 # A response body that broke off mid-read, or did not match its own checksum: worth reading again.
 BROKEN_BODY = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, FlexibleChecksumError)
 
@@ -140,13 +148,15 @@ class S3Store:
 
     def write_bytes(self, key: str, data: bytes) -> None:
         """One object, whole or not at all (S3 PUTs are atomic); large payloads go multipart."""
-        metadata = {"sha256": hashlib.sha256(data).hexdigest()}
+        extra = {"Metadata": {"sha256": hashlib.sha256(data).hexdigest()},
+                 # a bucket website or console shows report.html and its PNGs instead of downloading them
+                 "ContentType": mimetypes.guess_type(key)[0] or "application/octet-stream"}
         with s3_errors(self.uri(key)):
             if len(data) < self.transfer.multipart_threshold:
-                self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data, Metadata=metadata)
+                self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data, **extra)
             else:
                 self.client.upload_fileobj(io.BytesIO(data), self.bucket, self.object_key(key),
-                                           ExtraArgs={"Metadata": metadata}, Config=self.transfer)
+                                           ExtraArgs=extra, Config=self.transfer)
 
     def write_text(self, key: str, text: str) -> None:
         self.write_bytes(key, text.encode())
@@ -188,6 +198,45 @@ class S3Store:
                 return value
             problem = f"sha256 mismatch (stored {expected}, downloaded {actual})"
         raise StoreError(f"{uri}: {problem} in {self.verify_attempts} attempts")
+
+    # -- conditional writes (the run lease, engines/runs/lease.py) ---------------------------------
+
+    def read_versioned(self, key: str) -> Versioned | None:
+        with s3_errors(self.uri(key)):
+            try:
+                response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") in NOT_FOUND_CODES:
+                    return None
+                raise
+            data = response["Body"].read()
+        server_now = response["ResponseMetadata"].get("HTTPHeaders", {}).get("date")
+        now = parsedate_to_datetime(server_now).timestamp() if server_now else time.time()
+        return Versioned(data, response["ETag"], max(0.0, now - response["LastModified"].timestamp()))
+
+    def conditional(self, key: str, call: Callable[[], Any]) -> Any:
+        """`call`'s answer, or None when S3 refused its precondition (someone else wrote first)."""
+        with s3_errors(self.uri(key)):
+            try:
+                return call()
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") in LOST_RACE_CODES:
+                    return None
+                raise
+
+    def create_if_absent(self, key: str, data: bytes) -> str | None:
+        put = lambda: self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data,  # noqa: E731
+                                             IfNoneMatch="*")["ETag"]
+        return self.conditional(key, put)
+
+    def replace_if(self, key: str, data: bytes, tag: str) -> str | None:
+        put = lambda: self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data,  # noqa: E731
+                                             IfMatch=tag)["ETag"]
+        return self.conditional(key, put)
+
+    def delete_if(self, key: str, tag: str) -> bool:
+        delete = lambda: self.client.delete_object(Bucket=self.bucket, Key=self.object_key(key), IfMatch=tag)  # noqa
+        return self.conditional(key, delete) is not None
 
     # -- directories ----------------------------------------------------------
 

@@ -13,14 +13,16 @@ from tailflow.engines.runs.layout import metrics_key
 from tailflow.engines.store import ArtifactStore
 
 
-WALL_CLOCK_METRICS = ("reward/overlap_ratio", "reward/workers")
-"""Metrics outside `time/` that still depend on timing (how scoring overlapped rollout, how far the
-reward pool grew): a seeded rerun or a resume reproduces every other value exactly."""
+TIMING_PREFIX = "time/"
+"""Every metric derived from a wall clock lives under `time/` (step times, how much scoring overlapped
+rollout, how far the reward pool grew), so a seeded rerun or a resumed twin reproduces every other key
+exactly. Exceptions, documented in docs/operations.md: `reward/timeout_anchor_s` (code rewards: the
+slowest correct execution) and, near a code timeout, `reward/timeouts` and the rewards themselves."""
 
 
 def without_timing(row: dict[str, Any]) -> dict[str, Any]:
-    """The row's reproducible part: no `time/*` key and none of `WALL_CLOCK_METRICS`."""
-    return {k: v for k, v in row.items() if not k.startswith("time/") and k not in WALL_CLOCK_METRICS}
+    """The row's reproducible part: no `time/*` key."""
+    return {k: v for k, v in row.items() if not k.startswith(TIMING_PREFIX)}
 
 
 def jsonable(value: Any) -> Any:
@@ -35,10 +37,12 @@ def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
 
 
 class MetricsLogger:
-    def __init__(self, store: ArtifactStore, run_id: str, wandb_run: Any = None):
+    def __init__(self, store: ArtifactStore, run_id: str, wandb_run: Any = None, tensorboard: Any = None):
         self.store = store
         self.key = metrics_key(run_id)
         self.wandb_run = wandb_run
+        self.tensorboard = tensorboard
+        """TensorBoardLog (tracking.tensorboard) or None."""
 
     def log(self, row: dict[str, Any]) -> None:
         self.append(row)
@@ -52,6 +56,8 @@ class MetricsLogger:
         """The row to W&B (after the commit, so W&B never sees an iteration that is run again)."""
         if self.wandb_run is not None:
             self.wandb_run.log(jsonable_row(row), step=row.get("iteration"))
+        if self.tensorboard is not None:
+            self.tensorboard.log(jsonable_row(row))
 
     def keep_committed(self, num_iterations: int) -> int:
         """On resume: drop rows of iterations >= `num_iterations` (written, never committed); returns rows dropped."""
@@ -69,6 +75,8 @@ class MetricsLogger:
     def close(self) -> None:
         if self.wandb_run is not None:
             self.wandb_run.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def start_wandb(run_id: str, project: str, mode: str, config: dict[str, Any], directory: str) -> Any:

@@ -1,0 +1,201 @@
+"""The run report: `report.html` and its plots, drawn from what the run committed to the store.
+
+Everything comes from the run's own files (`metrics.jsonl`, `rollout_trace.jsonl`,
+`latest.json`), so `tailflow report RUN` draws the same report for a finished
+run, a running one or a copy in another bucket. Pages use relative links only:
+the run's folder opens from a local disk, an S3 console download or a bucket
+website alike. Commit time is not in the metrics (the row is written inside
+the commit), so the step-time bars show generate, reward, train, sync and eval.
+"""
+from __future__ import annotations
+
+import html
+import io
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tailflow.engines.runs.commit import read_latest  # noqa: E402
+from tailflow.engines.runs.layout import metrics_key, rollout_trace_key  # noqa: E402
+
+REPORT = "report.html"
+PLOTS_DIR = "report"
+STEP_PARTS = (("time/step_generate", "generate"), ("time/step_reward", "reward"), ("time/step_train", "train"),
+              ("time/step_model_update", "sync"), ("time/eval", "eval"))
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What `write_report` wrote: store keys of the page and of each plot."""
+    page: str
+    plots: tuple[str, ...]
+    iterations: int
+
+
+def read_rows(store: Any, run_id: str) -> list[dict[str, Any]]:
+    key = metrics_key(run_id)
+    if not store.exists(key):
+        return []
+    rows = [json.loads(line) for line in store.read_text(key).splitlines() if line.strip()]
+    latest = read_latest(store, run_id)
+    committed = latest.iteration if latest else 0
+    return [row for row in rows if row["iteration"] < committed]  # rows past the commit may be run again
+
+
+def response_lengths(store: Any, run_id: str) -> dict[str, list[int]]:
+    """Lengths of responses that ended by themselves, by round kind (short, long, sync), from the trace."""
+    key = rollout_trace_key(run_id)
+    lengths: dict[str, list[int]] = {}
+    if not store.exists(key):
+        return lengths
+    for line in store.read_text(key).splitlines():
+        if line.strip():
+            round_ = json.loads(line)
+            lengths.setdefault(round_["round"], []).extend(
+                response["length"] for prompt in round_["prompts"] for response in prompt["responses"]
+                if response["finish"] != "abort")
+    return lengths
+
+
+def series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
+    points = [(row["iteration"], row[name]) for row in rows if row.get(name) is not None]
+    return [x for x, _ in points], [y for _, y in points]
+
+
+def plot_reward(ax, rows: list[dict[str, Any]]) -> None:
+    ax.plot(*series(rows, "reward/mean"), label="reward/mean (train rounds)")
+    ax.plot(*series(rows, "reward/accuracy"), label="reward/accuracy", alpha=0.6)
+    x, y = series(rows, "eval/accuracy")
+    initial = next((row["eval/accuracy_initial"] for row in rows if row.get("eval/accuracy_initial") is not None), None)
+    if initial is not None:
+        x, y = [-1, *x], [initial, *y]
+    ax.plot(x, y, "o-", label="eval/accuracy (held out, greedy; -1 = initial)")
+    ax.set(xlabel="iteration", ylabel="fraction", title="Reward and held-out accuracy")
+    ax.legend(fontsize=8)
+
+
+def plot_lengths(ax, lengths: dict[str, list[int]]) -> None:
+    if not lengths:
+        ax.text(0.5, 0.5, "no rollout_trace.jsonl (storage.rollout_trace: false)", ha="center", va="center")
+        return
+    top = max(max(values) for values in lengths.values() if values) if any(lengths.values()) else 1
+    bins = [edge for edge in range(0, top + 20, max(1, top // 40))]
+    for kind, values in sorted(lengths.items()):
+        ax.hist(values, bins=bins, alpha=0.55, label=f"{kind} rounds ({len(values)} responses)")
+    ax.set_yscale("log")
+    ax.set(xlabel="response length (tokens)", ylabel="responses (log scale)", title="Response lengths by round")
+    ax.legend(fontsize=8)
+
+
+def plot_step_times(ax, rows: list[dict[str, Any]]) -> None:
+    iterations = [row["iteration"] for row in rows]
+    bottom = [0.0] * len(rows)
+    for name, label in STEP_PARTS:
+        values = [row.get(name) or 0.0 for row in rows]
+        ax.bar(iterations, values, bottom=bottom, label=label)
+        bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set(xlabel="iteration", ylabel="seconds", title="Step time (commit not timed)")
+    ax.legend(fontsize=8)
+
+
+def plot_long_queue(ax, rows: list[dict[str, Any]]) -> None:
+    ax.step(*series(rows, "tail/long_queue_size"), where="post", label="long-prompt queue (after the round)")
+    long_rounds = [row["iteration"] for row in rows if row.get("tail/round") == 1]
+    if long_rounds:
+        ax.vlines(long_rounds, 0, 1, transform=ax.get_xaxis_transform(), colors="grey", alpha=0.3,
+                  label="long rounds")
+    ax.set(xlabel="iteration", ylabel="prompts", title="Long-prompt queue")
+    ax.legend(fontsize=8)
+
+
+def plot_wasted(ax, rows: list[dict[str, Any]]) -> None:
+    ax.bar(*series(rows, "tail/wasted_tokens"), label="tokens of aborted responses")
+    ax.set(xlabel="iteration", ylabel="tokens", title="Tokens wasted by aborts")
+    ax.legend(fontsize=8)
+
+
+def png(draw: Callable[[Any], None]) -> bytes:
+    figure, ax = plt.subplots(figsize=(7, 3.6), dpi=100)
+    try:
+        draw(ax)
+        figure.tight_layout()
+        buffer = io.BytesIO()
+        figure.savefig(buffer, format="png")
+        return buffer.getvalue()
+    finally:
+        plt.close(figure)
+
+
+def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, str]]) -> str:
+    evals = series(rows, "eval/accuracy")[1]
+    rounds = "".join("L" if row.get("tail/round") == 1 else "S" for row in rows)
+    facts = [("iterations committed", str(len(rows))), ("rounds (S short, L long)", rounds or "-"),
+             ("last held-out accuracy", f"{evals[-1]:.1%}" if evals else "-")]
+    table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
+    images = "".join(f'<figure><img src="{PLOTS_DIR}/{name}.png" alt="{html.escape(title)}">'
+                     f"<figcaption>{html.escape(title)}</figcaption></figure>" for name, title in plots)
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>tailflow run {html.escape(run_id)}</title>"
+            "<style>body{font-family:sans-serif;margin:2em}figure{display:inline-block;margin:.5em}"
+            "th{text-align:left;padding-right:1em}</style></head><body>"
+            f"<h1>Run {html.escape(run_id)}</h1><table>{table}</table>"
+            f"<p><a href='index.html'>all files of the run</a> · <a href='metrics.jsonl'>metrics.jsonl</a></p>"
+            f"{images}</body></html>\n")
+
+
+def write_report(store: Any, run_id: str) -> RunReport:
+    """Draw the plots and `report.html` into `<run_id>/`, then refresh the run's `index.html`."""
+    rows = read_rows(store, run_id)
+    plots = [("reward", "Reward and held-out accuracy", lambda ax: plot_reward(ax, rows)),
+             ("lengths", "Response lengths, short vs long rounds (log scale)",
+              lambda ax: plot_lengths(ax, response_lengths(store, run_id))),
+             ("step_times", "Step-time breakdown", lambda ax: plot_step_times(ax, rows)),
+             ("long_queue", "Long-prompt queue size", lambda ax: plot_long_queue(ax, rows)),
+             ("wasted_tokens", "Tokens wasted by aborts", lambda ax: plot_wasted(ax, rows))]
+    keys = []
+    for name, _, draw in plots:
+        keys.append(f"{run_id}/{PLOTS_DIR}/{name}.png")
+        store.write_bytes(keys[-1], png(draw))
+    page = f"{run_id}/{REPORT}"
+    store.write_text(page, page_html(run_id, rows, [(name, title) for name, title, _ in plots]))
+    write_index(store, run_id)
+    return RunReport(page, tuple(keys), len(rows))
+
+
+def run_files(store: Any, key: str) -> list[str]:
+    """Every file under `key`, relative to it (a name with children is a folder)."""
+    files = []
+    for name in store.list_dir(key):
+        children = run_files(store, f"{key}/{name}")
+        files.extend(f"{name}/{child}" for child in children) if children else files.append(name)
+    return files
+
+
+INDEX_SECTIONS = (("Report", ("report.html",)), ("Commit pointer and config", ("latest.json", "config.yaml")),
+                  ("Metrics and traces", ("metrics.jsonl", "rollout_trace.jsonl")), ("States", ("states/",)),
+                  ("Checkpoints", ("checkpoints/",)))
+
+
+def write_index(store: Any, run_id: str) -> str:
+    """`<run_id>/index.html`: links to the run's report, states, metrics and checkpoint files."""
+    files = [name for name in run_files(store, run_id) if name != "index.html"]
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(run_id)}</title></head><body>",
+             f"<h1>Run {html.escape(run_id)}</h1>"]
+    listed: set[str] = set()
+    for title, prefixes in INDEX_SECTIONS:
+        chosen = [name for name in files if any(name == p or (p.endswith("/") and name.startswith(p)) for p in prefixes)]
+        listed.update(chosen)
+        if chosen:
+            parts.append(f"<h2>{title}</h2><ul>" + "".join(
+                f'<li><a href="{html.escape(name)}">{html.escape(name)}</a></li>' for name in chosen) + "</ul>")
+    rest = [name for name in files if name not in listed]
+    if rest:
+        parts.append("<h2>Other files</h2><ul>" + "".join(
+            f'<li><a href="{html.escape(name)}">{html.escape(name)}</a></li>' for name in rest) + "</ul>")
+    key = f"{run_id}/index.html"
+    store.write_text(key, "".join(parts) + "</body></html>\n")
+    return key

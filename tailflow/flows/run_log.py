@@ -1,0 +1,78 @@
+"""A run's progress lines: on the terminal as plain lines, and in Prefect's logs of the flow run they belong to.
+
+`print` reaches neither the Logs tab of a flow run (FACTS.md) nor, with the CLI's
+quiet Prefect defaults (PREFECT_LOGGING_LEVEL=WARNING), does an INFO record
+from `get_run_logger()` pass Prefect's own loggers. So the lines go through a
+logger of ours, `tailflow.run`, at INFO: one handler prints the bare line to
+stdout, the other is Prefect's APILogHandler, which files each record under
+the current flow run (or the `flow_run_id` given, e.g. an iteration's subflow).
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from typing import Any
+from uuid import UUID
+
+LOGGER_NAME = "tailflow.run"
+
+
+class InRunOnly(logging.Filter):
+    """Send to the API only what belongs to a flow run (outside one, Prefect's handler would raise)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "flow_run_id", None):
+            return True
+        from prefect.context import FlowRunContext, TaskRunContext
+
+        return FlowRunContext.get() is not None or TaskRunContext.get() is not None
+
+
+class TerminalOnly(logging.Filter):
+    """Lines filed under another flow run (an iteration's copy of a line) are not printed twice."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, "api_only", False)
+
+
+def run_logger() -> logging.Logger:
+    logger = logging.getLogger(LOGGER_NAME)
+    if not logger.handlers:
+        from prefect.logging.handlers import APILogHandler
+
+        terminal = logging.StreamHandler(sys.stdout)
+        terminal.addFilter(TerminalOnly())
+        api = APILogHandler()
+        api.addFilter(InRunOnly())
+        logger.addHandler(terminal)
+        logger.addHandler(api)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+    return logger
+
+
+def say(line: str, flow_run_id: UUID | str | None = None, level: int = logging.INFO) -> None:
+    """One progress line to the terminal and to the current flow run's logs (or `flow_run_id`'s only)."""
+    extra: dict[str, Any] = {"flow_run_id": str(flow_run_id), "api_only": True} if flow_run_id else {}
+    run_logger().log(level, line, extra=extra)
+    for handler in run_logger().handlers:
+        handler.flush()
+
+
+def print_resume(ctx, state) -> None:
+    say(f"[tailflow] run {ctx.run_id}: resuming after iteration {state.iteration - 1:04d} "
+        f"(checkpoint {state.latest_checkpoint or 'initial model'}, {len(state.tail.queue)} prompts queued)")
+
+
+def print_start(ctx, state) -> None:
+    skipped = f" ({ctx.num_skipped_rows} invalid rows skipped)" if ctx.num_skipped_rows else ""
+    say(f"[tailflow] run {ctx.run_id}: {len(ctx.train_problems)} train / {len(ctx.eval_problems)} eval problems"
+        f"{skipped}, initial greedy accuracy {state.initial_eval_accuracy:.1%}")
+
+
+def progress_line(row: dict[str, Any]) -> str:
+    evaluated = f" | eval {row['eval/accuracy']:.1%}" if row.get("eval/accuracy") is not None else ""
+    return (f"[tailflow] iter {row['iteration']:04d} | step {row['time/step_total']:.1f}s "
+            f"(gen {row['time/step_generate']:.1f}s, train {row['time/step_train']:.1f}s) | "
+            f"reward {row['reward/mean']:.3f} | len mean {row['token/response_length/mean']:.0f} "
+            f"max {row['token/response_length/max']}{evaluated}")
