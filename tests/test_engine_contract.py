@@ -1,0 +1,70 @@
+"""The engine contract (`engine_contract.py`) on every engine and device this machine has.
+
+The native engine on CPU always runs (fp32, exact). The native engine on CUDA
+and the vLLM engine skip, saying why, where torch sees no GPU or vLLM is not
+installed; `scripts/gpu_evidence.sh` runs this file on a lent GPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from engine_contract import EngineCase, EngineContract
+from tailflow.engines.models import load_model
+from tailflow.engines.rollout.native import NativeEngine
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are overhead-bound; one thread keeps the shared CPU free."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+def native_case(device: str, bucketed_decode: bool | None = None) -> EngineCase:
+    def make(model_dir, num_slots, max_seq_len, seed=0):
+        return NativeEngine(load_model(model_dir), num_slots, max_seq_len, seed=seed, device=device,
+                            bucketed_decode=bucketed_decode)
+
+    exact = device == "cpu"
+    return EngineCase(name=f"native-{device}", device=device, make=make,
+                      dtype=torch.float32 if exact else torch.bfloat16, exact=exact)
+
+
+class TestNativeEngineOnCPU(EngineContract):
+    @pytest.fixture
+    def engine_case(self) -> EngineCase:
+        return native_case("cpu")
+
+
+class TestNativeEngineBucketedOnCPU(EngineContract):
+    """The decode step padded to CUDA-graph buckets, run eagerly: padding must change no token or logprob."""
+
+    @pytest.fixture
+    def engine_case(self) -> EngineCase:
+        return native_case("cpu", bucketed_decode=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device here")
+class TestNativeEngineOnCUDA(EngineContract):
+    @pytest.fixture
+    def engine_case(self) -> EngineCase:
+        return native_case("cuda")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(),
+                    reason="vLLM is not installed or torch sees no CUDA device (vLLM runs on GPUs only)")
+class TestVLLMEngine(EngineContract):
+    @pytest.fixture
+    def engine_case(self) -> EngineCase:
+        from tailflow.engines.rollout.vllm_engine import VLLMEngine
+
+        def make(model_dir, num_slots, max_seq_len, seed=0):
+            return VLLMEngine(str(model_dir), num_slots=num_slots, max_seq_len=max_seq_len, seed=seed,
+                              gpu_memory_utilization=0.2)
+
+        return EngineCase(name="vllm", device="cuda", make=make, dtype=torch.bfloat16, exact=False)
