@@ -196,7 +196,7 @@ class TailConfig(Section):
 GPU_MISSING = (  # why cluster.device gpu is refused; lift it only when GPU rollout has run end to end
     "gpu is not supported yet, use cpu. The native rollout engine has a CUDA path (bf16, CUDA-graph decode) "
     "that has never run on a GPU, and nothing places it on one: rollout workers are built on the CPU, "
-    "colocated placement asks Ray for half a GPU per actor (so two trainer ranks can share one GPU), and GPU "
+    "colocated placement asks Ray for half a GPU per actor (which can put two trainer ranks on one GPU), and GPU "
     "weight sync and offloading between phases do not exist (docs/gpu.md says what has run where)"
 )
 
