@@ -3,12 +3,13 @@
 A test module subclasses `EngineContract` and supplies an `engine_case`
 fixture (an `EngineCase`: how to build the engine from a model directory, on
 which device, with which numeric tolerance). `tests/test_engine_contract.py`
-runs it on the native engine on CPU (always), on CUDA (when torch sees a GPU)
-and on vLLM (when vLLM is installed and a GPU is there).
+runs it on the native engine on CPU (always) and on CUDA (when torch sees a
+GPU).
 
 Models are random (Llama, Qwen2, Qwen3 from their configs, every weight
 perturbed so a missed bias or norm shows), saved as Hugging Face directories,
-since that is what engines such as vLLM load. Expected values always come from
+since that is what an engine that loads its own weights (a vLLM one, say)
+would need. Expected values always come from
 transformers on the same model: greedy `generate()` and a full forward.
 
 Tolerances. fp32 (CPU): the engine must reproduce `generate()` token for token
