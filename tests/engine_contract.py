@@ -58,6 +58,15 @@ class EngineCase:
     logprob_mean_atol: float = 0.03
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models are overhead-bound; one thread keeps the shared CPU free."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
 def perturb(model: torch.nn.Module, seed: int, scale: float = 0.2) -> None:
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():

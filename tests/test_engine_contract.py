@@ -11,18 +11,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine_contract import EngineCase, EngineContract
+from engine_contract import EngineCase, EngineContract, one_thread  # noqa: F401 (autouse fixture)
 from tailflow.engines.models import load_model
 from tailflow.engines.rollout.native import NativeEngine
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are overhead-bound; one thread keeps the shared CPU free."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def native_case(device: str, bucketed_decode: bool | None = None) -> EngineCase:
