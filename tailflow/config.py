@@ -24,7 +24,7 @@ class Section(BaseModel):
 
 class ModelConfig(Section):
     path: str | None = None
-    """Local Hugging Face causal-LM directory (Qwen2 or Llama family). None: the
+    """Local Hugging Face causal-LM directory (Qwen2, Qwen3 or Llama family). None: the
     shipped warm-start checkpoint of the embedded tiny model."""
 
 
@@ -214,11 +214,11 @@ class TailConfig(Section):
     """Engine steps between looks at what finished: aborts land at most this many steps late."""
 
 
-GPU_MISSING = (  # why cluster.device gpu is refused; the GPU issue removes it
-    "gpu is not supported yet, use cpu. Missing: (1) GPU rollout: the only rollout engine is the "
-    "native torch engine, which runs on CPU (no vLLM engine exists), so a GPU run would train on CUDA and still "
-    "generate on CPU; (2) GPU-exclusive placement: colocated placement asks Ray for half a GPU per actor, so Ray "
-    "can put two trainer ranks on one GPU instead of one trainer rank beside one rollout worker"
+GPU_MISSING = (  # why cluster.device gpu is refused; lift it only when GPU rollout has run end to end
+    "gpu is not supported yet, use cpu. The native rollout engine has a CUDA path (bf16, CUDA-graph decode) "
+    "that has never run on a GPU, and nothing places it on one: rollout workers are built on the CPU, "
+    "colocated placement asks Ray for half a GPU per actor (which can put two trainer ranks on one GPU), and GPU "
+    "weight sync and offloading between phases do not exist (docs/gpu.md says what has run where)"
 )
 
 
@@ -232,9 +232,9 @@ class ClusterConfig(Section):
     rollout_threads: int = Field(2, ge=1)
     """torch threads in each rollout actor."""
     device: Literal["cpu", "gpu"] = "cpu"
-    """What actors ask Ray for. Only `cpu` runs today: `gpu` is refused until GPU rollout exists (rollout engines
-    run on CPU only, and colocated placement asks Ray for half a GPU per actor, which can put two trainer ranks on
-    one GPU)."""
+    """What actors ask Ray for. Only `cpu` runs today: `gpu` is refused until GPU rollout has run end to end (the
+    native engine's CUDA path exists but has never run on a GPU, rollout workers are never placed on one, and
+    colocated placement asks Ray for half a GPU per actor, which can put two trainer ranks on one GPU)."""
     placement: Literal["colocated", "disaggregated"] = "colocated"
     """colocated: a rollout worker and a trainer rank share a device (half each; the phases take turns);
     disaggregated: every actor has a whole device. Checked against the Ray cluster before any actor starts."""

@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from engine_contract import one_thread  # noqa: F401 (autouse fixture)
 from tailflow.engines.models import UnsupportedModelError
 from tailflow.engines.rollout import (
     Completion,
@@ -24,15 +25,6 @@ from tailflow.engines.rollout import (
 
 VOCAB = 40
 EOS = 1
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models are overhead-bound; one thread keeps the shared CPU free."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
 
 
 def perturb(model: torch.nn.Module, seed: int, scale: float = 0.2) -> None:

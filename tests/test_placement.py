@@ -22,7 +22,7 @@ def test_a_gpu_run_is_refused_at_validation_saying_what_is_missing():
         load_config(None, ["cluster.device=gpu"])
     message = str(error.value)
     assert "cluster.device: " in message and "gpu is not supported yet" in message
-    assert "native torch engine, which runs on CPU" in message  # rollout would stay on the CPU
+    assert "never run on a GPU" in message and "rollout workers are built on the CPU" in message
     assert "two trainer ranks on one GPU" in message  # colocated halves are not exclusive
 
 

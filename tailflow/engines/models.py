@@ -5,7 +5,7 @@ from pathlib import Path
 
 from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
 
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
 
 class UnsupportedModelError(ValueError):
@@ -63,8 +63,9 @@ def check_model_dir(path: str | Path) -> None:
         )
 
 
-def load_model(path: str | Path) -> PreTrainedModel:
+def load_model(path: str | Path, dtype=None) -> PreTrainedModel:
+    """On CPU in `dtype` (default fp32); an engine moves it to its device."""
     import torch
 
     check_model_dir(path)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)

@@ -15,10 +15,11 @@ class SlotKVCache:
     """Keys and values, each [num_layers, num_slots, num_kv_heads, max_seq_len, head_dim]."""
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32) -> None:
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
+        """Allocated once, up front, on `device`: nothing is allocated per step."""
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
 
@@ -31,7 +32,7 @@ class SlotKVCache:
     def decode_index(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat index [B * kv_heads] of (row, head, position) in one layer's [slots*kv_heads*max_seq_len, head_dim]."""
         num_kv_heads = self.k.shape[2]
-        heads = torch.arange(num_kv_heads)
+        heads = torch.arange(num_kv_heads, device=rows.device)
         return ((rows[:, None] * num_kv_heads + heads) * self.max_seq_len + positions[:, None]).reshape(-1)
 
     def write_decode(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""Our own forward pass over a Hugging Face Qwen2/Llama model's weights.
+"""Our own forward pass over a Hugging Face Qwen2/Qwen3/Llama model's weights, on CPU or CUDA.
 
 Hugging Face's cache gives every row of a batch the same position, so it cannot
 admit a new request next to half-finished ones. This runner reads the same
@@ -7,8 +7,15 @@ position: prefill writes a prompt into a slot, decode runs one token for every
 running row in one batched pass (no per-row Python anywhere).
 
 Qwen2 is Llama plus q/k/v biases; both are handled by reading whatever biases
-the modules have. q/k/v and gate/up are fused into one matmul each, so the
+the modules have. Qwen3 is Llama plus an RMSNorm over each head of q and k
+(before RoPE). q/k/v and gate/up are fused into one matmul each, so the
 fused copies are rebuilt by `refresh_weights()` after the model's weights change.
+
+The runner works in the model's own device and dtype (the engine chooses them:
+fp32 on CPU, bf16 on CUDA); norms are computed in fp32 and rounded back, as
+Hugging Face's RMSNorm does. On CUDA, decode attention is PyTorch SDPA and the
+decode step runs from captured CUDA graphs (`decode_graphs.py`); on CPU it stays
+eager with plain matmuls.
 """
 from __future__ import annotations
 
@@ -31,6 +38,8 @@ class LayerWeights:
     """One decoder layer; `*_b` are None where the checkpoint has no bias."""
 
     input_norm: torch.Tensor
+    q_norm: torch.Tensor | None  # [head_dim], Qwen3 only
+    k_norm: torch.Tensor | None
     qkv_w: torch.Tensor      # [(q_heads + 2 kv_heads) * head_dim, hidden]
     qkv_b: torch.Tensor | None
     o_w: torch.Tensor
@@ -47,7 +56,10 @@ def fuse_linears(linears: list[nn.Linear]) -> tuple[torch.Tensor, torch.Tensor |
     weight = torch.cat([lin.weight.detach() for lin in linears])
     if all(lin.bias is None for lin in linears):
         return weight, None
-    biases = [lin.bias.detach() if lin.bias is not None else torch.zeros(lin.out_features) for lin in linears]
+    weight_like = linears[0].weight
+    biases = [lin.bias.detach() if lin.bias is not None
+              else torch.zeros(lin.out_features, dtype=weight_like.dtype, device=weight_like.device)
+              for lin in linears]
     return weight, torch.cat(biases)
 
 
@@ -59,8 +71,11 @@ def extract_layer(layer: nn.Module) -> LayerWeights:
     attn, mlp = layer.self_attn, layer.mlp
     qkv_w, qkv_b = fuse_linears([attn.q_proj, attn.k_proj, attn.v_proj])
     gate_up_w, gate_up_b = fuse_linears([mlp.gate_proj, mlp.up_proj])
+    q_norm, k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
     return LayerWeights(
         input_norm=layer.input_layernorm.weight.detach(),
+        q_norm=None if q_norm is None else q_norm.weight.detach(),
+        k_norm=None if k_norm is None else k_norm.weight.detach(),
         qkv_w=qkv_w, qkv_b=qkv_b,
         o_w=attn.o_proj.weight.detach(), o_b=optional(attn.o_proj.bias),
         post_norm=layer.post_attention_layernorm.weight.detach(),
@@ -70,13 +85,20 @@ def extract_layer(layer: nn.Module) -> LayerWeights:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return F.rms_norm(x, weight.shape, weight, eps)
+    """Normalise in fp32, round to x's dtype, then scale: Hugging Face's RMSNorm, op for op."""
+    return weight * F.rms_norm(x.float(), weight.shape, eps=eps).to(x.dtype)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE in Hugging Face's rotate-half layout."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def sdpa_decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                          bias: torch.Tensor) -> torch.Tensor:
+    """The CUDA decode attention: PyTorch SDPA with the additive mask, GQA inside the kernel call."""
+    return F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, enable_gqa=True)
 
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -95,8 +117,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 def check_architecture(model: PreTrainedModel) -> None:
     config = model.config
-    if config.model_type not in ("qwen2", "llama"):
-        raise ValueError(f"the native engine runs qwen2/llama models, not '{config.model_type}'")
+    if config.model_type not in ("qwen2", "qwen3", "llama"):
+        raise ValueError(f"the native engine runs qwen2/qwen3/llama models, not '{config.model_type}'")
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         raise ValueError(f"the native engine has no sliding-window attention (layer_types={config.layer_types})")
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
@@ -106,36 +128,61 @@ def check_architecture(model: PreTrainedModel) -> None:
 
 
 class ModelRunner:
-    """Prefill and decode over a `SlotKVCache`, with weights read from `model`."""
+    """Prefill and decode over a `SlotKVCache`, with weights read from `model` (already on its device/dtype).
 
-    def __init__(self, model: PreTrainedModel, num_slots: int, max_seq_len: int) -> None:
+    Position `max_seq_len - 1` of every slot is scratch: no request ever feeds a token there (a request
+    holds at most `max_seq_len` tokens and its last one is never fed back), so padded decode rows and
+    CUDA-graph warm-ups write there and nowhere else.
+    """
+
+    def __init__(self, model: PreTrainedModel, num_slots: int, max_seq_len: int, cuda_graphs: bool = True,
+                 bucketed_decode: bool | None = None) -> None:
+        """`bucketed_decode` (default: on CUDA) pads decode to bucket shapes (`decode_graphs.py`); with
+        `cuda_graphs` and a CUDA device those shapes are captured as graphs, elsewhere they run eagerly."""
+        from tailflow.engines.rollout.decode_graphs import DecodeGraphs
+
         check_architecture(model)
         config = model.config
         self.model = model.eval()
+        weight = next(model.parameters())
+        self.device, self.dtype = weight.device, weight.dtype
+        self.is_cuda = self.device.type == "cuda"
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.eps = config.rms_norm_eps
         self.act = F.silu if config.hidden_act == "silu" else ACT2FN[config.hidden_act]
-        self.cache = SlotKVCache(config.num_hidden_layers, num_slots, self.num_kv_heads, max_seq_len, self.head_dim)
-        self.positions = torch.arange(max_seq_len)
-        self.rows = torch.arange(num_slots)
+        self.cache = SlotKVCache(config.num_hidden_layers, num_slots, self.num_kv_heads, max_seq_len, self.head_dim,
+                                 dtype=self.dtype, device=self.device)
+        self.max_seq_len = max_seq_len
+        self.positions = torch.arange(max_seq_len, device=self.device)
+        self.rows = torch.arange(num_slots, device=self.device)
         self.cos, self.sin = self._rope_table(max_seq_len)
+        self.attention = sdpa_decode_attention if self.is_cuda else decode_attention
+        bucketed = self.is_cuda if bucketed_decode is None else bucketed_decode
+        self.graphs = DecodeGraphs(self, num_slots, max_seq_len, capture=cuda_graphs and self.is_cuda) \
+            if bucketed else None
         self.refresh_weights()
 
     def _rope_table(self, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos/sin [max_seq_len, head_dim] from the model's own rotary module (any rope_type it supports)."""
+        """cos/sin [max_seq_len, head_dim] from the model's own rotary module (any rope_type it supports),
+        computed in fp32 and rounded to the model's dtype, as Hugging Face applies them."""
         with torch.inference_mode():
-            cos, sin = self.model.model.rotary_emb(torch.zeros(1, dtype=torch.float32), self.positions[None])
-        return cos[0].clone(), sin[0].clone()
+            probe = torch.zeros(1, dtype=torch.float32, device=self.device)
+            cos, sin = self.model.model.rotary_emb(probe, self.positions[None])
+        return cos[0].to(self.dtype).clone(), sin[0].to(self.dtype).clone()
 
     def refresh_weights(self) -> None:
-        """Re-read (and re-fuse) the weights; call after the model's parameters change."""
+        """Re-read (and re-fuse) the weights; call after the model's parameters change.
+
+        Captured graphs read the old fused tensors, so they are dropped and captured again on use."""
         inner = self.model.model
         self.embed = inner.embed_tokens.weight.detach()
         self.final_norm = inner.norm.weight.detach()
         self.lm_head = self.model.lm_head.weight.detach()
         self.layers = [extract_layer(layer) for layer in inner.layers]
+        if self.graphs is not None:
+            self.graphs.clear()
 
     @torch.inference_mode()
     def prefill(self, token_ids: torch.Tensor, first_row: int) -> None:
@@ -144,6 +191,7 @@ class ModelRunner:
         Padding sits after each prompt, so the causal mask alone keeps real
         positions from seeing it; padded positions are overwritten by decode.
         """
+        token_ids = token_ids.to(self.device)
         n, length = token_ids.shape
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -154,27 +202,38 @@ class ModelRunner:
 
     @torch.inference_mode()
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, max_len: int) -> torch.Tensor:
-        """Logits [B, vocab] for one token per running row 0..B-1, each at its own position.
+        """Logits [B, vocab] (fp32) for one token per running row 0..B-1, each at its own position.
 
-        `max_len` is the longest row's length after this token: keys are trimmed to it.
+        `max_len` is the longest row's length after this token: keys are trimmed to it (eager), or to its
+        length bucket (bucketed, where rows are padded to a batch bucket too).
         """
+        token_ids, positions = token_ids.to(self.device), positions.to(self.device)
+        if self.graphs is not None:
+            return self.graphs.run(token_ids, positions, max_len).float()
+        return self.decode_rows(token_ids, positions, max_len).float()
+
+    def decode_rows(self, token_ids: torch.Tensor, positions: torch.Tensor, key_len: int) -> torch.Tensor:
+        """The decode step itself for rows 0..B-1 (B = len(token_ids)), keys read up to `key_len`: static
+        shapes for fixed (B, key_len), so this is what a CUDA graph captures."""
         num_rows = token_ids.shape[0]
         index = self.cache.decode_index(self.rows[:num_rows], positions)
-        bias = self._decode_bias(positions, max_len)
+        bias = self._decode_bias(positions, key_len)
 
         def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
             self.cache.write_decode(layer, index, k, v)
-            keys, values = self.cache.view(layer, num_rows, max_len)
-            return decode_attention(q, keys, values, bias)
+            keys, values = self.cache.view(layer, num_rows, key_len)
+            return self.attention(q, keys, values, bias)
 
         x = F.embedding(token_ids[:, None], self.embed)
         hidden = self._layers(x, self.cos[positions][:, None], self.sin[positions][:, None], attend)
         return F.linear(hidden[:, 0], self.lm_head)
 
     def _decode_bias(self, positions: torch.Tensor, max_len: int) -> torch.Tensor:
-        """Additive mask [B, 1, 1, max_len]: -inf on keys past each row's own position."""
+        """Additive mask [B, 1, 1, max_len]: -inf on keys past each row's own position (fp32 on CPU, where
+        scores are fp32; the model dtype on CUDA, as SDPA wants)."""
         is_future = self.positions[:max_len] > positions[:, None, None, None]
-        return torch.zeros(is_future.shape).masked_fill_(is_future, float("-inf"))
+        dtype = self.dtype if self.is_cuda else torch.float32
+        return torch.zeros(is_future.shape, dtype=dtype, device=self.device).masked_fill_(is_future, float("-inf"))
 
     def _layers(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attend) -> torch.Tensor:
         """x [N, T, hidden], cos/sin broadcastable to [N, 1, T, head_dim] -> final-normed hidden [N, T, hidden]."""
@@ -184,7 +243,11 @@ class ModelRunner:
         for index, w in enumerate(self.layers):
             h = rms_norm(x, w.input_norm, self.eps)
             qkv = F.linear(h, w.qkv_w, w.qkv_b).view(n, length, -1, self.head_dim).transpose(1, 2)
-            qk = rotate(qkv[:, :num_qk], cos, sin)
+            qk = qkv[:, :num_qk]
+            if w.q_norm is not None:
+                qk = torch.cat([rms_norm(qk[:, :self.num_heads], w.q_norm, self.eps),
+                                rms_norm(qk[:, self.num_heads:], w.k_norm, self.eps)], dim=1)
+            qk = rotate(qk, cos, sin)
             out = attend(index, qk[:, :self.num_heads], qk[:, self.num_heads:], qkv[:, num_qk:])
             x = x + F.linear(out.transpose(1, 2).reshape(n, length, -1), w.o_w, w.o_b)
             h = rms_norm(x, w.post_norm, self.eps)

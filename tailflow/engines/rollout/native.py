@@ -1,4 +1,4 @@
-"""The native torch rollout engine: continuous batching over fixed KV slots on CPU.
+"""The native torch rollout engine: continuous batching over fixed KV slots, on CPU or CUDA.
 
 `step()` is the whole loop: admit waiting requests into free slots and prefill
 their prompts, decode one token for every running row in one batched forward,
@@ -6,7 +6,10 @@ sample, and release the rows that finished (their slots are free for the next
 step's admissions). `generate()` is submit + step until idle.
 
 Nothing depends on the clock: with the same seed and the same submissions,
-an engine produces bit-for-bit the same completions.
+an engine produces bit-for-bit the same completions (on one device).
+
+Device and dtype: fp32 on CPU, bf16 on CUDA (`default_dtype`); the engine
+moves the model there. Logprobs are always computed in fp32 from the logits.
 """
 from __future__ import annotations
 
@@ -22,6 +25,11 @@ from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishRea
 from tailflow.engines.rollout.sampler import make_batch, sample
 from tailflow.engines.rollout.scheduler import Scheduler, prefill_chunks
 from tailflow.engines.rollout.sequence import Sequence
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """bf16 on CUDA (what GPU rollout engines run), fp32 on CPU (CPU bf16 matmuls are slow and inexact)."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
 def config_eos_ids(model: PreTrainedModel) -> tuple[int, ...]:
@@ -48,18 +56,25 @@ def check_state_dict(model: PreTrainedModel, state_dict: Mapping[str, torch.Tens
 
 
 class NativeEngine:
-    """A `RolloutEngine` for qwen2/llama models on CPU.
+    """A `RolloutEngine` for qwen2/qwen3/llama models on CPU or CUDA.
 
     `num_slots` rows decode together; each holds at most `max_seq_len` tokens
     (prompt + response). `eos_token_ids=None` reads them from the model's
     config; `()` disables EOS (used by benchmarks that force lengths).
+    `device`/`dtype` place the model (moved in place); `cuda_graphs` captures
+    the decode step on CUDA (ignored on CPU, whose decode stays eager); `bucketed_decode` (default: on
+    CUDA only) pads decode to the graphs' bucket shapes, which on CPU runs them eagerly (for tests).
     """
 
     def __init__(self, model: PreTrainedModel, num_slots: int, max_seq_len: int, seed: int = 0,
-                 eos_token_ids: Iterable[int] | None = None, weight_version: int = 0) -> None:
+                 eos_token_ids: Iterable[int] | None = None, weight_version: int = 0,
+                 device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
+                 cuda_graphs: bool = True, bucketed_decode: bool | None = None) -> None:
         if num_slots < 1 or max_seq_len < 2:
             raise ValueError(f"need num_slots >= 1 and max_seq_len >= 2, got {num_slots}, {max_seq_len}")
-        self.runner = ModelRunner(model, num_slots, max_seq_len)
+        model.to(device=device, dtype=dtype or default_dtype(device))
+        self.runner = ModelRunner(model, num_slots, max_seq_len, cuda_graphs=cuda_graphs,
+                                  bucketed_decode=bucketed_decode)
         self.scheduler = Scheduler(num_slots)
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
@@ -74,9 +89,10 @@ class NativeEngine:
 
     @classmethod
     def from_pretrained(cls, path: str | Path, num_slots: int, max_seq_len: int, seed: int = 0,
-                        eos_token_ids: Iterable[int] | None = None, weight_version: int = 0) -> "NativeEngine":
-        """Load a Hugging Face directory; `load_model` refuses anything but qwen2/llama, naming the type."""
-        return cls(load_model(path), num_slots, max_seq_len, seed, eos_token_ids, weight_version)
+                        eos_token_ids: Iterable[int] | None = None, weight_version: int = 0,
+                        device: torch.device | str = "cpu") -> "NativeEngine":
+        """Load a Hugging Face directory; `load_model` refuses other architectures, naming the type."""
+        return cls(load_model(path), num_slots, max_seq_len, seed, eos_token_ids, weight_version, device=device)
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -137,7 +153,7 @@ class NativeEngine:
         logits = self.runner.decode(token_ids, torch.tensor(positions), max(positions) + 1)
         params = [seq.params for seq in running]
         batch = make_batch([p.temperature for p in params], [p.top_k for p in params],
-                           [p.top_p for p in params], [seq.generator for seq in running])
+                           [p.top_p for p in params], [seq.generator for seq in running], logits.device)
         tokens, logprobs = sample(logits, batch)
         self.num_steps += 1
         self.num_busy_slot_steps += len(running)
@@ -183,7 +199,8 @@ class NativeEngine:
         bad = [t for t in candidate_ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"next_token_logprobs: candidate ids {bad} are outside the vocabulary [0, {self.vocab_size})")
-        logits = self.runner.model(torch.tensor([list(prompt_token_ids)])).logits[0, -1].float()
+        ids = torch.tensor([list(prompt_token_ids)], device=self.runner.device)
+        logits = self.runner.model(ids).logits[0, -1].float()
         return torch.log_softmax(logits, dim=-1)[list(candidate_ids)].tolist()
 
     # ---- control -----------------------------------------------------------------------------

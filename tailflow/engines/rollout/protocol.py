@@ -1,7 +1,7 @@
 """What crosses the rollout boundary: requests in, completions out.
 
-Every rollout engine speaks this protocol (today the native torch engine,
-on CPU; a GPU engine such as vLLM would have to as well, none exists yet), so
+Every rollout engine speaks this protocol (today the native torch engine, on
+CPU or CUDA; a vLLM engine would have to as well, none exists yet), so
 the tail-batching policy and the flows never depend on which engine runs
 underneath.
 """

@@ -26,22 +26,24 @@ class SamplingBatch:
 
 
 def make_batch(temperatures: list[float], top_ks: list[int], top_ps: list[float],
-               generators: list[torch.Generator]) -> SamplingBatch:
-    """Gather settings; draw one uniform per non-greedy row from its own generator."""
+               generators: list[torch.Generator], device: torch.device | str = "cpu") -> SamplingBatch:
+    """Gather settings; draw one uniform per non-greedy row from its own (CPU) generator, so a request's
+    draws are the same on any device; the settings then move to the logits' `device`."""
     is_all_greedy = all(t == 0 for t in temperatures)
     draws = [0.0 if t == 0 else torch.rand(1, generator=g).item() for t, g in zip(temperatures, generators)]
     return SamplingBatch(
-        temperatures=torch.tensor(temperatures)[:, None],
-        top_ks=torch.tensor(top_ks)[:, None],
-        top_ps=torch.tensor(top_ps)[:, None],
-        uniforms=torch.tensor(draws),
+        temperatures=torch.tensor(temperatures, device=device)[:, None],
+        top_ks=torch.tensor(top_ks, device=device)[:, None],
+        top_ps=torch.tensor(top_ps, device=device)[:, None],
+        uniforms=torch.tensor(draws, device=device),
         is_all_greedy=is_all_greedy,
         needs_filter=any(k > 0 for k in top_ks) or any(p < 1 for p in top_ps),
     )
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, V] -> (token ids [B], raw logprobs of those tokens [B])."""
+    """logits [B, V] -> (token ids [B], raw logprobs of those tokens [B]), computed in fp32."""
+    logits = logits.float()
     greedy = logits.argmax(dim=-1)
     if batch.is_all_greedy:
         tokens = greedy
@@ -73,7 +75,7 @@ def draw_filtered(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     """Top-k then top-p over tokens sorted by logit (stable, so ties keep argmax's order)."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
     probs = scaled_probs(sorted_logits, batch.temperatures)
-    ranks = torch.arange(logits.shape[-1])[None]
+    ranks = torch.arange(logits.shape[-1], device=logits.device)[None]
     top_ks = torch.where(batch.top_ks == 0, logits.shape[-1], batch.top_ks)
     probs = probs.masked_fill(ranks >= top_ks, 0.0)
     mass_before = probs.cumsum(dim=-1) - probs

@@ -19,16 +19,21 @@ class RowMove(NamedTuple):
     """Cached positions to copy."""
 
 
-def prefill_chunks(lengths: list[int], max_padding: int = 32) -> list[tuple[int, int]]:
+def prefill_chunks(lengths: list[int], max_padding: int = 32, max_tokens: int = 16384) -> list[tuple[int, int]]:
     """Split ascending `lengths` into [start, end) runs prefilled as one padded batch.
 
     A run is closed when widening it to the next length would pad more than
     `max_padding` tokens: a padded token costs a token's compute, a new run
     costs one more forward's fixed overhead (worth roughly that many tokens).
+    It is also closed before it would hold more than `max_tokens` padded
+    tokens (a lone longer prompt is a run of its own): a prefill's activations
+    grow with its tokens, and 256 prompts of 8k tokens in one forward would
+    not fit in any GPU's memory.
     """
     chunks, start, total = [], 0, 0
     for index, length in enumerate(lengths):
-        if (index - start + 1) * length - (total + length) > max_padding:
+        widened = (index - start + 1) * length
+        if index > start and (widened - (total + length) > max_padding or widened > max_tokens):
             chunks.append((start, index))
             start, total = index, 0
         total += length

@@ -17,10 +17,14 @@ from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishedA
 
 class RolloutWorker:
     def __init__(self, model_path: str, num_slots: int, max_seq_len: int, seed: int = 0,
-                 num_threads: int = 1) -> None:
+                 num_threads: int = 1, device: str = "cpu") -> None:
         # An actor gets num_cpus cores; more torch threads than that only contend.
         torch.set_num_threads(num_threads)
-        self.engine = NativeEngine.from_pretrained(model_path, num_slots, max_seq_len, seed)
+        self._attach(NativeEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, device=device))
+
+    def _attach(self, engine: NativeEngine) -> None:
+        """Everything but building the engine (a subclass may bring an engine built elsewhere)."""
+        self.engine = engine
         self.finish_steps: dict[str, tuple[int, int]] = {}
         """Request id -> (worker 0, step of this round it finished at), for traces (read in-process)."""
         self.round_start_step = 0
