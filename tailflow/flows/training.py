@@ -14,6 +14,7 @@ from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
 from tailflow.flows.artifacts import RunArtifacts
 from tailflow.flows.iteration import iteration
+from tailflow.flows.live_progress import live_progress
 from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
 from tailflow.flows.preflight import check_inputs
 from tailflow.flows.retry_policy import no_retry_on_user_error
@@ -76,7 +77,8 @@ def rl_training(
             run_config = resolve_config(config_path, overrides or [], config)
         run_id = run_id or default_run_id()
         check_inputs(run_config)
-    with no_retry_on_user_error(), run_writer(run_config, run_id, take_over) as lease:
+    with (no_retry_on_user_error(), run_writer(run_config, run_id, take_over) as lease,
+          live_progress(run_config, run_id)):
         return train(run_config, run_id, allow_change or [], lease)
 
 

@@ -23,6 +23,7 @@ from tailflow.engines.reward.pool import RewardPool
 from tailflow.engines.reward.scoring import problem_id_of
 from tailflow.engines.reward.worker import ScoreItem, ScoreOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason
+from tailflow.engines.track.live import round_watcher
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,7 @@ class StreamingScorer:
         self._outcomes: dict[str, ScoreOutcome] = {}
         self._sent: set[str] = set()
         self.rollout_ended_at: float | None = None
+        self.watcher = round_watcher(problems) if streaming else None  # live progress (engines/track/live.py)
 
     def item_for(self, completion: Completion) -> ScoreItem:
         problem = self.problems_by_id[problem_id_of(completion.request_id)]
@@ -76,6 +78,8 @@ class StreamingScorer:
 
     def on_finished(self, completions: Sequence[Completion]) -> None:
         """Called by the rollout driver with each batch of finished requests (finish order)."""
+        if self.watcher is not None:
+            self.watcher(completions)
         if not self.streaming:
             return
         items = [self.item_for(c) for c in completions
