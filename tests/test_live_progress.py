@@ -65,3 +65,43 @@ def test_the_progress_artifact_moves_within_a_round(tmp_path, prefect_api):
         (artifact,) = [a for a in client.read_artifacts() if str(a.id) == artifact_id]
     assert artifact.data == 100.0 * 0.5 / 4  # half of iteration 0's prompts: 12.5% of the run
     assert "iteration 0 of 4 in progress" in artifact.description
+
+
+def test_actor_warnings_and_errors_reach_the_flow_runs_logs(tmp_path, prefect_api, ray_session):
+    import time
+
+    import ray
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.runtime import flow_run
+
+    from tailflow.flows.live_progress import live_progress
+
+    @ray.remote(num_cpus=0)
+    class Noisy:
+        def complain(self) -> None:
+            import sys
+            print("WARNING tailflow-test: the judge is slow", file=sys.stderr, flush=True)
+            print("ValueError: tailflow-test broke", file=sys.stderr, flush=True)
+
+    def messages(run_id) -> dict[str, int]:
+        with get_client(sync_client=True) as client:
+            logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[run_id])))
+        return {log.message: log.level for log in logs if "tailflow-test" in log.message}
+
+    config = config_from_dict({"storage": {"uri": str(tmp_path)}})
+
+    @flow
+    def noisy_run() -> dict[str, int]:
+        with live_progress(config, "noisy", terminal=False):
+            ray.get(Noisy.remote().complain.remote())
+            deadline = time.time() + 120  # Ray's log monitor and Prefect's log batching both take a moment
+            while len(found := messages(flow_run.id)) < 2 and time.time() < deadline:
+                time.sleep(1)
+        return found
+
+    found = noisy_run()
+    levels = {message.split(") ", 1)[1]: level for message, level in found.items()}
+    assert levels == {"WARNING tailflow-test: the judge is slow": 30, "ValueError: tailflow-test broke": 40}
+    assert all(message.startswith("(Noisy pid=") for message in found)

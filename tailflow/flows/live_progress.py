@@ -5,9 +5,14 @@ lines scroll above. Anywhere else (a file, a Prefect worker's log) the round
 line is a plain log line at most every `TAILFLOW_PROGRESS_EVERY_S` seconds
 (default 10). Either way the run's Prefect progress artifact moves within a
 round (at most every 2 s), by the fraction of the round's P0 prompts complete.
+
+While the run lives, its Ray actors' stderr lines (warnings, errors) are also
+filed in the flow run's Prefect logs, at WARNING (ERROR for errors and
+tracebacks); the terminal already shows them, as Ray prints them there.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -136,11 +141,21 @@ def current_live() -> LiveProgress | None:
 def live_progress(config: RunConfig, run_id: str, terminal: bool | None = None) -> Iterator[LiveProgress]:
     """Show the run's live progress while inside (rich on a terminal, plain lines elsewhere)."""
     global _current
+    from prefect.runtime import flow_run
+
+    from tailflow.engines.cluster.actor_output import actor_stderr_to
+
     live = LiveProgress(config, run_id, sys.stdout.isatty() if terminal is None else terminal)
     _current = live
     watch_rounds(live.watcher)
+    flow_run_id = flow_run.id
     try:
-        yield live
+        if flow_run_id:
+            with actor_stderr_to(lambda line, severe: say(line, flow_run_id=flow_run_id,
+                                                          level=logging.ERROR if severe else logging.WARNING)):
+                yield live
+        else:
+            yield live
     finally:
         watch_rounds(None)
         _current = None
