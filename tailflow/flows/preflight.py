@@ -1,4 +1,5 @@
-"""Check the user's inputs before anything is written: the model directory, the tokenizer, every dataset row.
+"""Check the user's inputs before anything is written: the model directory, the tokenizer, every dataset row,
+the TensorBoard package when asked for, and that `cluster.address` lets this driver attach.
 
 A bad dataset used to surface inside `build_context`, after `prepare_run_dir`
 had written `<run>/config.yaml`, leaving a run that `tailflow runs list` shows
@@ -12,6 +13,7 @@ from __future__ import annotations
 from transformers import AutoConfig, AutoTokenizer
 
 from tailflow.config import ConfigError, RunConfig
+from tailflow.engines.cluster.attach import check_attach
 from tailflow.engines.store import open_store
 from tailflow.engines.track.tensorboard import require_tensorboard
 from tailflow.flows.setup import load_datasets, resolve_model_path
@@ -28,3 +30,4 @@ def check_inputs(config: RunConfig) -> None:
     load_datasets(config, AutoTokenizer.from_pretrained(model_path), context_length - config.rollout.max_new_tokens)
     if config.tracking.tensorboard:
         require_tensorboard()
+    check_attach(config.cluster.address)
