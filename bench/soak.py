@@ -19,7 +19,7 @@ checkpoint's weights_sha256), and the next launch was not refused (the dead
 holder's lease freed at once: the launch after a kill is the one judged). The final run must equal the reference
 (weights_sha256 and every row); if it does not, no kill counts.
 
-    python bench/soak.py [--kills 10] [--iterations 10] [--seed 0]
+    python bench/soak.py [--kills 10] [--iterations 10] [--seed 0] [--quick]
 Last line: RESULT kills_survived=<n>/<kills>
 """
 from __future__ import annotations
@@ -194,7 +194,10 @@ def main() -> int:
     parser.add_argument("--kills", type=int, default=10)
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--quick", action="store_true", help="3 kills over a 3-iteration run (smoke test)")
     args = parser.parse_args()
+    if args.quick:
+        args.kills, args.iterations = 3, 3
     import boto3
     import yaml
     from moto.server import ThreadedMotoServer
