@@ -30,8 +30,11 @@ ARTIFACT_EVERY_S = 2.0
 _current: LiveProgress | None = None
 
 
-def round_line(iteration: int, count: RoundCount, seconds: float, queue_size: int) -> str:
+def round_line(iteration: int, count: RoundCount, seconds: float, queue_size: int, compact: bool = False) -> str:
+    """The round's live line; `compact` fits an 80-column terminal beside the bars."""
     rate = count.num_tokens / seconds if seconds > 0 else 0.0
+    if compact:
+        return f"iter {iteration:04d}: {count.in_flight} in flight, {rate:.0f} tok/s, queue {queue_size}"
     return (f"[tailflow] iter {iteration:04d} round: {count.prompts_done}/{count.prompts_needed} prompts complete | "
             f"{count.in_flight} requests in flight | {rate:.0f} tok/s (finished responses) | long queue {queue_size}")
 
@@ -60,7 +63,7 @@ class LiveProgress:
         return watch
 
     def round_update(self, count: RoundCount, seconds: float) -> None:
-        line = round_line(self.done, count, seconds, len(self.queue_ids))
+        line = round_line(self.done, count, seconds, len(self.queue_ids), compact=self.display is not None)
         now = time.monotonic()
         if self.display is not None:
             self.display.round(line, count.prompts_done, count.prompts_needed)
@@ -111,20 +114,20 @@ def latest_artifact_id(key: str):
 
 
 class TerminalDisplay:
-    """rich: the run bar (iterations, ETA) and the round's line, redrawn in place at the bottom."""
+    """rich: the run bar (iterations, ETA) and the round's bar (prompts complete of P0) with its line, redrawn in
+    place at the bottom."""
 
     def __init__(self, run_id: str, planned: int, done: int):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeRemainingColumn(), redirect_stdout=True, redirect_stderr=True)
-        self.run_task = self.progress.add_task(f"run {run_id}", total=planned, completed=done)
+        self.run_task = self.progress.add_task(f"run {run_id}"[:40], total=planned, completed=done)
         self.round_task = self.progress.add_task("waiting for the first round", total=1, completed=0)
         self.progress.start()
 
     def round(self, line: str, done: int, needed: int) -> None:
-        self.progress.update(self.round_task, description=line.removeprefix("[tailflow] "), completed=done,
-                             total=needed)
+        self.progress.update(self.round_task, description=line, completed=done, total=needed)
 
     def run(self, done: int) -> None:
         self.progress.update(self.run_task, completed=done)
