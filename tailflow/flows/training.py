@@ -15,13 +15,13 @@ from tailflow.engines.store import open_store
 from tailflow.flows.artifacts import RunArtifacts
 from tailflow.flows.iteration import iteration
 from tailflow.flows.live_progress import live_progress
-from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
 from tailflow.flows.preflight import check_inputs
+from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
 from tailflow.flows.retry_policy import no_retry_on_user_error
 from tailflow.flows.run_hooks import after_iteration, after_run
 from tailflow.flows.run_log import print_resume, print_start, say
-from tailflow.flows.writer import run_writer
 from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context
+from tailflow.flows.writer import run_writer
 from tailflow.tasks.evaluate import evaluate
 
 
