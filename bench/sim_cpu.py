@@ -4,8 +4,11 @@ Two real runs of the policy on one in-process `RolloutWorker` (the shipped
 warm-start model, the default task, configs/default.yaml's P0, R0, cap and
 slots): the synchronous baseline and tail batching, each for whole short+long
 cycles, exactly as bench/sensitivity.py drives a cell (begin_round ->
-rule_for -> run_round -> queue.defer); the weights do not change, so the
-length profile is the warm start's. Each round's trace (recorded by
+rule_for -> run_round -> settle_round), their rounds interleaved; the weights
+do not change, so the length profile is the warm start's. These are rollout
+runs, not training runs: in-process, so the engine's own CPU time can be
+measured, and without Ray round trips or training, which the simulator does
+not model. Each round's trace (recorded by
 `TraceRecorder`, with its measured generate time) is then replayed on a
 simulated engine with the cpu model, and the two times are compared.
 """
@@ -56,18 +59,26 @@ class MeasuredRound:
     """The round timed by the calibration's clock (one thread: the engine thread's CPU time; see calibrate.py)."""
 
 
-def run_policy(w: CpuWorkload, enabled: bool, min_rounds: int) -> list[MeasuredRound]:
-    """Real rounds (whole cycles when tail batching is on), each timed and traced."""
-    from tailflow.engines.rollout.requests import sampling_requests
+class PolicyRun:
+    """One real run of the policy (synchronous or tail batching), a round at a time, each timed and traced."""
 
-    tail, rounds = TailState(), []
-    by_id = {p.problem_id: p for p in w.problems}
-    settings = TailSettings(prompts_per_step=w.prompts_per_step, responses_kept=w.responses_kept,
-                            prompt_ratio=w.prompt_ratio, responses_launched=w.responses_launched, enabled=enabled,
-                            data_seed=w.seed, steps_per_poll=w.steps_per_poll)
-    while len(rounds) < min_rounds or (len(tail.queue) and len(rounds) < 4 * min_rounds):
-        iteration = len(rounds)
-        prepared = begin_round(tail, iteration, settings, w.problems, by_id)
+    def __init__(self, w: CpuWorkload, enabled: bool) -> None:
+        self.w, self.enabled = w, enabled
+        self.tail, self.rounds = TailState(), []
+        self.by_id = {p.problem_id: p for p in w.problems}
+        self.settings = TailSettings(prompts_per_step=w.prompts_per_step, responses_kept=w.responses_kept,
+                                     prompt_ratio=w.prompt_ratio, responses_launched=w.responses_launched,
+                                     enabled=enabled, data_seed=w.seed, steps_per_poll=w.steps_per_poll)
+
+    def is_done(self, min_rounds: int) -> bool:
+        """At least min_rounds, and whole cycles: every deferred prompt has had its long round."""
+        return len(self.rounds) >= min_rounds and (not len(self.tail.queue) or len(self.rounds) >= 4 * min_rounds)
+
+    def run_round(self) -> MeasuredRound:
+        from tailflow.engines.rollout.requests import sampling_requests
+
+        w, iteration = self.w, len(self.rounds)
+        prepared = begin_round(self.tail, iteration, self.settings, w.problems, self.by_id)
         plan = prepared.plan
         requests = sampling_requests(prepared.problems, plan.responses_per_prompt, w.params, w.tokenizer, w.seed,
                                      iteration)
@@ -75,10 +86,25 @@ def run_policy(w: CpuWorkload, enabled: bool, min_rounds: int) -> list[MeasuredR
         started, engine_started = time.perf_counter(), clock()
         result = run_round(recorder, requests, rule_for(plan, requests), w.steps_per_poll)
         seconds, engine_s = time.perf_counter() - started, clock() - engine_started
-        tail = settle_round(prepared, result)
+        self.tail = settle_round(prepared, result)
         trace = recorder.round_trace(iteration, plan.kind.value, requests, result, w.params.max_new_tokens, seconds)
-        rounds.append(MeasuredRound(plan, requests, trace, w.worker.stats().steps - steps_before, engine_s))
-    return rounds
+        self.rounds.append(MeasuredRound(plan, requests, trace, w.worker.stats().steps - steps_before, engine_s))
+        return self.rounds[-1]
+
+
+def run_interleaved(runs: list[PolicyRun], min_rounds: int, calibration=None) -> None:
+    """Round k of every run, then round k+1, so load from elsewhere on the machine hits all runs alike; a
+    calibration sweep before, half way and after, so the cost model sees that load too."""
+    if calibration is not None:
+        calibration.sweep()
+    while not all(run.is_done(min_rounds) for run in runs):
+        for run in runs:
+            if not run.is_done(min_rounds):
+                run.run_round()
+        if calibration is not None and len(runs[0].rounds) == max(min_rounds // 2, 1) and len(calibration.sweeps) == 1:
+            calibration.sweep()
+    if calibration is not None:
+        calibration.sweep()
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@
 
 Against this machine: a real synchronous run and a real tail-batching run of
 the policy on the native engine (bench/sim_cpu.py), each round traced and
-timed, then replayed with the `cpu` cost model calibrated here just before
-(or read from --cpu-cost). Targets: median relative error of a round's
+timed, then replayed with the `cpu` cost model calibrated here, its sweeps
+spread between the rounds (or read from --cpu-cost). Targets: median relative error of a round's
 generate time <= 15%; predicted tail/sync generate-time ratio within 0.1 of
 the measured one. With one torch thread (the default) "measured" is the
 engine thread's CPU time, as the calibration's (tailflow/engines/sim/
@@ -35,7 +35,7 @@ import time
 from statistics import mean
 
 from common import BENCH_DIR, MAX_NEW_TOKENS, WARMSTART, default_config_tree
-from sim_cpu import CpuValidation, CpuWorkload, print_cpu_table, replay, run_policy
+from sim_cpu import CpuValidation, CpuWorkload, PolicyRun, print_cpu_table, replay, run_interleaved
 from sim_paper import (
     ETAS, PAPER, describe_rounds, grid_row, paper_implied_e2e, paper_short_round_bound, rel_err, simulate_setting)
 
@@ -51,21 +51,18 @@ def validate_cpu(args) -> CpuValidation:
     from tailflow.config import config_from_dict
     from tailflow.engines.data.arith import default_splits
     from tailflow.engines.rollout import RolloutWorker, SamplingParams
-    from tailflow.engines.sim.calibrate import calibrate_cpu
+    from tailflow.engines.sim.calibrate import CpuCalibration
     from tailflow.engines.sim.table_cost import TableCost, read_table
 
     overrides = {"data.prompts_per_step": 4, "rollout.n": 4, "tail.prompt_ratio": 1.5} if args.quick else {}
     config = config_from_dict(default_config_tree(overrides))
     max_new_tokens = 64 if args.quick else MAX_NEW_TOKENS
+    calibration = None
     if args.cpu_cost:
         table = read_table(args.cpu_cost)
         print(f"cpu cost model: {args.cpu_cost}")
     else:
-        started = time.perf_counter()
-        table = calibrate_cpu(WARMSTART, num_threads=args.threads, quick=args.quick)
-        DEFAULT_COST_OUT.parent.mkdir(parents=True, exist_ok=True)
-        DEFAULT_COST_OUT.write_text(json.dumps(table.to_json(), indent=1))
-        print(f"cpu cost model: calibrated here in {time.perf_counter() - started:.0f} s -> {DEFAULT_COST_OUT}")
+        calibration = CpuCalibration(WARMSTART, num_threads=args.threads, quick=args.quick)
     tokenizer = AutoTokenizer.from_pretrained(WARMSTART)
     problems, _ = default_splits(2000, 1, args.seed)
     longest = max(len(tokenizer(p.prompt)["input_ids"]) for p in problems)
@@ -78,11 +75,18 @@ def validate_cpu(args) -> CpuValidation:
     print(f"real rounds: P0={workload.prompts_per_step} R0={workload.responses_kept} launched "
           f"{workload.responses_launched}, prompt ratio {workload.prompt_ratio}, cap {max_new_tokens}, "
           f"{workload.num_slots} slots, {args.threads} torch thread(s)")
-    sync = run_policy(workload, enabled=False, min_rounds=rounds)
-    tail = run_policy(workload, enabled=True, min_rounds=rounds)
+    sync, tail = PolicyRun(workload, enabled=False), PolicyRun(workload, enabled=True)
+    started = time.perf_counter()
+    run_interleaved([sync, tail], rounds, calibration)
+    if calibration is not None:
+        table = calibration.table()
+        DEFAULT_COST_OUT.parent.mkdir(parents=True, exist_ok=True)
+        DEFAULT_COST_OUT.write_text(json.dumps(table.to_json(), indent=1))
+        print(f"cpu cost model: calibrated here, {len(calibration.sweeps)} sweeps between the rounds "
+              f"({time.perf_counter() - started:.0f} s with the rounds) -> {DEFAULT_COST_OUT}")
     cost = TableCost(table)
-    return CpuValidation(replay(sync, cost, workload.num_slots, workload.steps_per_poll),
-                         replay(tail, cost, workload.num_slots, workload.steps_per_poll))
+    return CpuValidation(replay(sync.rounds, cost, workload.num_slots, workload.steps_per_poll),
+                         replay(tail.rounds, cost, workload.num_slots, workload.steps_per_poll))
 
 
 def validate_paper(args):

@@ -115,6 +115,8 @@ def plan_arguments(plan) -> None:
     plan.add_argument("--max-new-tokens", type=int, help="response cap for --paper (and --rollpacker)")
     plan.add_argument("--grid", default="paper", choices=["paper", "fine"],
                       help="paper: Figure 11's 4 x 4; fine: 9 prompt ratios x every response count R0..1.5 R0")
+    plan.add_argument("--measured", metavar="FILE",
+                      help="a `measured` GPU calibration file (docs/simulator.md): replaces the roofline for rollout")
     plan.add_argument("--rounds", type=int, default=10, help="simulated rounds per setting, at least (whole cycles)")
     plan.add_argument("--out", default="plan", help="folder for plan.md and plan_heatmap.png")
     plan.add_argument("--seed", type=int, default=0)
@@ -295,7 +297,8 @@ def run_plan(args, config) -> int:
     spec.check()
     p0, r0 = policy_sizes(spec, args.prompts_per_step, args.responses)
     tp = args.tp or smallest_tp(args.hardware, args.model, args.gpus)
-    request = PlanRequest(args.gpus, args.hardware, args.model, tp, p0, r0, args.grid, args.rounds, seed=args.seed)
+    request = PlanRequest(args.gpus, args.hardware, args.model, tp, p0, r0, args.grid, args.rounds, seed=args.seed,
+                          measured_path=args.measured)
     lengths, description = load_lengths(spec)
     report = plan(request, lengths, description, progress=lambda line: print(f"[plan] {line}", flush=True))
     page, heatmap = write_plan(report, args.out)

@@ -56,9 +56,9 @@ def deploy(repo: Path | None = None, pool: str = WORK_POOL) -> str:
     """Register every deployment of `deployments/prefect.yaml` on the server at PREFECT_API_URL.
 
     The file is the one definition (`prefect deploy --all --prefect-file deployments/prefect.yaml` reads it
-    too); we register it through Prefect's `RunnerDeployment` because `prefect deploy` 3.8.8 fails against
-    its own server after the first deployment (it asks for the pool's workers with a null page limit, which
-    the server refuses with 422), and so registers only one of them.
+    too, and with fastapi < 0.151 registers all of them; docs/operations.md). We register it through
+    Prefect's `RunnerDeployment` so that one command also creates the work pool, needs no TAILFLOW_REPO and
+    points the worker at this checkout.
     """
     import yaml
     from prefect.settings import PREFECT_API_URL

@@ -30,6 +30,10 @@ class FaultPlan:
     remaining: int = 0
     every: int = 0
     seen: int = 0
+    method: str = ""
+    """Only requests with this HTTP method (e.g. PUT: uploads); empty: any."""
+    path_part: str = ""
+    """Only requests whose target contains this (e.g. /checkpoints/); empty: any."""
 
 
 @dataclass(frozen=True)
@@ -58,9 +62,9 @@ class FaultProxy:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
-    def inject(self, kind: str | None, count: int) -> None:
+    def inject(self, kind: str | None, count: int, method: str = "", path_part: str = "") -> None:
         with self.lock:
-            self.plan = FaultPlan(kind, count)
+            self.plan = FaultPlan(kind, count, method=method, path_part=path_part)
             self.faults_served = 0
 
     def inject_every(self, kind: str, every: int) -> None:
@@ -68,8 +72,10 @@ class FaultProxy:
             self.plan = FaultPlan(kind, 0, every)
             self.faults_served = 0
 
-    def take_fault(self) -> str | None:
+    def take_fault(self, request: Request) -> str | None:
         with self.lock:
+            if (self.plan.method and request.method != self.plan.method) or self.plan.path_part not in request.target:
+                return None
             if self.plan.kind is not None and self.plan.every > 0:
                 self.plan.seen += 1
                 if self.plan.seen % self.plan.every:
@@ -101,7 +107,7 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             request = self.read_head()
             if request is None:
                 return
-            fault = proxy.take_fault()
+            fault = proxy.take_fault(request)
             expects_continue = request.header("expect").lower() == "100-continue"
             if fault == "reset":
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))

@@ -60,6 +60,16 @@ def test_sensitivity_quick(tmp_path):
 
 
 @pytest.mark.bench
+def test_soak_quick():
+    """Three seeded kills (one of each kind) over a 3-iteration run on S3, each resumed."""
+    stdout = run_bench("soak.py", timeout=1500)
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT kills_survived=\d+/3", last_line)
+    assert {"timer", "crash-", "stalled checkpoint upload"} <= {kind for kind in ("timer", "crash-", "stalled checkpoint upload")
+                                                                if f"({kind}" in stdout}
+
+
+@pytest.mark.bench
 def test_reward_quick():
     stdout = run_bench("reward.py")
     last_line = stdout.strip().splitlines()[-1]

@@ -116,6 +116,18 @@ def test_sigkill_in_every_phase_then_resume_ends_exactly_where_a_clean_run_does(
     assert state.weights_sha256 == expected_state.weights_sha256
     assert state.tail == expected_state.tail
 
+    # every SIGKILLed flow run was marked Crashed by the run that took its lease; the last one completed
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["crashy"])),
+                                     sort=FlowRunSort.START_TIME_ASC)
+    assert [run.state.type.value for run in runs] == ["CRASHED"] * 6 + ["COMPLETED"]
+    assert all("stopped without reporting" in run.state.message for run in runs[:6])
+    assert not (tmp_path / ".leases" / "crashy.json").exists()
+
 
 def test_a_dead_rollout_trainer_or_reward_actor_costs_a_retry_not_the_run(tmp_path, cli_env, reference):
     config_path = tmp_path / "run.yaml"

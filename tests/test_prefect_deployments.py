@@ -114,11 +114,25 @@ def test_two_triggers_for_one_run_id_never_both_write(prefect_server, tmp_path_f
     completed = [run for run in runs if run.state.is_completed()]
     refused = [run for run in runs if not run.state.is_completed()]
     assert completed, [r.state.message for r in runs]
-    for run in refused:  # waited, then refused with the holder named
-        assert "being written by another flow run" in (run.state.message or "")
+    for run in refused:  # refused at once by the run's lease, the holder named
+        assert "run ui-run is being written by" in (run.state.message or "") and run.run_count == 1
     rows = [json.loads(line) for line in (storage / "ui-run" / "metrics.jsonl").read_text().splitlines()]
     assert [row["iteration"] for row in rows] == [0, 1]  # each iteration exactly once: no second writer
-    prefect_server["ui_run"] = completed[0].id
+    # the flow run that did the work is the one with iteration subflows (a trigger that started after the
+    # first finished completes too, having nothing left to do)
+    (worker_run,) = [run for run in completed if subflow_names(prefect_server, run.id)]
+    assert subflow_names(prefect_server, worker_run.id) == {"iter-0000", "iter-0001"}
+    prefect_server["ui_run"] = worker_run.id
+
+
+def subflow_names(prefect_server, flow_run_id) -> set[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with api(prefect_server), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+    return {run.name for run in runs}
 
 
 def test_flow_run_page_shows_subflows_and_artifacts_in_chromium(prefect_server):
@@ -162,7 +176,9 @@ def test_flow_run_page_shows_subflows_and_artifacts_in_chromium(prefect_server):
         open_tab("Subflow Runs")
         wait_for(("iter-0000", "iter-0001"), "flow-run-subflows.png")
         open_tab("Artifacts")
-        wait_for(("ui-run-metrics", "ui-run-progress", "ui-run-checkpoint"), "flow-run-artifacts.png")
+        wait_for(("ui-run-metrics", "ui-run-progress", "ui-run-checkpoint", "ui-run-report"), "flow-run-artifacts.png")
+        open_tab("Logs")
+        wait_for(("[tailflow] iter 0000", "[tailflow] iter 0001"), "flow-run-logs.png")
     finally:
         driver.quit()
     print(f"screenshots: {OUTPUT_DIR / 'flow-run-subflows.png'}, {OUTPUT_DIR / 'flow-run-artifacts.png'}")

@@ -63,7 +63,7 @@ def test_code_reward_run(prefect_api, tmp_path, random_code_model_dir):
     for row in rows:
         assert row["reward/mean"] == 0.0  # random text is not a program that passes tests
         assert row["time/reward_busy"] > 0  # the workers scored (a relation: how long a sandbox takes is the machine's)
-        assert row["reward/timeouts"] == 0 and row["reward/timeout_anchor_s"] is None
+        assert row["reward/timeouts"] == 0 and row["time/reward_timeout_anchor_s"] is None
     state = read_committed_state(LocalStore(tmp_path), "coded")
     assert state.iteration == 2 and state.reward_anchors == TimeoutAnchors()  # no correct response: no anchor
 

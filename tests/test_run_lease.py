@@ -117,13 +117,32 @@ def test_racing_writers_exactly_one_wins(store):
     second.release()
 
 
-def test_the_flow_refuses_a_second_writer_before_writing_anything(tmp_path, prefect_api):
+def store_uri(store) -> str:
+    return f"s3://{store.bucket}/{store.prefix}" if isinstance(store, S3Store) else str(store.root)
+
+
+def test_the_flow_refuses_a_second_writer_before_writing_anything(store, prefect_api):
     from tailflow.flows.setup import shipped_warmstart_dir
     from tailflow.flows.training import rl_training
 
-    store = LocalStore(tmp_path / "runs")
     with hold_lease(store, "busy", "flow run first (abc)", heartbeat_s=3600):
         with pytest.raises(RunBusyError, match="run busy is being written by .*flow run first"):
-            rl_training(overrides=[f"model.path={shipped_warmstart_dir()}", f"storage.uri={store.root}",
+            rl_training(overrides=[f"model.path={shipped_warmstart_dir()}", f"storage.uri={store_uri(store)}",
                                    "data.num_train=16", "data.num_eval=4"], run_id="busy")
     assert store.list_dir("") == []  # no run directory
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_a_second_writer_in_one_line(tmp_path):
+    from tailflow.flows.setup import shipped_warmstart_dir
+
+    store = LocalStore(tmp_path / "runs")
+    with hold_lease(store, "busy", "flow run first (abc)", heartbeat_s=3600):
+        result = subprocess.run([sys.executable, "-m", "tailflow.cli", "train", "--run-id", "busy",
+                                 "--set", f"model.path={shipped_warmstart_dir()}", "--set", f"storage.uri={store.root}",
+                                 "--set", "data.num_train=16", "--set", "data.num_eval=4"],
+                                capture_output=True, text=True, timeout=600)
+    assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stderr.strip().splitlines() == [line for line in result.stderr.strip().splitlines()
+                                                  if line.startswith("tailflow: error: run busy is being written by")]
+    assert "--take-over" in result.stderr and store.list_dir("") == []

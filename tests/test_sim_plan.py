@@ -95,3 +95,19 @@ def test_a_runs_trace_replays_round_by_round_on_a_gpu_preset(tmp_path):
     assert [r.iteration for r in replayed] == [0, 1, 2, 3] and all(r.kind.value == "short" for r in replayed)
     assert all(r.num_kept == 4 * 2 for r in replayed)  # P0 prompts x R0 responses, as the run trained
     assert all(r.num_aborted > 0 and r.rollout_s > 0 for r in replayed)  # 6 launched, 4 complete: the rest abort
+
+
+def test_plan_uses_a_measured_gpu_calibration_when_given(tmp_path, capsys):
+    import json
+
+    measured = {"format": "tailflow-step-costs/1", "kind": "measured", "device": "hand-written", "engine": "vllm",
+                "model": "qwen2.5-7b", "tp": 2, "attention": "paged", "rows": [1, 256], "context": [128, 8192],
+                "decode_seconds": [[0.010, 0.012], [0.014, 0.030]], "prefill_seconds": [[0.01, 0.2], [0.2, 5.0]],
+                "kv_budget_tokens": 400_000}
+    (tmp_path / "measured.json").write_text(json.dumps(measured))
+    code = main(["plan", "--paper", "--max-new-tokens", "2048", "--prompts-per-step", "8", "--responses", "4",
+                 "--measured", str(tmp_path / "measured.json"), "--out", str(tmp_path / "plan"), *TINY])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    assert "cost model: measured: vllm engine on hand-written" in stdout and "2 replicas, KV budget 400,000" in stdout
+    assert re.search(r"^  TP 2: ", stdout, re.M) and not re.search(r"^  TP [148]: ", stdout, re.M)  # the file's TP only

@@ -138,6 +138,17 @@ def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_pat
     assert len(state.tail.queue) == 2  # 18 drawn = 4 trained x 4 iterations + 2 queued
     assert state.round_history == [0, 0, 1, 0]
 
+    # the rollout trace (what `tailflow plan --run` reads) agrees with the metrics, response by response
+    from tailflow.engines.sim.trace_log import RolloutTraceLog
+    from tailflow.engines.store import LocalStore
+
+    trace = RolloutTraceLog(LocalStore(tmp_path), "tail-test").rounds()
+    assert [r.round for r in trace] == ["short", "short", "long", "short"]
+    for trace_round, row in zip(trace, rows):
+        outcomes = [response.outcome for prompt in trace_round.prompts for response in prompt.responses]
+        assert outcomes.count("kept") == 4 * 4 and outcomes.count("aborted") == row["tail/aborted_requests"]
+        assert len(trace_round.prompts) == (4 if trace_round.round == "long" else 6)
+
     # the run's report, drawn at its end, and the lease released
     for name in ("reward", "lengths", "step_times", "long_queue", "wasted_tokens"):
         assert (tmp_path / "tail-test" / "report" / f"{name}.png").stat().st_size > 5_000, name

@@ -19,13 +19,13 @@ def plan_tail_batching(gpus: int, hardware: str, model: str, tp: int | None = No
                        paper_prompts: int | None = None, max_new_tokens: int | None = None,
                        storage_uri: str = "runs", prompts_per_step: int | None = None,
                        responses_kept: int | None = None, grid: str = "paper", rounds: int = 10,
-                       out_dir: str = "plan", seed: int = 0) -> PlanSummary:
+                       out_dir: str = "plan", seed: int = 0, measured_path: str | None = None) -> PlanSummary:
     """Lengths from exactly one of: a run (`run_id` in `storage_uri`), a trace file, RollPacker's length log, or
     the paper-like generator (`paper_prompts` prompts, `max_new_tokens` cap). P0 and R0 default to the run's."""
     spec = LengthSpec(run_id, storage_uri, trace_path, rollpacker_path, paper_prompts, max_new_tokens, seed)
     p0, r0 = policy_sizes(spec, prompts_per_step, responses_kept)
     request = PlanRequest(gpus, hardware, model, tp or smallest_tp(hardware, model, gpus), p0, r0, grid, rounds,
-                          seed=seed)
+                          seed=seed, measured_path=measured_path)
     report = search_settings(request, spec)
     summary = publish_plan(report, out_dir)
     print(summary.table)

@@ -1,4 +1,5 @@
-"""Check the user's inputs before anything is written: the model directory, the tokenizer, every dataset row.
+"""Check the user's inputs before anything is written: the model directory, the tokenizer, every dataset row,
+the TensorBoard package when asked for, and that `cluster.address` lets this driver attach.
 
 A bad dataset used to surface inside `build_context`, after `prepare_run_dir`
 had written `<run>/config.yaml`, leaving a run that `tailflow runs list` shows
@@ -12,6 +13,7 @@ from __future__ import annotations
 from transformers import AutoTokenizer
 
 from tailflow.config import RunConfig
+from tailflow.engines.cluster.attach import check_attach
 from tailflow.engines.reward.spec import reward_spec
 from tailflow.engines.store import open_store
 from tailflow.engines.track.tensorboard import require_tensorboard
@@ -26,3 +28,4 @@ def check_inputs(config: RunConfig) -> None:
     load_for_model(config, model_path, AutoTokenizer.from_pretrained(model_path), runs_code)
     if config.tracking.tensorboard:
         require_tensorboard()
+    check_attach(config.cluster.address)

@@ -16,10 +16,12 @@ from typing import Iterator
 from tailflow.config import ConfigError
 from tailflow.engines.data.dataset import DatasetError
 from tailflow.engines.models import UnsupportedModelError
+from tailflow.engines.runs.lease import LeaseLostError
 from tailflow.engines.store import StoreError
 
-USER_ERRORS = (ConfigError, DatasetError, UnsupportedModelError)
-"""Errors no retry can fix. StoreError is not one: an unreachable store may come back."""
+USER_ERRORS = (ConfigError, DatasetError, UnsupportedModelError, LeaseLostError)
+"""Errors no retry can fix (LeaseLostError: another writer took the run). StoreError is not one: an
+unreachable store may come back."""
 
 
 @contextmanager

@@ -9,6 +9,7 @@ from typing import Any
 from uuid import UUID
 
 from tailflow.engines.runs.lease import HeldLease
+from tailflow.flows.live_progress import current_live
 from tailflow.flows.run_log import progress_line, say
 
 
@@ -22,6 +23,8 @@ def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease | None) ->
         say(line, flow_run_id=subflow)
     if lease is not None:
         lease.check()
+    if (live := current_live()) is not None:
+        live.iteration_done(state)
     every = ctx.config.tracking.report_every
     if every and state.iteration % every == 0 and state.iteration < ctx.config.train.iterations:
         publish_report(ctx)

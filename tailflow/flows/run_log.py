@@ -28,6 +28,17 @@ class InRunOnly(logging.Filter):
         return FlowRunContext.get() is not None or TaskRunContext.get() is not None
 
 
+class Stdout(logging.Handler):
+    """The bare line to whatever `sys.stdout` is now (rich's live display swaps it to draw lines above itself)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stdout.write(self.format(record) + "\n")
+            sys.stdout.flush()
+        except Exception:  # noqa: BLE001 - logging must not break the run
+            self.handleError(record)
+
+
 class TerminalOnly(logging.Filter):
     """Lines filed under another flow run (an iteration's copy of a line) are not printed twice."""
 
@@ -40,7 +51,7 @@ def run_logger() -> logging.Logger:
     if not logger.handlers:
         from prefect.logging.handlers import APILogHandler
 
-        terminal = logging.StreamHandler(sys.stdout)
+        terminal = Stdout()
         terminal.addFilter(TerminalOnly())
         api = APILogHandler()
         api.addFilter(InRunOnly())

@@ -14,8 +14,9 @@ from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
 from tailflow.flows.artifacts import RunArtifacts
 from tailflow.flows.iteration import iteration
-from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
+from tailflow.flows.live_progress import live_progress
 from tailflow.flows.preflight import check_inputs
+from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
 from tailflow.flows.retry_policy import no_retry_on_user_error
 from tailflow.flows.run_hooks import after_iteration, after_run
 from tailflow.flows.run_log import print_resume, print_start, say
@@ -73,7 +74,8 @@ def rl_training(
             run_config = resolve_config(config_path, overrides or [], config)
         run_id = run_id or default_run_id()
         check_inputs(run_config)
-    with no_retry_on_user_error(), run_writer(run_config, run_id, take_over) as lease:
+    with (no_retry_on_user_error(), run_writer(run_config, run_id, take_over) as lease,
+          live_progress(run_config, run_id)):
         return train(run_config, run_id, allow_change or [], lease)
 
 

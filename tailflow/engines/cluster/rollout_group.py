@@ -28,6 +28,15 @@ def share_by_load(requests: Sequence[Request], loads: list[int], worker_of: dict
     return shares
 
 
+def take_by_worker(request_ids: Sequence[str], worker_of: dict[str, int]) -> list[tuple[int, list[str]]]:
+    """The in-flight ids among `request_ids`, removed from `worker_of`, grouped by worker in worker order."""
+    by_rank: dict[int, list[str]] = {}
+    for request_id in request_ids:
+        if request_id in worker_of:
+            by_rank.setdefault(worker_of.pop(request_id), []).append(request_id)
+    return sorted(by_rank.items())
+
+
 class RolloutGroup:
     def __init__(self, model_path: str, num_workers: int, num_slots: int, max_seq_len: int, seed: int, num_threads: int,
                  num_cpus: float = 1, num_gpus: float = 0):
@@ -79,11 +88,8 @@ class RolloutGroup:
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
         """Abort in-flight requests (unknown or finished ids are ignored); their partial completions."""
-        by_rank: dict[int, list[str]] = {}
-        for request_id in request_ids:
-            if request_id in self.worker_of:
-                by_rank.setdefault(self.worker_of.pop(request_id), []).append(request_id)
-        results = get_all([self.workers[rank].abort.remote(ids) for rank, ids in sorted(by_rank.items())])
+        by_rank = take_by_worker(request_ids, self.worker_of)
+        results = get_all([self.workers[rank].abort.remote(ids) for rank, ids in by_rank])
         return [completion for result in results for completion in result]
 
     def has_unfinished(self) -> bool:

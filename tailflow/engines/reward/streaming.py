@@ -22,6 +22,7 @@ from tailflow.engines.data.problem import Problem
 from tailflow.engines.reward.scoring import ScoredRound, groups_from_outcomes, problem_id_of
 from tailflow.engines.reward.worker import ScoreItem, ScoreOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason
+from tailflow.engines.track.live import round_watcher
 
 if TYPE_CHECKING:
     from tailflow.engines.cluster.reward_pool import RewardPool
@@ -72,6 +73,7 @@ class StreamingScorer:
         self.texts: dict[str, str] = {}
         """Each response's text, decoded once when it is sent to the reward."""
         self.rollout_ended_at: float | None = None
+        self.watcher = round_watcher(problems) if streaming else None  # live progress (engines/track/live.py)
 
     def item_for(self, completion: Completion) -> ScoreItem:
         problem = self.problems_by_id[problem_id_of(completion.request_id)]
@@ -81,6 +83,8 @@ class StreamingScorer:
 
     def on_finished(self, completions: Sequence[Completion]) -> None:
         """Called by the rollout driver with each batch of finished requests (finish order)."""
+        if self.watcher is not None:
+            self.watcher(completions)
         if not self.streaming:
             return
         items = [self.item_for(c) for c in completions

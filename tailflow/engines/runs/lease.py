@@ -170,11 +170,16 @@ class HeldLease:
             raise LeaseLostError(self.lost)
 
     def release(self) -> None:
+        """Stop renewing and delete the lease if it is still ours. A store that cannot be reached now leaves
+        it behind: it is then freed as a dead holder's (at once on this host, after timeout_s elsewhere)."""
         self._stop.set()
         self._thread.join(timeout=30)
         with self._lock:
             if not self.lost:
-                self.store.delete_if(self.key, self.tag)
+                try:
+                    self.store.delete_if(self.key, self.tag)
+                except OSError as error:  # do not hide the run's own outcome behind a cleanup failure
+                    log.warning("run %s: could not release the lease: %s", self.lease.run_id, error)
 
 
 def acquire_lease(store: Any, run_id: str, holder: str, take_over: bool = False, flow_run_id: str | None = None,

@@ -15,6 +15,7 @@ Writes the `cpu` calibration file (table_cost.py describes the format).
 from __future__ import annotations
 
 import random
+from contextlib import contextmanager
 import statistics
 import time
 from dataclasses import dataclass
@@ -65,32 +66,59 @@ def median_point(same: list[GridPoint]) -> GridPoint:
                      statistics.median(p.prefill_s for p in same))
 
 
-def calibrate_cpu(model_path: str | Path, num_threads: int = 1, steps: int = 10, passes: int = 3, quick: bool = False,
-                  seed: int = 0) -> StepCostTable:
-    """`passes` sweeps over the whole grid, each point's median taken across them: a burst of load from
-    elsewhere hits one sweep's points, not one point's every measurement."""
-    import torch
+class CpuCalibration:
+    """Sweeps over the grid, taken whenever the caller likes (bench/sim_validate.py spreads them between the
+    rounds it validates, so the model sees the same machine load as the workload); `table()` takes each
+    point's median across sweeps, so a burst of load from elsewhere hits one sweep, not every measurement."""
 
-    from tailflow.engines.models import load_model
+    def __init__(self, model_path: str | Path, num_threads: int = 1, steps: int = 10, quick: bool = False,
+                 seed: int = 0) -> None:
+        from tailflow.engines.models import load_model
+
+        self.model_path, self.num_threads, self.steps, self.seed = model_path, num_threads, steps, seed
+        self.rows_axis, self.context_axis = (QUICK_ROWS, QUICK_CONTEXT) if quick else (ROWS, CONTEXT)
+        self.model = load_model(model_path)
+        self.clock = step_clock(num_threads)
+        self.sweeps: list[list[GridPoint]] = []
+        with torch_threads(num_threads):
+            measure_point(self.model, 2, 16, 3, seed, self.clock)  # warm-up: first calls allocate
+
+    def sweep(self) -> None:
+        with torch_threads(self.num_threads):
+            self.sweeps.append([measure_point(self.model, rows, context, self.steps, self.seed, self.clock)
+                                for rows in self.rows_axis for context in self.context_axis])
+
+    def table(self) -> StepCostTable:
+        import torch
+
+        points = [median_point([sweep[index] for sweep in self.sweeps]) for index in range(len(self.sweeps[0]))]
+        by_point = {(p.rows, p.context): p for p in points}
+        rows_axis, context_axis = self.rows_axis, self.context_axis
+        return StepCostTable(
+            kind="cpu", engine="native",
+            device=f"CPU, {self.num_threads} torch thread(s), torch {torch.__version__}, timed by "
+                   f"{'thread CPU time' if self.num_threads == 1 else 'wall clock'}, {len(self.sweeps)} sweeps",
+            model=str(self.model_path), tp=1, attention="padded", rows=tuple(rows_axis), context=tuple(context_axis),
+            decode_seconds=tuple(tuple(by_point[r, c].decode_s for c in context_axis) for r in rows_axis),
+            prefill_seconds=tuple(tuple(by_point[r, c].prefill_s for c in context_axis) for r in rows_axis))
+
+
+@contextmanager
+def torch_threads(num_threads: int):
+    import torch
 
     previous = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        model = load_model(model_path)
-        rows_axis, context_axis = (QUICK_ROWS, QUICK_CONTEXT) if quick else (ROWS, CONTEXT)
-        clock = step_clock(num_threads)
-        measure_point(model, 2, 16, 3, seed, clock)  # warm-up: first calls allocate
-        sweeps = [[measure_point(model, rows, context, steps, seed, clock) for rows in rows_axis
-                   for context in context_axis] for _ in range(max(passes, 1))]
+        yield
     finally:
         torch.set_num_threads(previous)
-    points = [median_point([sweep[index] for sweep in sweeps]) for index in range(len(sweeps[0]))]
-    by_point = {(p.rows, p.context): p for p in points}
-    decode = tuple(tuple(by_point[r, c].decode_s for c in context_axis) for r in rows_axis)
-    prefill = tuple(tuple(by_point[r, c].prefill_s for c in context_axis) for r in rows_axis)
-    return StepCostTable(
-        kind="cpu", engine="native",
-        device=f"CPU, {num_threads} torch thread(s), torch {torch.__version__}, timed by "
-               f"{'thread CPU time' if num_threads == 1 else 'wall clock'}",
-        model=str(model_path), tp=1, attention="padded", rows=tuple(rows_axis), context=tuple(context_axis),
-        decode_seconds=decode, prefill_seconds=prefill)
+
+
+def calibrate_cpu(model_path: str | Path, num_threads: int = 1, steps: int = 10, passes: int = 3, quick: bool = False,
+                  seed: int = 0) -> StepCostTable:
+    """`passes` sweeps in a row (`tailflow calibrate`)."""
+    calibration = CpuCalibration(model_path, num_threads, steps, quick, seed)
+    for _ in range(max(passes, 1)):
+        calibration.sweep()
+    return calibration.table()

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from tailflow.engines.cluster.rollout_group import share_by_load
+from tailflow.engines.cluster.rollout_group import share_by_load, take_by_worker
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 from tailflow.engines.sim.engine import UNLIMITED, Finished, SimEngine
 
@@ -82,11 +82,7 @@ class SimGroup:
         return [record.completion for *_, record in tagged]
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
-        by_rank: dict[int, list[str]] = {}
-        for request_id in request_ids:
-            if request_id in self.worker_of:
-                by_rank.setdefault(self.worker_of.pop(request_id), []).append(request_id)
-        return [c for rank, ids in sorted(by_rank.items()) for c in self.engines[rank].abort(ids)]
+        return [c for rank, ids in take_by_worker(request_ids, self.worker_of) for c in self.engines[rank].abort(ids)]
 
     def has_unfinished(self) -> bool:
         return any(engine.has_unfinished() for engine in self.engines)

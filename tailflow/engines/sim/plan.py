@@ -19,11 +19,13 @@ from typing import Callable, Sequence
 
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
-from tailflow.engines.sim.costs import CostModelError
+from tailflow.engines.sim.costs import CostModel, CostModelError
 from tailflow.engines.sim.presets import hardware_preset, model_preset
 from tailflow.engines.sim.roofline import RooflineCost
 from tailflow.engines.sim.simulate import PolicySettings, SimRound, simulate_policy
-from tailflow.engines.sim.step_time import NonRolloutCost, mean_step_time, shares_from_baseline, StageShares
+from tailflow.engines.sim.step_time import (
+    LinearStepCost, NonRolloutCost, StageShares, mean_step_time, shares_from_baseline)
+from tailflow.engines.sim.table_cost import TableCost
 
 PAPER_FACTORS = (1.0, 1.125, 1.25, 1.5)
 """Figure 11: eta for the prompt ratio and for responses (ceil(eta x R0))."""
@@ -50,6 +52,9 @@ class PlanRequest:
     seed: int = 0
     shares: StageShares | None = None
     """None: roofline train time and no reward; else reward and train fixed from the synchronous step's shares."""
+    measured_path: str | None = None
+    """A `measured` calibration file (docs/simulator.md): its step costs, TP and KV budget replace the roofline's
+    for rollout (train time stays the roofline's unless the file has train_s_per_token); no TP search."""
 
     def settings(self) -> list[tuple[float, int]]:
         r0 = self.responses_kept
@@ -115,12 +120,44 @@ def make_cost(request: PlanRequest, tp: int) -> RooflineCost:
     return RooflineCost.from_presets(request.hardware, request.model, request.num_gpus, tp)
 
 
-def simulate_setting(request: PlanRequest, lengths: LengthSource, cost: RooflineCost, prompt_ratio: float,
+@dataclass(frozen=True)
+class RolloutCluster:
+    """What rollout runs on: a cost model, how many replicas, each one's KV budget."""
+
+    cost: CostModel
+    num_replicas: int
+    kv_budget_tokens: int
+    description: str
+
+
+def rollout_cluster(request: PlanRequest, tp: int) -> RolloutCluster:
+    roofline = make_cost(request, tp)
+    if request.measured_path is None:
+        return RolloutCluster(roofline, roofline.cluster.num_replicas, roofline.kv_budget_tokens, roofline.describe())
+    measured = TableCost.from_file(request.measured_path)
+    table = measured.table
+    if request.num_gpus % table.tp:
+        raise CostModelError(f"{request.measured_path}: its TP {table.tp} does not divide --gpus {request.num_gpus}")
+    kv_budget = table.kv_budget_tokens or make_cost(request, table.tp).kv_budget_tokens
+    return RolloutCluster(measured, request.num_gpus // table.tp, kv_budget,
+                          f"{measured.describe()}, {request.num_gpus // table.tp} replicas, KV budget {kv_budget:,}")
+
+
+def step_cost_model(request: PlanRequest, cluster: RolloutCluster, sync: Sequence[SimRound]) -> NonRolloutCost:
+    if request.shares:
+        return shares_from_baseline(sync, request.shares)
+    roofline = make_cost(request, request.tp)
+    if isinstance(cluster.cost, TableCost) and cluster.cost.table.train_s_per_token:
+        return LinearStepCost(cluster.cost.table.train_s_per_token, 0.0, roofline.weight_sync_s())
+    return roofline
+
+
+def simulate_setting(request: PlanRequest, lengths: LengthSource, cluster: RolloutCluster, prompt_ratio: float,
                      responses: int) -> list[SimRound]:
     enabled = (prompt_ratio, responses) != (1.0, request.responses_kept)
     policy = PolicySettings(request.prompts_per_step, request.responses_kept, prompt_ratio, responses, enabled,
                             request.steps_per_poll, request.seed)
-    group = lambda: SimGroup.of(cost, lengths, cost.cluster.num_replicas, NUM_SLOTS, cost.kv_budget_tokens)
+    group = lambda: SimGroup.of(cluster.cost, lengths, cluster.num_replicas, NUM_SLOTS, cluster.kv_budget_tokens)
     return simulate_policy(policy, lengths, group, request.rounds)
 
 
@@ -135,15 +172,14 @@ def to_cell(prompt_ratio: float, responses: int, rounds: Sequence[SimRound], ste
 def choose_tp(request: PlanRequest, lengths: LengthSource, cell: PlanCell) -> list[TpChoice]:
     """The recommended setting at every TP (a power of two up to 8, one node) that fits the model."""
     choices = []
-    for tp in (1, 2, 4, 8):
+    for tp in (1, 2, 4, 8) if request.measured_path is None else (TableCost.from_file(request.measured_path).table.tp,):
         if request.num_gpus % tp:
             continue
         try:
-            cost = make_cost(request, tp)
-            cost.kv_budget_tokens
+            cluster = rollout_cluster(request, tp)
         except ValueError:
             continue  # weights do not fit at this TP
-        rounds = simulate_setting(request, lengths, cost, cell.prompt_ratio, cell.responses_launched)
+        rounds = simulate_setting(request, lengths, cluster, cell.prompt_ratio, cell.responses_launched)
         short = [r for r in rounds if r.kind.value != "long"] or rounds
         long = [r for r in rounds if r.kind.value == "long"] or short
         choices.append(TpChoice(tp, mean(r.rollout_s for r in short), mean(r.rollout_s for r in long),
@@ -155,9 +191,9 @@ def plan(request: PlanRequest, lengths: LengthSource, lengths_description: str,
          progress: Callable[[str], None] = lambda line: None) -> PlanReport:
     """Search the grid. A length source's draws depend only on (seed, round, request), so every setting sees
     the same responses for the same prompts."""
-    cost = make_cost(request, request.tp)
-    sync = simulate_setting(request, lengths, cost, 1.0, request.responses_kept)
-    step_cost = shares_from_baseline(sync, request.shares) if request.shares else cost
+    cluster = rollout_cluster(request, request.tp)
+    sync = simulate_setting(request, lengths, cluster, 1.0, request.responses_kept)
+    step_cost = step_cost_model(request, cluster, sync)
     baseline = to_cell(1.0, request.responses_kept, sync, step_cost, None)
     progress(f"synchronous: rollout {baseline.rollout_s:.1f} s, step {baseline.step_s:.1f} s")
     cells = []
@@ -165,10 +201,10 @@ def plan(request: PlanRequest, lengths: LengthSource, lengths_description: str,
         if (prompt_ratio, responses) == (1.0, request.responses_kept):
             cells.append(baseline)
             continue
-        rounds = simulate_setting(request, lengths, cost, prompt_ratio, responses)
+        rounds = simulate_setting(request, lengths, cluster, prompt_ratio, responses)
         cells.append(to_cell(prompt_ratio, responses, rounds, step_cost, baseline.step_s))
         progress(f"prompt ratio {prompt_ratio}, {responses} responses: speedup {cells[-1].speedup:.2f}x")
     recommended = max(cells, key=lambda c: c.speedup)
     tp_choices = choose_tp(request, lengths, recommended)
-    return PlanReport(request, cost.describe(), lengths_description, baseline, cells, recommended, tp_choices,
+    return PlanReport(request, cluster.description, lengths_description, baseline, cells, recommended, tp_choices,
                       min(tp_choices, key=lambda t: t.short_round_s).tp, min(tp_choices, key=lambda t: t.long_round_s).tp)

@@ -69,7 +69,7 @@ def series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[float
 
 def plot_reward(ax, rows: list[dict[str, Any]]) -> None:
     ax.plot(*series(rows, "reward/mean"), label="reward/mean (train rounds)")
-    ax.plot(*series(rows, "reward/accuracy"), label="reward/accuracy", alpha=0.6)
+    ax.plot(*series(rows, "reward/accuracy"), "--", label="reward/accuracy (= reward/mean for math)", alpha=0.7)
     x, y = series(rows, "eval/accuracy")
     initial = next((row["eval/accuracy_initial"] for row in rows if row.get("eval/accuracy_initial") is not None), None)
     if initial is not None:
@@ -105,10 +105,8 @@ def plot_step_times(ax, rows: list[dict[str, Any]]) -> None:
 
 def plot_long_queue(ax, rows: list[dict[str, Any]]) -> None:
     ax.step(*series(rows, "tail/long_queue_size"), where="post", label="long-prompt queue (after the round)")
-    long_rounds = [row["iteration"] for row in rows if row.get("tail/round") == 1]
-    if long_rounds:
-        ax.vlines(long_rounds, 0, 1, transform=ax.get_xaxis_transform(), colors="grey", alpha=0.3,
-                  label="long rounds")
+    for n, iteration in enumerate(row["iteration"] for row in rows if row.get("tail/round") == 1):
+        ax.axvspan(iteration - 0.5, iteration + 0.5, color="tab:red", alpha=0.15, label="long round" if n == 0 else None)
     ax.set(xlabel="iteration", ylabel="prompts", title="Long-prompt queue")
     ax.legend(fontsize=8)
 
@@ -137,8 +135,8 @@ def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, st
     facts = [("iterations committed", str(len(rows))), ("rounds (S short, L long)", rounds or "-"),
              ("last held-out accuracy", f"{evals[-1]:.1%}" if evals else "-")]
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
-    images = "".join(f'<figure><img src="{PLOTS_DIR}/{name}.png" alt="{html.escape(title)}">'
-                     f"<figcaption>{html.escape(title)}</figcaption></figure>" for name, title in plots)
+    images = "".join(f'<figure><img src="{PLOTS_DIR}/{name}.png" alt="{html.escape(title)}"></figure>'
+                     for name, title in plots)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>tailflow run {html.escape(run_id)}</title>"
             "<style>body{font-family:sans-serif;margin:2em}figure{display:inline-block;margin:.5em}"
             "th{text-align:left;padding-right:1em}</style></head><body>"

@@ -39,7 +39,7 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
     })
     row.update(scored.stats.metrics())
     if outcome.reports_anchor:
-        row["reward/timeout_anchor_s"] = outcome.anchors.task_s
+        row["time/reward_timeout_anchor_s"] = outcome.anchors.task_s
     row["iteration/attempt"] = outcome.attempt
     if outcome.iteration == 0:
         row["eval/accuracy_initial"] = initial_eval_accuracy
