@@ -10,7 +10,10 @@ whole process tree on timeout.
 """
 from __future__ import annotations
 
-from tailflow.engines.reward.sandbox.records import SandboxLimits, SandboxResult
+import tempfile
+from pathlib import Path
+
+from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits, SandboxResult
 
 BACKENDS = ("auto", "bwrap", "process", "docker")
 
@@ -47,21 +50,34 @@ def resolve_backend(backend: str) -> str:
     return backend
 
 
+def launch(backend: str, workdir: str, limits: SandboxLimits, die_with_parent: bool = False) -> Launched:
+    """Start `workdir/main.py` under a resolved `backend`, with pipes on stdin, stdout and stderr: the one place
+    a backend is chosen, for one-shot runs and code-test sessions alike. `die_with_parent` (process backend; bwrap
+    always does): the kernel kills the sandbox when the calling thread dies, for a session whose owner may be
+    killed."""
+    if backend == "process":
+        from tailflow.engines.reward.sandbox.process import launch_process
+
+        return launch_process(workdir, limits, die_with_parent)
+    if backend == "bwrap":
+        from tailflow.engines.reward.sandbox.bwrap import launch_bwrap
+
+        return launch_bwrap(workdir, limits)
+    from tailflow.engines.reward.sandbox.docker import launch_docker
+
+    return launch_docker(workdir, limits)
+
+
 def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits(),
                backend: str = "auto") -> SandboxResult:
+    """One run of `code` to its end (or its limits) in a fresh sandbox dir."""
+    from tailflow.engines.reward.sandbox.process import finish
+
     backend = resolve_backend(backend)
-    if backend == "process":
-        from tailflow.engines.reward.sandbox.process import run_process
-
-        return run_process(code, stdin, limits)
-    if backend == "bwrap":
-        from tailflow.engines.reward.sandbox.bwrap import run_bwrap
-
-        return run_bwrap(code, stdin, limits)
-    from tailflow.engines.reward.sandbox.docker import run_docker
-
-    return run_docker(code, stdin, limits)
+    with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
+        (Path(workdir) / "main.py").write_text(code)
+        return finish(launch(backend, workdir, limits), stdin, limits)
 
 
-__all__ = ["BACKENDS", "SandboxError", "SandboxLimits", "SandboxResult", "default_backend", "resolve_backend",
-           "run_python"]
+__all__ = ["BACKENDS", "SandboxError", "SandboxLimits", "SandboxResult", "default_backend", "launch",
+           "resolve_backend", "run_python"]

@@ -25,11 +25,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from tailflow.engines.reward.sandbox.process import clean_env, finish, interpreter, kill_everything
-from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits, SandboxResult
+from tailflow.engines.reward.sandbox.process import clean_env, interpreter, kill_everything
+from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits
 
 ISOLATION = ("rlimits", "session", "clean-env", "net-ns", "pid-ns", "mount-ns", "uid-nobody", "ro-root")
 SANDBOX_DIR = "/tmp/sandbox"
@@ -84,7 +83,9 @@ def bwrap_works() -> bool:
     if not bwrap_available():
         return False
     try:
-        result = run_bwrap("print(6 * 7)", "", SandboxLimits(timeout_s=20, cpu_time_s=10))
+        from tailflow.engines.reward.sandbox import run_python
+
+        result = run_python("print(6 * 7)", "", SandboxLimits(timeout_s=20, cpu_time_s=10), backend="bwrap")
     except OSError:
         return False
     return result.status == "ok" and result.stdout == "42\n"
@@ -99,8 +100,3 @@ def launch_bwrap(workdir: str, limits: SandboxLimits) -> Launched:
                             stderr=subprocess.PIPE, start_new_session=True)
     return Launched(proc, functools.partial(kill_everything, proc), ISOLATION)
 
-
-def run_bwrap(code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
-    with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
-        (Path(workdir) / "main.py").write_text(code)
-        return finish(launch_bwrap(workdir, limits), stdin, limits)

@@ -19,11 +19,8 @@ import os
 import secrets
 import shutil
 import subprocess
-import tempfile
-from pathlib import Path
 
-from tailflow.engines.reward.sandbox.process import finish
-from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits, SandboxResult
+from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits
 
 IMAGE_ENV = "TAILFLOW_SANDBOX_IMAGE"
 DEFAULT_IMAGE = "tailflow-sandbox:latest"
@@ -64,8 +61,3 @@ def launch_docker(workdir: str, limits: SandboxLimits) -> Launched:
                             stderr=subprocess.PIPE, start_new_session=True)
     return Launched(proc, functools.partial(kill_container, proc, name), ISOLATION)
 
-
-def run_docker(code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
-    with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
-        Path(workdir, "main.py").write_text(code)
-        return finish(launch_docker(workdir, limits), stdin, limits)

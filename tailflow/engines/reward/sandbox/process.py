@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
@@ -132,13 +131,6 @@ def prepare_child(limit, die_with_parent: bool) -> None:
         jail.libc.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if limit is not None:
         limit()
-
-
-def run_process(code: str, stdin: str, limits: SandboxLimits) -> SandboxResult:
-    with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
-        (Path(workdir) / "main.py").write_text(code)
-        launched = launch_process(workdir, limits)
-        return finish(launched, stdin, limits)
 
 
 def finish(launched: Launched, stdin: str, limits: SandboxLimits) -> SandboxResult:

@@ -35,12 +35,12 @@ class Reply:
 
 class SandboxSession:
     def __init__(self, code: str, limits: SandboxLimits, backend: str) -> None:
-        from tailflow.engines.reward.sandbox import resolve_backend
+        from tailflow.engines.reward.sandbox import launch, resolve_backend
 
         self.limits = limits
         self.workdir = tempfile.TemporaryDirectory(prefix="tailflow-session-")
         Path(self.workdir.name, "main.py").write_text(code)
-        self.launched = launch(resolve_backend(backend), self.workdir.name, limits)
+        self.launched = launch(resolve_backend(backend), self.workdir.name, limits, die_with_parent=True)
         self.proc = self.launched.proc
         self.started = time.monotonic()
         self.stderr = BoundedBuffer(limits.max_output_bytes)
@@ -128,17 +128,3 @@ class SandboxSession:
     def __exit__(self, *exc) -> None:
         self.close()
 
-
-def launch(backend: str, workdir: str, limits: SandboxLimits):
-    """Start `workdir/main.py` under `backend` with pipes on stdin, stdout and stderr."""
-    if backend == "process":
-        from tailflow.engines.reward.sandbox.process import launch_process
-
-        return launch_process(workdir, limits, die_with_parent=True)
-    if backend == "bwrap":
-        from tailflow.engines.reward.sandbox.bwrap import launch_bwrap
-
-        return launch_bwrap(workdir, limits)
-    from tailflow.engines.reward.sandbox.docker import launch_docker
-
-    return launch_docker(workdir, limits)
