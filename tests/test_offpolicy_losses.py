@@ -113,6 +113,8 @@ def weights_after(model_path: str, samples, trained, loss: str = "ppo_clip"):
 def test_skipping_zero_advantage_samples_keeps_the_gradient(random_tiny_model_dir):
     """Left out of the forward and backward, responses with no signal change nothing: the loss still
     divides by the whole batch's tokens."""
+    from tailflow.engines.train.batch import count_response_tokens
+
     torch.set_num_threads(1)
     samples = samples_with_zero_advantage_groups()
     full, _ = weights_after(str(random_tiny_model_dir), samples, samples)
@@ -121,6 +123,8 @@ def test_skipping_zero_advantage_samples_keeps_the_gradient(random_tiny_model_di
     assert max((full[k] - weights_after(str(random_tiny_model_dir), samples, samples[:2])[0][k]).abs().max().item()
                for k in full) > 1e-6  # leaving out a sample WITH signal does change the step
     assert stats.num_samples == 3
+    assert stats.num_tokens == count_response_tokens(samples)  # the loss denominator is the whole batch's
+
 
 
 @pytest.mark.parametrize("loss", POLICY_LOSSES)

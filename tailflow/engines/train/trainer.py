@@ -200,13 +200,13 @@ class PolicyTrainer:
             raise ValueError(f"num_tokens_total must be >= 1, got {num_tokens_total}")
         num_sequences = len(samples) if num_sequences_total is None else num_sequences_total
         denominator = loss_denominator(self.loss_agg, num_tokens_total, num_sequences, self.max_new_tokens)
-        num_tokens_total = num_metric_tokens or num_tokens_total
+        metric_tokens = num_metric_tokens or num_tokens_total
         parts = self._plan_micro_batches(samples)
         totals = dict.fromkeys(SUMMED_STATS, 0.0) | {"samples": float(len(samples))}
         for part in parts:
             batch = self._collate(part)
             inputs = self._micro_batch_inputs(part, batch)
-            for name, value in self._accumulate_gradients(batch, inputs, num_tokens_total, denominator).items():
+            for name, value in self._accumulate_gradients(batch, inputs, metric_tokens, denominator).items():
                 totals[name] += value
         grad_norm = self._clip_and_step()
         return self._reduce_stats(totals, grad_norm, num_tokens_total)
@@ -252,11 +252,12 @@ class PolicyTrainer:
         return MicroBatchInputs(ref_logprobs, behaviour, present, is_positive)
 
     def _policy_loss(self, logprobs: torch.Tensor, batch: MicroBatch, inputs: MicroBatchInputs,
-                     num_tokens_total: int, denominator: int):
-        """`train.loss`, one line each: the on-policy clip, or a correction for the behaviour policy."""
+                     metric_tokens: int, denominator: int):
+        """`train.loss`, one line each: the on-policy clip, or a correction for the behaviour policy. The loss
+        divides by `denominator`, the reported token means by `metric_tokens`."""
         args = (batch.advantages, batch.response_mask)
         proximal, behaviour = logprobs.detach(), inputs.behaviour_logprobs
-        totals = dict(num_tokens_total=num_tokens_total, loss_denominator=denominator)
+        totals = dict(num_tokens_total=metric_tokens, loss_denominator=denominator)
         if self.loss == "ppo_clip":
             return ppo_clip_loss(logprobs, proximal, *args, self.clip_low, self.clip_high, **totals)
         if self.loss == "ppo_behaviour":
@@ -271,12 +272,12 @@ class PolicyTrainer:
         return topr_loss(logprobs, behaviour, batch.advantages, inputs.is_positive, batch.response_mask, **totals)
 
     def _accumulate_gradients(
-        self, batch: MicroBatch, inputs: MicroBatchInputs, num_tokens_total: int, denominator: int
+        self, batch: MicroBatch, inputs: MicroBatchInputs, metric_tokens: int, denominator: int
     ) -> dict[str, float]:
         """Forward + backward of one micro-batch; returns its share of the step's SUMMED_STATS."""
         logits, logprobs = self._logprobs(self.model, batch)
         mask = batch.response_mask
-        pg_loss, pg_stats = self._policy_loss(logprobs, batch, inputs, num_tokens_total, denominator)
+        pg_loss, pg_stats = self._policy_loss(logprobs, batch, inputs, metric_tokens, denominator)
         ref = inputs.ref_logprobs
         kl = kl_penalty(logprobs, ref, mask, denominator) if ref is not None else None
         loss = pg_loss + self.kl_coef * kl if kl is not None else pg_loss
@@ -284,7 +285,7 @@ class PolicyTrainer:
         # global loss (divided by a global count): multiply back so the ranks' grads SUM.
         (loss * self.world_size).backward()
         with torch.no_grad():
-            entropy = entropy_from_logits(logits.detach(), mask, num_tokens_total).item()
+            entropy = entropy_from_logits(logits.detach(), mask, metric_tokens).item()
             present = inputs.has_behaviour
             abs_diff = ((logprobs.detach() - inputs.behaviour_logprobs).abs() * present).sum().item()
         return {
