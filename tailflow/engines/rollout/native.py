@@ -111,6 +111,13 @@ class NativeEngine:
             raise ValueError(f"request {rid!r}: empty prompt")
         if min(prompt) < 0 or max(prompt) >= self.vocab_size:
             raise ValueError(f"request {rid!r}: prompt token ids must be in [0, {self.vocab_size})")
+        prefix = request.prefix
+        if prefix is not None:
+            if len(prefix.token_ids) >= request.params.max_new_tokens:
+                raise ValueError(f"request {rid!r}: its prefix of {len(prefix.token_ids)} tokens already reaches "
+                                 f"max_new_tokens ({request.params.max_new_tokens}): it is finished, not in flight")
+            if prefix.token_ids and (min(prefix.token_ids) < 0 or max(prefix.token_ids) >= self.vocab_size):
+                raise ValueError(f"request {rid!r}: prefix token ids must be in [0, {self.vocab_size})")
         needed = len(prompt) + request.params.max_new_tokens
         if needed > self.max_seq_len:
             raise ValueError(
@@ -132,17 +139,19 @@ class NativeEngine:
         return self._postprocess(running, tokens, logprobs)
 
     def _prefill(self, admitted: list[Sequence]) -> None:
-        """Cache every admitted prompt but its last token (decode feeds that one).
+        """Cache every admitted context (prompt, and a continued request's prefix) but its last token (decode
+        feeds that one).
 
         Rows come sorted by prompt length; similar lengths are prefilled together.
         """
-        lengths = [seq.num_prompt_tokens - 1 for seq in admitted]
+        contexts = [seq.context_token_ids for seq in admitted]
+        lengths = [len(context) - 1 for context in contexts]
         first_row = len(self.scheduler.running) - len(admitted)
         for start, end in prefill_chunks(lengths):
             width = max(lengths[start:end])
             if width > 0:
-                rows = [list(seq.request.prompt_token_ids[:n]) + [0] * (width - n)
-                        for seq, n in zip(admitted[start:end], lengths[start:end])]
+                rows = [context[:n] + [0] * (width - n)
+                        for context, n in zip(contexts[start:end], lengths[start:end])]
                 self.runner.prefill(torch.tensor(rows), first_row=first_row + start)
         for seq, n in zip(admitted, lengths):
             seq.num_cached = n
@@ -163,7 +172,7 @@ class NativeEngine:
     def _postprocess(self, running: list[Sequence], tokens: list[int], logprobs: list[float]) -> list[Completion]:
         finished, done = [], []
         for seq, token, logprob in zip(running, tokens, logprobs):
-            seq.append(token, logprob)
+            seq.append(token, logprob, self.weight_version)
             reason = seq.finish_reason(self.eos_token_ids)
             if reason is not None:
                 finished.append(seq.to_completion(reason, self.weight_version))

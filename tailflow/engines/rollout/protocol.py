@@ -47,10 +47,35 @@ class SamplingParams:
 
 
 @dataclass(frozen=True)
+class ResponsePrefix:
+    """Response tokens a request already has, sampled earlier (by this engine before a weight update, or by
+    another engine that left): the engine prefills them after the prompt and samples on from there.
+
+    The request's own sampler is advanced past them (one draw per token, as if it had sampled them), so a
+    request continued from its prefix draws exactly what it would have drawn uninterrupted; only the keys and
+    values of the prefix are recomputed, with the engine's current weights.
+    """
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    """The behaviour log-probs recorded when each token was sampled (kept, never recomputed)."""
+    weight_versions: tuple[int, ...]
+    """The weight version that sampled each token."""
+
+    def __post_init__(self) -> None:
+        if not len(self.token_ids) == len(self.logprobs) == len(self.weight_versions):
+            raise ValueError(f"a response prefix needs one log-prob and one weight version per token, got "
+                             f"{len(self.token_ids)} tokens, {len(self.logprobs)} log-probs and "
+                             f"{len(self.weight_versions)} versions")
+
+
+@dataclass(frozen=True)
 class Request:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
+    prefix: ResponsePrefix | None = None
+    """Continue a response sampled so far (partial rollout across a weight update, migration); None: start."""
 
 
 @dataclass(frozen=True)
@@ -59,8 +84,10 @@ class Completion:
 
     `logprobs[i]` is the log-probability of `token_ids[i]` under the sampling
     distribution's underlying model (temperature 1, before top-p/top-k), the
-    quantity the trainer recomputes. `weight_version` is the one version of the
-    weights that produced every token.
+    quantity the trainer recomputes. `weight_version` is the engine's weight
+    version when the request finished; `token_weight_versions` is empty when that
+    version produced every token, else it names the version of each token (a
+    partial rollout continued across weight updates).
     """
 
     request_id: str
@@ -69,6 +96,17 @@ class Completion:
     logprobs: tuple[float, ...]
     finish_reason: FinishReason
     weight_version: int
+    token_weight_versions: tuple[int, ...] = ()
+
+    @property
+    def oldest_weight_version(self) -> int:
+        """The oldest weights that sampled a token of this response: its staleness is measured from here."""
+        return min(self.token_weight_versions, default=self.weight_version)
+
+    def as_prefix(self) -> ResponsePrefix:
+        """This (partial) response as a prefix to continue from."""
+        versions = self.token_weight_versions or (self.weight_version,) * len(self.token_ids)
+        return ResponsePrefix(self.token_ids, self.logprobs, versions)
 
 
 @dataclass(frozen=True)

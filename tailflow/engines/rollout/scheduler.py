@@ -68,7 +68,7 @@ class Scheduler:
     def admit(self) -> list[Sequence]:
         """Move waiting sequences (FIFO) into free slots; they take rows len(running).. onwards.
 
-        Within one admission the rows are ordered by prompt length, so that
+        Within one admission the rows are ordered by context length (prompt and any prefix), so that
         prefill chunks of neighbouring rows pad little (see `prefill_chunks`).
         """
         admitted = []
@@ -76,7 +76,7 @@ class Scheduler:
             seq = self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             admitted.append(seq)
-        admitted.sort(key=lambda seq: seq.num_prompt_tokens)
+        admitted.sort(key=lambda seq: seq.num_prompt_tokens + len(seq.token_ids))
         self.running.extend(admitted)
         return admitted
 

@@ -34,24 +34,35 @@ class Sequence:
         self.request_id = request.request_id
         self.params = params
         self.status = SequenceStatus.WAITING
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
+        prefix = request.prefix
+        self.token_ids: list[int] = list(prefix.token_ids) if prefix else []
+        self.logprobs: list[float] = list(prefix.logprobs) if prefix else []
+        self.weight_versions: list[int] = list(prefix.weight_versions) if prefix else []
         self.num_cached = 0
         seed = params.seed if params.seed is not None else derive_seed(engine_seed, arrival_index)
         self.generator = torch.Generator().manual_seed(seed)
+        if params.temperature > 0:  # the draws the prefix's tokens took (sampler.make_batch: one per token)
+            for _ in self.token_ids:
+                torch.rand(1, generator=self.generator)
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.request.prompt_token_ids)
 
     @property
+    def context_token_ids(self) -> list[int]:
+        """Prompt and response so far: what a (re-)prefill caches, all but the last token."""
+        return [*self.request.prompt_token_ids, *self.token_ids]
+
+    @property
     def last_token_id(self) -> int:
         return self.token_ids[-1] if self.token_ids else self.request.prompt_token_ids[-1]
 
-    def append(self, token_id: int, logprob: float) -> None:
+    def append(self, token_id: int, logprob: float, weight_version: int) -> None:
         """Record a sampled token; the token it was fed (the previous last token) is now cached."""
         self.token_ids.append(token_id)
         self.logprobs.append(logprob)
+        self.weight_versions.append(weight_version)
         self.num_cached += 1
 
     def finish_reason(self, eos_token_ids: frozenset[int]) -> FinishReason | None:
@@ -73,6 +84,7 @@ class Sequence:
         )
 
     def to_completion(self, reason: FinishReason, weight_version: int) -> Completion:
+        mixed = any(version != weight_version for version in self.weight_versions)
         return Completion(
             request_id=self.request_id,
             prompt_token_ids=self.request.prompt_token_ids,
@@ -80,4 +92,5 @@ class Sequence:
             logprobs=tuple(self.logprobs),
             finish_reason=reason,
             weight_version=weight_version,
+            token_weight_versions=tuple(self.weight_versions) if mixed else (),
         )
