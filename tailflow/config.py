@@ -71,6 +71,21 @@ class RolloutConfig(Section):
     """Rollout engine replicas (Ray actors)."""
     num_slots: int = Field(128, ge=1)
     """Concurrent sequences per engine (KV-cache slots)."""
+    async_ratio: float = Field(0.0, ge=0.0)
+    """alpha, bounded-staleness asynchronous training (ROLL-Flash's async generation ratio). 0: every iteration
+    rolls out, then trains (the synchronous step, with or without tail batching). >= 1: the rollout workers keep
+    generating the next rounds while the trainer trains; round j is launched only while the trainer's weights
+    are at most alpha versions older than the ones that will train it (so no trained token is more than
+    floor(alpha) versions stale) and while at most ceil(alpha * P0) + P0 prompts are in flight. Needs an
+    importance-corrected train.loss. Values in (0, 1) are refused: they would never launch ahead."""
+    partial: bool = True
+    """Async only: at each weight sync the requests in flight are stopped, and continue under the new weights
+    from the tokens they have (true: partial rollout; each token keeps the version and log-prob it was sampled
+    with, and the prefix is re-prefilled with the new weights) or start over (false)."""
+    async_steps_per_train: int = Field(0, ge=0)
+    """Async only: engine steps the rollout advances while the trainer runs a step. 0: as many as fit in the
+    train step's wall time (the fastest, timing-dependent). > 0: exactly that many (a deterministic mode: with
+    one rollout worker a seeded async run, killed and resumed or not, ends with the same weights)."""
 
 
 class RewardConfig(Section):
@@ -317,6 +332,13 @@ class RunConfig(Section):
             raise ValueError(f"rollout.top_p {rollout.top_p} / rollout.top_k {rollout.top_k} sample from a truncated "
                              f"distribution that train.loss {loss!r} does not correct for: use top_p 1 and top_k 0, "
                              f"or an importance-corrected train.loss ({', '.join(OFF_POLICY_LOSSES)})")
+        if rollout.async_ratio > 0 and loss not in OFF_POLICY_LOSSES:
+            raise ValueError(f"rollout.async_ratio {rollout.async_ratio} trains on responses sampled by older weights, "
+                             f"which train.loss {loss!r} treats as on-policy: use an importance-corrected train.loss "
+                             f"({', '.join(OFF_POLICY_LOSSES)})")
+        if 0 < rollout.async_ratio < 1:
+            raise ValueError(f"rollout.async_ratio {rollout.async_ratio}: use 0 (synchronous) or >= 1; below 1 no "
+                             "round could be launched ahead of training")
         if loss in OFF_POLICY_LOSSES and rollout.temperature != 1.0:
             raise ValueError(f"train.loss {loss!r} needs the behaviour log-probs of the sampling distribution, but the "
                              f"rollout engine reports them at temperature 1 (rollout.temperature is "

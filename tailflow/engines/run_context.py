@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from tailflow.engines.reward.timeouts import TimeoutPolicy
     from tailflow.engines.rollout.protocol import SamplingParams
     from tailflow.engines.store import ArtifactStore
+    from tailflow.engines.tail.pipeline import RolloutPipeline
     from tailflow.engines.tail.state import TailSettings
     from tailflow.engines.track import MetricsLogger
 
@@ -35,7 +36,7 @@ if TYPE_CHECKING:
 class RunContext:
     __slots__ = ("run_id", "config", "store", "tokenizer", "train_problems", "eval_problems", "problems_by_id",
                  "reward", "timeouts", "sampling", "tail", "rollout", "trainer", "reward_pool", "metrics",
-                 "model_path", "model_config", "max_seq_len", "num_skipped_rows")
+                 "model_path", "model_config", "max_seq_len", "num_skipped_rows", "pipeline")
 
     run_id: str
     config: RunConfig
@@ -65,12 +66,17 @@ class RunContext:
     """Longest prompt + rollout.max_new_tokens: the engines' sequence capacity."""
     num_skipped_rows: int
     """Dataset rows skipped as invalid (data.on_invalid: skip)."""
+    pipeline: RolloutPipeline | None
+    """Asynchronous runs: the rounds running ahead of training on `rollout` (None in synchronous runs). It is
+    the one part of a run that lives across iterations outside the commits; each iteration restores it from
+    the last commit unless it is already there."""
 
     def __init__(self, **fields) -> None:
-        missing = set(self.__slots__) - set(fields) - {"problems_by_id"}
+        missing = set(self.__slots__) - set(fields) - {"problems_by_id", "pipeline"}
         if missing:
             raise TypeError(f"RunContext needs {', '.join(sorted(missing))}")
         fields.setdefault("problems_by_id", {problem.problem_id: problem for problem in fields["train_problems"]})
+        fields.setdefault("pipeline", None)
         for name, value in fields.items():
             object.__setattr__(self, name, value)
 
@@ -80,7 +86,14 @@ class RunContext:
     def with_workers(self, rollout: RolloutGroup, trainer: TrainerGroup, reward_pool: RewardPool) -> RunContext:
         """The same run with new worker groups (after an actor died)."""
         fields = {name: getattr(self, name) for name in self.__slots__}
-        return RunContext(**{**fields, "rollout": rollout, "trainer": trainer, "reward_pool": reward_pool})
+        pipeline = self.pipeline.rebound(rollout) if self.pipeline is not None else None
+        return RunContext(**{**fields, "rollout": rollout, "trainer": trainer, "reward_pool": reward_pool,
+                             "pipeline": pipeline})
+
+    def with_pipeline(self, pipeline: RolloutPipeline) -> RunContext:
+        """The same run with an asynchronous rollout pipeline (built over this context's rollout workers)."""
+        fields = {name: getattr(self, name) for name in self.__slots__}
+        return RunContext(**{**fields, "pipeline": pipeline})
 
     def fault_point(self, phase: str, iteration: int) -> None:
         """The crash point `phase` of engines/faults.py (a no-op unless TAILFLOW_FAULT is set)."""

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from tailflow.engines.outcome import IterationOutcome
 from tailflow.engines.reward.timeouts import TimeoutAnchors
+from tailflow.engines.tail.pipeline_state import PipelineState
 from tailflow.engines.tail.state import TailState
 
 
@@ -75,6 +76,9 @@ class RunState(BaseModel):
     """The code reward's adaptive-timeout anchors after this commit's iteration."""
     initial_eval_accuracy: float | None = None
     last_eval_accuracy: float | None = None
+    pipeline: PipelineState | None = None
+    """Asynchronous runs (`rollout.async_ratio` > 0): the rounds launched ahead of training and the requests in
+    flight, with every token they have (engines/tail/pipeline_state.py); None in synchronous runs."""
 
     @model_validator(mode="before")
     @classmethod
@@ -85,15 +89,16 @@ class RunState(BaseModel):
             data["tail"] = {"queue": data.pop("long_queue", []), "cursor": data.pop("cursor", {})}
         return data
 
-    def advance(self, outcome: IterationOutcome) -> "RunState":
-        """The state after `outcome`'s iteration, before its commit names a checkpoint."""
+    def advance(self, outcome: IterationOutcome, pipeline: PipelineState | None = None) -> "RunState":
+        """The state after `outcome`'s iteration, before its commit names a checkpoint; `pipeline`: an
+        asynchronous run's rounds and requests in flight at that point."""
         evaluated = outcome.evaluated.accuracy if outcome.evaluated is not None else self.last_eval_accuracy
         return RunState(
             run_id=self.run_id, iteration=outcome.iteration + 1, weight_version=self.weight_version + 1,
             tail=outcome.tail, latest_checkpoint=self.latest_checkpoint, weights_sha256=self.weights_sha256,
             rng=self.rng, round_history=[*self.round_history, outcome.planned.plan.round_metric],
             reward_anchors=outcome.anchors, initial_eval_accuracy=self.initial_eval_accuracy,
-            last_eval_accuracy=evaluated,
+            last_eval_accuracy=evaluated, pipeline=pipeline,
         )
 
     def committed(self, checkpoint_key: str, weights_sha256: str, rng: RngState) -> "RunState":
@@ -103,4 +108,5 @@ class RunState(BaseModel):
             latest_checkpoint=checkpoint_key, weights_sha256=weights_sha256, rng=rng,
             round_history=self.round_history, reward_anchors=self.reward_anchors,
             initial_eval_accuracy=self.initial_eval_accuracy, last_eval_accuracy=self.last_eval_accuracy,
+            pipeline=self.pipeline,
         )

@@ -38,8 +38,24 @@ def iteration_markdown(row: dict[str, Any], state: RunState) -> str:
         lines += ["", "| oldest queued | times deferred | first deferred at |", "| --- | --- | --- |"]
         lines += [f"| `{entry.problem_id}` | {entry.times_deferred} | {entry.first_deferred_iteration} |"
                   for entry in queue[:5]]
+    lines += staleness_lines(row, state)
     lines += ["", f"Latest checkpoint: `{state.latest_checkpoint or 'none yet'}`"]
     return "\n".join(lines)
+
+
+def staleness_lines(row: dict[str, Any], state: RunState) -> list[str]:
+    """Asynchronous runs: how many weight versions behind the trained responses were, and what runs ahead."""
+    lags = sorted((int(name.rsplit("/", 1)[1]), count) for name, count in row.items()
+                  if name.startswith("async/staleness/"))
+    if not lags:
+        return []
+    lines = ["", "Staleness of the trained responses (versions between the weights that trained them and their "
+             "oldest token):", "", "| versions behind | responses |", "| --- | --- |"]
+    lines += [f"| {lag} | {count} |" for lag, count in lags]
+    if state.pipeline is not None:
+        lines += ["", f"Running ahead: {len(state.pipeline.rounds)} rounds, {len(state.pipeline.in_flight)} "
+                      f"requests in flight (resubmitted after the weight sync)"]
+    return lines
 
 
 def publish_iteration_summary(row: dict[str, Any], state: RunState) -> None:

@@ -72,7 +72,12 @@ def restore_weights(ctx: RunContext, state: RunState) -> None:
 
 
 def restore_commit(ctx: RunContext, state: RunState) -> None:
-    """Resume: the committed weights and optimizer, no metrics rows past the commit, the driver's RNG."""
+    """Resume: the committed weights and optimizer, no metrics rows past the commit, the driver's RNG. (An
+    asynchronous run's rounds in flight are restored by its next iteration, `tasks/async_rollout.take_round`.)"""
+    if state.pipeline is not None and state.pipeline.rounds and ctx.pipeline is None:
+        raise ConfigError(f"run {ctx.run_id} was committed with {len(state.pipeline.rounds)} rounds running ahead "
+                          f"of training (asynchronous, rollout.async_ratio > 0); resuming it with rollout.async_ratio "
+                          f"0 would lose their prompts and responses: resume with rollout.async_ratio >= 1")
     restore_weights(ctx, state)
     if state.rng is not None:
         state.rng.restore()

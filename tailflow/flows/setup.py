@@ -24,9 +24,11 @@ from tailflow.engines.data.problem import Problem
 from tailflow.engines.models import check_model_dir
 from tailflow.engines.reward.spec import reward_spec
 from tailflow.engines.reward.timeouts import TimeoutPolicy
-from tailflow.engines.rollout.protocol import SamplingParams
-from tailflow.engines.rollout.requests import prompt_token_ids
+from tailflow.engines.rollout.protocol import Request, SamplingParams
+from tailflow.engines.rollout.requests import prompt_token_ids, sampling_requests
 from tailflow.engines.run_context import RunContext
+from tailflow.engines.tail.pipeline import RolloutPipeline
+from tailflow.engines.tail.round import PlannedRound
 from tailflow.engines.tail.state import TailSettings
 from tailflow.engines.runs.layout import config_key, metrics_key
 from tailflow.engines.store import ArtifactStore, local_working_dir
@@ -130,15 +132,29 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunCo
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
                              str(local_working_dir(store, run_id))) if tracking.wandb else None)
     tensorboard = start_tensorboard(tracking.tensorboard, local_working_dir(store, run_id))
+    model_config = AutoConfig.from_pretrained(model_path)
+    metrics = MetricsLogger(store, run_id, wandb_run, tensorboard)
     rollout, trainer, reward_pool = start_workers(config, model_path, max_seq_len)  # last: nothing after it
-    return RunContext(                                                                # can fail and leak them
+    ctx = RunContext(                                                                 # can fail and leak them
         run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
         eval_problems=datasets.eval, reward=reward, timeouts=TimeoutPolicy.from_config(config.reward),
         sampling=sampling_params(config), tail=TailSettings.from_config(config), rollout=rollout,
-        trainer=trainer, reward_pool=reward_pool, metrics=MetricsLogger(store, run_id, wandb_run, tensorboard),
-        model_path=model_path, model_config=AutoConfig.from_pretrained(model_path), max_seq_len=max_seq_len,
-        num_skipped_rows=datasets.num_skipped,
+        trainer=trainer, reward_pool=reward_pool, metrics=metrics, model_path=model_path, model_config=model_config,
+        max_seq_len=max_seq_len, num_skipped_rows=datasets.num_skipped,
     )
+    return ctx.with_pipeline(async_pipeline(ctx)) if config.rollout.async_ratio > 0 else ctx
+
+
+def async_pipeline(ctx: RunContext) -> RolloutPipeline:
+    """The rounds of an asynchronous run, launched with the same seeded requests a synchronous round uses."""
+    config = ctx.config
+
+    def make_requests(planned: PlannedRound) -> list[Request]:
+        return sampling_requests(planned.problems, planned.plan.responses_per_prompt, ctx.sampling, ctx.tokenizer,
+                                 config.train.seed, planned.plan.iteration, config.data.prompt_template)
+
+    return RolloutPipeline(ctx.rollout, ctx.tail, config.rollout.async_ratio, config.rollout.partial,
+                           ctx.train_problems, ctx.problems_by_id, make_requests)
 
 
 def load_for_model(config: RunConfig, model_path: str, tokenizer, runs_code: bool) -> tuple[Datasets, int]:

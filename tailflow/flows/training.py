@@ -13,6 +13,7 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
 from tailflow.flows.artifacts import RunArtifacts
+from tailflow.flows.async_iteration import async_iteration
 from tailflow.flows.iteration import iteration
 from tailflow.flows.live_progress import live_progress
 from tailflow.flows.preflight import check_inputs
@@ -135,9 +136,10 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
     iteration runs again from its start (up to `train.iteration_retries` times). The context returned holds
     the workers in use after it."""
     retries = ctx.config.train.iteration_retries
+    run_one = async_iteration if ctx.pipeline is not None else iteration
     for attempt in range(retries + 1):
         try:
-            return ctx, iteration(ctx, state, step, attempt)
+            return ctx, run_one(ctx, state, step, attempt)
         except ACTOR_FAILURES as error:
             if attempt == retries:
                 shutdown_workers(ctx)  # the caller's context may hold the workers this replaced

@@ -79,6 +79,11 @@ class TrainerGroup:
         counts: the same gradient for less work. At least one sample is always trained, so a batch with no
         signal still takes a real (zero-gradient) optimizer step, as it would unskipped.
         """
+        return self.start_train_step(samples, skip_zero_advantage).result()
+
+    def start_train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False) -> "PendingTrainStep":
+        """`train_step` without waiting: the ranks' calls are issued and the driver is free (asynchronous
+        training drives the rollout meanwhile)."""
         started = time.perf_counter()
         num_tokens_total = count_response_tokens(samples)
         if num_tokens_total == 0:
@@ -88,9 +93,7 @@ class TrainerGroup:
         shards = shard_across_ranks(trained, self.world_size)
         calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))
                  for worker, shard in zip(self.workers, shards)]
-        stats = get_all(calls)[0]
-        return replace(stats, num_samples=len(samples), skipped_samples=len(samples) - len(trained),
-                       seconds=time.perf_counter() - started)
+        return PendingTrainStep(calls, len(samples), len(samples) - len(trained), started)
 
     def state_dict_ref(self) -> ray.ObjectRef:
         """All ranks gather; the ref to rank 0's full CPU state dict (HF names), left in the object store for
@@ -124,3 +127,20 @@ class TrainerGroup:
         get_all(refs[1:])  # the other ranks return {}; this waits for the collective and raises its errors
         ray.wait(refs[:1], fetch_local=False)
         return refs[0]
+
+
+class PendingTrainStep:
+    """A train step the ranks are running: `ready()` without waiting, `result()` waits (raising a rank's
+    failure as soon as it lands)."""
+
+    def __init__(self, calls: list[ray.ObjectRef], num_samples: int, skipped_samples: int, started: float) -> None:
+        self.calls, self.num_samples, self.skipped_samples, self.started = calls, num_samples, skipped_samples, started
+
+    def ready(self) -> bool:
+        done, _ = ray.wait(self.calls, num_returns=len(self.calls), timeout=0)
+        return len(done) == len(self.calls)
+
+    def result(self) -> TrainStepStats:
+        stats = get_all(self.calls)[0]
+        return replace(stats, num_samples=self.num_samples, skipped_samples=self.skipped_samples,
+                       seconds=time.perf_counter() - self.started)

@@ -1,0 +1,81 @@
+"""The asynchronous rollout's durable part: rounds running ahead of training, and the requests in flight.
+
+Committed in `RunState.pipeline` with every iteration of an asynchronous run
+(`rollout.async_ratio` > 0), right after the weight sync has stopped and
+resubmitted the requests in flight. A resumed run rebuilds each round's
+completion rule by showing it again every completion it had seen, in the
+order it saw them, and resubmits the requests in flight with the tokens they
+had (`in_flight`), in the same order: the same engine state as the run that
+was not interrupted, so the rest of the run is the same too. Nothing that was
+generated is lost: finished responses of rounds not yet trained are here, and
+so are the partial ones (tokens, log-probs, weight versions).
+
+Plain JSON (no pickle): states are read back from a shared store. Size: every
+token of every response of the live rounds (two or three rounds at most),
+about 30 bytes per token.
+"""
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
+
+from tailflow.engines.rollout.protocol import Completion, FinishReason
+from tailflow.engines.tail.planner import RoundKind, RoundPlan
+from tailflow.engines.tail.queue import QueuedPrompt
+
+
+class SavedCompletion(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    weight_version: int
+    token_weight_versions: list[int] = []
+
+    @classmethod
+    def of(cls, completion: Completion) -> "SavedCompletion":
+        return cls(request_id=completion.request_id, token_ids=list(completion.token_ids),
+                   logprobs=list(completion.logprobs), finish_reason=completion.finish_reason,
+                   weight_version=completion.weight_version,
+                   token_weight_versions=list(completion.token_weight_versions))
+
+    def completion(self, prompt_token_ids: tuple[int, ...]) -> Completion:
+        return Completion(self.request_id, prompt_token_ids, tuple(self.token_ids), tuple(self.logprobs),
+                          self.finish_reason, self.weight_version, tuple(self.token_weight_versions))
+
+
+class SavedRound(BaseModel):
+    """One live round: its plan, its prompts, and what its completion rule has seen so far."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    kind: RoundKind
+    iteration: int
+    fresh_prompts: int
+    queued: list[QueuedPrompt]
+    responses_per_prompt: int
+    responses_kept: int
+    prompts_to_complete: int
+    problem_ids: list[str]
+    """The round's prompts in launch order."""
+    launched_version: int
+    """The weight version the engines held when the round was launched."""
+    observed: list[SavedCompletion]
+    """Every finished response the rule was shown, in that order (replaying them rebuilds the rule)."""
+    aborted: list[SavedCompletion]
+    """Partial responses the rule had aborted (what they wasted counts in `tail/wasted_tokens`)."""
+
+    def plan(self) -> RoundPlan:
+        return RoundPlan(self.kind, self.iteration, self.fresh_prompts, tuple(self.queued), self.responses_per_prompt,
+                         self.responses_kept, self.prompts_to_complete)
+
+
+class PipelineState(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rounds: list[SavedRound] = []
+    """Rounds launched and not yet trained, oldest first (finished ones wait here for their iteration)."""
+    in_flight: list[SavedCompletion] = []
+    """The requests in flight at the commit, with the tokens they had (finish reason `abort`), in the order they
+    were resubmitted."""

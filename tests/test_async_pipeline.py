@@ -1,0 +1,177 @@
+"""The asynchronous rollout pipeline (engines/tail/pipeline.py) on a real native engine, without Ray or a trainer.
+
+Each "iteration" here is what the async flow does around the trainer: take
+round i, let the rollout run a fixed number of engine steps (the train step),
+pause, load the next weights (a deterministic perturbation per version: the
+weights really change), resume. What is checked: the staleness bound, the
+in-flight cap, tail batching inside overlapping rounds (no prompt lost or
+trained twice), partial vs restarted requests, and that a pipeline restored from
+a JSON snapshot continues exactly as the uninterrupted one.
+"""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from engine_contract import one_thread  # noqa: F401 (autouse fixture)
+from test_native_engine import tiny_qwen2
+from tailflow.engines.data.problem import Problem
+from tailflow.engines.rollout import NativeEngine, Request, SamplingParams
+from tailflow.engines.rollout.requests import request_seed
+from tailflow.engines.tail.launch import launch_order
+from tailflow.engines.tail.pipeline import RolloutPipeline
+from tailflow.engines.tail.pipeline_state import PipelineState
+from tailflow.engines.tail.state import TailSettings, TailState
+
+P0, R0 = 3, 2
+
+
+class OneEngine:
+    """The `StreamingRollout` calls on one in-process engine (what `RolloutGroup` does over Ray actors)."""
+
+    def __init__(self, engine: NativeEngine) -> None:
+        self.engine = engine
+
+    def submit(self, requests):
+        self.engine.submit(requests)
+
+    def poll(self, max_steps):
+        finished = []
+        for _ in range(max_steps):
+            if not self.engine.has_unfinished():
+                break
+            finished += self.engine.step()
+        return finished
+
+    def abort(self, request_ids):
+        return self.engine.abort(request_ids)
+
+    def has_unfinished(self):
+        return self.engine.has_unfinished()
+
+    def stats(self):
+        return [self.engine.stats()]
+
+
+def weights(version: int) -> dict[str, torch.Tensor]:
+    model = tiny_qwen2()
+    generator = torch.Generator().manual_seed(1000 + version)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.05 * version)
+    return model.state_dict()
+
+
+PROBLEMS = [Problem(f"p{i:02d}", f"prompt {i}", "0") for i in range(40)]
+BY_ID = {p.problem_id: p for p in PROBLEMS}
+
+
+def make_requests(planned):
+    return [Request(f"{p.problem_id}#{k}", (2 + int(p.problem_id[1:]) % 30, 5, 7),
+                    SamplingParams(max_new_tokens=20, seed=request_seed(0, planned.plan.iteration, p.problem_id, k)))
+            for p, k in launch_order(planned.problems, planned.plan.responses_per_prompt)]
+
+
+def pipeline(alpha: float, partial: bool = True, tail: bool = True) -> RolloutPipeline:
+    engine = NativeEngine(tiny_qwen2(), num_slots=8, max_seq_len=32, eos_token_ids=(1,))
+    settings = TailSettings(prompts_per_step=P0, responses_kept=R0, prompt_ratio=1.5, responses_launched=3,
+                            enabled=tail, data_seed=0, steps_per_poll=2)
+    return RolloutPipeline(OneEngine(engine), settings, alpha, partial, PROBLEMS, BY_ID, make_requests)
+
+
+def run(pipe: RolloutPipeline, iterations: range, steps_during_train: int = 6):
+    """Drive `iterations` as the async flow does; the rounds taken, and the snapshot after each."""
+    taken, snapshots = [], []
+    for i in iterations:
+        round_ = pipe.take(i)
+        taken.append(round_)
+        pipe.roll_while(lambda: True, steps_during_train)
+        assert pipe.prompts_in_flight() <= pipe.max_prompts_in_flight
+        pipe.pause()
+        pipe.rollout.engine.load_weights(weights(i + 1), i + 1)
+        pipe.resume(i + 1)
+        snapshots.append(pipe.snapshot())
+    return taken, snapshots
+
+
+def fresh(alpha: float, **kwargs) -> RolloutPipeline:
+    pipe = pipeline(alpha, **kwargs)
+    pipe.restore(PipelineState(), TailState(), 0, 0)
+    return pipe
+
+
+@pytest.mark.parametrize("alpha", [1, 2])
+def test_rounds_run_ahead_within_the_staleness_bound_and_lose_no_prompt(alpha):
+    pipe = fresh(alpha)
+    taken, snapshots = run(pipe, range(6))
+    assert max(t.rounds_ahead for t in taken) == alpha  # it really runs ahead, as far as allowed
+    trained: list[str] = []
+    for i, round_ in enumerate(taken):
+        assert len(round_.rollout.problems) == P0
+        assert all(len(c.token_ids) > 0 for c in round_.rollout.completions)
+        assert max(round_.staleness) <= alpha  # versions between the trained weights (i) and the oldest token
+        for completion in round_.rollout.completions:
+            assert i - completion.oldest_weight_version <= alpha and completion.weight_version <= i
+        trained += [p.problem_id for p in round_.rollout.problems]
+    assert any(lag > 0 for t in taken for lag in t.staleness)  # some responses really were stale
+    assert any(t.mixed_version_responses for t in taken)  # and some were continued across a sync
+    assert len(trained) == len(set(trained))  # nothing trained twice
+    live = {p for saved in snapshots[-1].rounds for p in saved.problem_ids}
+    queued = {q.problem_id for q in pipe.tail.queue}
+    drawn = pipe.tail.cursor.num_drawn
+    assert len(set(trained) | live | queued) == drawn  # every prompt drawn is trained, queued or in a live round
+    assert not (set(trained) & live) and not (live & queued)
+
+
+def test_alpha_bounds_the_prompts_in_flight():
+    pipe = fresh(1)
+    run(pipe, range(2))
+    cap = pipe.max_prompts_in_flight
+    assert cap == 2 * P0
+    for _ in range(30):
+        pipe.poll(1)
+        assert pipe.prompts_in_flight() <= cap
+
+
+def test_without_partial_rollout_a_stopped_request_starts_over_under_the_new_weights():
+    pipe = fresh(1, partial=False)
+    taken, _ = run(pipe, range(4))
+    for i, round_ in enumerate(taken):
+        for completion in round_.rollout.completions:
+            assert completion.token_weight_versions == ()  # one version sampled every token
+            assert i - completion.weight_version <= 1
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_a_pipeline_restored_from_its_snapshot_continues_exactly(partial):
+    uninterrupted = fresh(1, partial=partial)
+    whole, _ = run(uninterrupted, range(5))
+
+    first = fresh(1, partial=partial)
+    before, snapshots = run(first, range(2))
+    saved = PipelineState.model_validate_json(snapshots[-1].model_dump_json())  # through JSON, as committed
+    tail = TailState.model_validate_json(first.tail.model_dump_json())
+    second = pipeline(1, partial=partial)
+    second.rollout.engine.load_weights(weights(2), 2)
+    second.restore(saved, tail, 2, 2)
+    after, _ = run(second, range(2, 5))
+
+    for expected, got in zip(whole, before + after):
+        assert [c.request_id for c in got.rollout.completions] == [c.request_id for c in expected.rollout.completions]
+        assert [c.token_ids for c in got.rollout.completions] == [c.token_ids for c in expected.rollout.completions]
+        assert [c.logprobs for c in got.rollout.completions] == [c.logprobs for c in expected.rollout.completions]
+        assert got.staleness == expected.staleness
+        assert got.rollout.result.deferred_problem_ids == expected.rollout.result.deferred_problem_ids
+    assert second.tail == uninterrupted.tail
+    assert second.snapshot() == uninterrupted.snapshot()
+
+
+def test_a_snapshot_whose_rules_and_requests_disagree_is_refused():
+    pipe = fresh(1)
+    _, snapshots = run(pipe, range(1))
+    broken = copy.deepcopy(snapshots[-1].model_dump())
+    broken["in_flight"] = broken["in_flight"][1:]
+    with pytest.raises(ValueError, match="inconsistent"):
+        pipeline(1).restore(PipelineState.model_validate(broken), pipe.tail, 1, 1)
