@@ -14,6 +14,8 @@ import copy
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine_contract import one_thread  # noqa: F401 (autouse fixture)
 from test_native_engine import tiny_qwen2
@@ -74,11 +76,12 @@ def make_requests(planned):
             for p, k in launch_order(planned.problems, planned.plan.responses_per_prompt)]
 
 
-def pipeline(alpha: float, partial: bool = True, tail: bool = True) -> RolloutPipeline:
+def pipeline(alpha: float, partial: bool = True, tail: bool = True, prompt_ratio: float = 1.5,
+             steps_per_poll: int = 2) -> RolloutPipeline:
     engine = NativeEngine(tiny_qwen2(), num_slots=8, max_seq_len=32, eos_token_ids=(1,))
-    settings = TailSettings(prompts_per_step=P0, responses_kept=R0, prompt_ratio=1.5, responses_launched=3,
-                            enabled=tail, data_seed=0, steps_per_poll=2)
-    return RolloutPipeline(OneEngine(engine), settings, alpha, partial, PROBLEMS, BY_ID, make_requests)
+    tail_settings = TailSettings(prompts_per_step=P0, responses_kept=R0, prompt_ratio=prompt_ratio,
+                                 responses_launched=3, enabled=tail, data_seed=0, steps_per_poll=steps_per_poll)
+    return RolloutPipeline(OneEngine(engine), tail_settings, alpha, partial, PROBLEMS, BY_ID, make_requests)
 
 
 def run(pipe: RolloutPipeline, iterations: range, steps_during_train: int = 6):
@@ -97,6 +100,7 @@ def run(pipe: RolloutPipeline, iterations: range, steps_during_train: int = 6):
 
 
 def fresh(alpha: float, **kwargs) -> RolloutPipeline:
+    """A pipeline at iteration 0, as a new run's first iteration restores it."""
     pipe = pipeline(alpha, **kwargs)
     pipe.restore(PipelineState(), TailState(), 0, 0)
     return pipe
@@ -175,3 +179,32 @@ def test_a_snapshot_whose_rules_and_requests_disagree_is_refused():
     broken["in_flight"] = broken["in_flight"][1:]
     with pytest.raises(ValueError, match="inconsistent"):
         pipeline(1).restore(PipelineState.model_validate(broken), pipe.tail, 1, 1)
+
+
+@settings(max_examples=6, deadline=None)
+@given(alpha=st.sampled_from([1, 2, 3]), partial=st.booleans(), tail=st.booleans(),
+       prompt_ratio=st.sampled_from([1.0, 1.5, 2.0]), steps_during_train=st.integers(0, 12),
+       steps_per_poll=st.integers(1, 3), stop_after=st.integers(1, 4))
+def test_any_async_run_loses_nothing_trains_nothing_twice_and_resumes_exactly(
+        alpha, partial, tail, prompt_ratio, steps_during_train, steps_per_poll, stop_after):
+    options = dict(partial=partial, tail=tail, prompt_ratio=prompt_ratio, steps_per_poll=steps_per_poll)
+    uninterrupted = fresh(alpha, **options)
+    whole, _ = run(uninterrupted, range(5), steps_during_train)
+
+    first = fresh(alpha, **options)
+    _, snapshots = run(first, range(stop_after), steps_during_train)
+    second = pipeline(alpha, **options)
+    second.rollout.engine.load_weights(weights(stop_after), stop_after)
+    second.restore(PipelineState.model_validate_json(snapshots[-1].model_dump_json()), first.tail, stop_after,
+                   stop_after)
+    resumed, _ = run(second, range(stop_after, 5), steps_during_train)
+    assert [[c.token_ids for c in t.rollout.completions] for t in resumed] == \
+        [[c.token_ids for c in t.rollout.completions] for t in whole[stop_after:]]
+    assert second.snapshot() == uninterrupted.snapshot() and second.tail == uninterrupted.tail
+
+    trained = [p.problem_id for t in whole for p in t.rollout.problems]
+    assert len(trained) == len(set(trained)) == 5 * P0
+    assert all(max(t.staleness) <= alpha for t in whole)
+    live = {p for saved in uninterrupted.snapshot().rounds for p in saved.problem_ids}
+    queued = {q.problem_id for q in uninterrupted.tail.queue}
+    assert len(set(trained) | live | queued) == uninterrupted.tail.cursor.num_drawn
