@@ -160,7 +160,8 @@ PLAIN_CALLS = VllmCalls(sampling_params=dict, prompt=lambda ids: {"type": "token
 
 def make_engine(eos=(), num_slots=2, seed=0):
     llm = StandInLLMEngine(max_num_seqs=num_slots)
-    return VllmEngine(llm, num_slots=num_slots, max_seq_len=64, eos_token_ids=eos, seed=seed, calls=PLAIN_CALLS), llm
+    return VllmEngine(llm, num_slots=num_slots, max_seq_len=64, eos_token_ids=eos, vocab_size=60, seed=seed,
+                      calls=PLAIN_CALLS), llm
 
 
 def run_all(engine):
@@ -268,6 +269,10 @@ def test_requests_are_validated_before_any_reaches_vllm():
     with pytest.raises(ValueError, match="duplicate request id"):
         engine.submit([Request("x", (1,), SamplingParams(max_new_tokens=5)),
                        Request("x", (2,), SamplingParams(max_new_tokens=5))])
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, 60\)"):
+        engine.submit([Request("ok", (1,), SamplingParams(max_new_tokens=5)),
+                       Request("v", (1,), SamplingParams(max_new_tokens=5),
+                               prefix=ResponsePrefix((60,), (-1.0,), (0,)))])
     with pytest.raises(ValueError, match="exceeds the engine's max_seq_len 64"):
         engine.submit([Request("y", (1,) * 10, SamplingParams(max_new_tokens=60))])
     assert llm.requests == {} and not engine.has_unfinished()

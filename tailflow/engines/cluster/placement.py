@@ -161,8 +161,9 @@ def reserve(layout: GpuLayout, timeout_s: float = 120.0) -> list:
         have = ray.cluster_resources()
         needs = ", ".join(f"{amount:g} {name} (the cluster has {have.get(name, 0.0):g})"
                           for name, amount in layout.needs().items())
+        nodes = "a node per trainer rank" if "STRICT_SPREAD" in specs else "any nodes"
         raise ConfigError(f"cluster: Ray could not reserve the GPU placement ({specs}) in {timeout_s:g} s: it needs "
-                          f"{needs}, one GPU per bundle, on {'separate nodes' if 'STRICT_SPREAD' in specs else 'any nodes'}")
+                          f"{needs}, one GPU per bundle, on {nodes}")
     return groups
 
 

@@ -69,19 +69,19 @@ VLLM_VERSION = "0.33.0"
 """The release this module was written against (pyproject's `vllm` extra pins it)."""
 
 
-def eos_ids_of(model_path: str | Path) -> tuple[int, ...]:
-    """EOS ids from the model directory's generation config, else its config (int, list or absent)."""
+def eos_ids_and_vocab_of(model_path: str | Path) -> tuple[tuple[int, ...], int]:
+    """EOS ids from the model directory's generation config, else its config (int, list or absent); the vocab size."""
     from transformers import AutoConfig, GenerationConfig
 
+    config = AutoConfig.from_pretrained(model_path)
     try:
         eos = GenerationConfig.from_pretrained(model_path).eos_token_id
     except OSError:  # no generation_config.json
         eos = None
     if eos is None:
-        eos = AutoConfig.from_pretrained(model_path).eos_token_id
-    if eos is None:
-        return ()
-    return (eos,) if isinstance(eos, int) else tuple(eos)
+        eos = config.eos_token_id
+    eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+    return eos_ids, config.vocab_size
 
 
 def continued_seed(seed: int, num_prefix_tokens: int) -> int:
@@ -168,8 +168,9 @@ class VllmEngine:
     """A `RolloutEngine` over one in-process vLLM `LLMEngine` (one GPU, tensor parallel 1)."""
 
     def __init__(self, llm_engine: Any, num_slots: int, max_seq_len: int, eos_token_ids: Iterable[int],
-                 seed: int = 0, weight_version: int = 0, calls: VllmCalls | None = None) -> None:
+                 vocab_size: int, seed: int = 0, weight_version: int = 0, calls: VllmCalls | None = None) -> None:
         self.llm = llm_engine
+        self.vocab_size = vocab_size
         self.calls = calls or VllmCalls.from_vllm()
         self.num_slots = num_slots
         self.max_seq_len = max_seq_len
@@ -193,9 +194,11 @@ class VllmEngine:
         from vllm.engine.arg_utils import EngineArgs
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        args = EngineArgs(**engine_kwargs(path, num_slots, max_seq_len, seed, enable_sleep_mode, gpu_memory_utilization))
+        kwargs = engine_kwargs(path, num_slots, max_seq_len, seed, enable_sleep_mode, gpu_memory_utilization)
+        args = EngineArgs(**kwargs)
         llm_engine = LLMEngine.from_engine_args(args, enable_multiprocessing=False)
-        return cls(llm_engine, num_slots, max_seq_len, eos_ids_of(path), seed)
+        eos_token_ids, vocab_size = eos_ids_and_vocab_of(path)
+        return cls(llm_engine, num_slots, max_seq_len, eos_token_ids, vocab_size, seed)
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -215,13 +218,17 @@ class VllmEngine:
             raise ValueError(f"request {rid!r}: duplicate request id (already in flight or twice in this call)")
         if not request.prompt_token_ids:
             raise ValueError(f"request {rid!r}: empty prompt")
+        context = (*request.prompt_token_ids, *(prefix.token_ids if prefix else ()))
+        if any(not 0 <= token < self.vocab_size for token in context):
+            raise ValueError(f"request {rid!r}: prompt and prefix token ids must be in [0, {self.vocab_size})")
         if prefix is not None and len(prefix.token_ids) >= params.max_new_tokens:
             raise ValueError(f"request {rid!r}: its prefix of {len(prefix.token_ids)} tokens already reaches "
                              f"max_new_tokens ({params.max_new_tokens}): it is finished, not in flight")
         needed = len(request.prompt_token_ids) + params.max_new_tokens
         if needed > self.max_seq_len:
             raise ValueError(f"request {rid!r}: prompt ({len(request.prompt_token_ids)}) + max_new_tokens "
-                             f"({params.max_new_tokens}) = {needed} exceeds the engine's max_seq_len {self.max_seq_len}")
+                             f"({params.max_new_tokens}) = {needed} exceeds the engine's max_seq_len "
+                             f"{self.max_seq_len}")
 
     def _add(self, request: Request) -> None:
         seq = InFlight(request)
