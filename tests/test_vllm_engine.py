@@ -312,3 +312,16 @@ def run_all_one(engine):
     engine.submit([Request("after", (3,), SamplingParams(max_new_tokens=2))])
     (done,) = run_all(engine).values()
     return done
+
+
+def test_the_worker_builds_the_engine_rollout_engine_names(tmp_path):
+    from engine_contract import write_model
+    from tailflow.engines.rollout.native import NativeEngine
+    from tailflow.engines.rollout.worker import build_engine
+
+    model_dir = write_model(tmp_path / "m", "qwen2")
+    assert isinstance(build_engine("native", str(model_dir), 2, 32, seed=0, device="cpu"), NativeEngine)
+    with pytest.raises(ValueError, match="runs on a GPU only, got device 'cpu'"):
+        build_engine("vllm", str(model_dir), 2, 32, seed=0, device="cpu")  # refused before vLLM is imported
+    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'"):
+        build_engine("sglang", str(model_dir), 2, 32, seed=0, device="cpu")

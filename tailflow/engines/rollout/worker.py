@@ -20,10 +20,16 @@ from tailflow.engines.rollout.native import NativeEngine
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishedAt, Request
 
 
+COLOCATED_VLLM_MEMORY = 0.45
+"""Share of the GPU a vLLM engine takes when it shares it with a trainer rank (sleep_mode): a guess, never
+measured; the trainer keeps its state on the GPU during rollout (no trainer offload yet)."""
+
+
 def build_engine(engine: str, model_path: str, num_slots: int, max_seq_len: int, seed: int, device: str,
                  sleep_mode: bool = False):
     """The engine `rollout.engine` names. vllm runs only on a GPU (config validation requires cluster.device
-    gpu) and imports vLLM only here, so a native run never needs it installed."""
+    gpu) and imports vLLM only here, so a native run never needs it installed. `sleep_mode`: the engine shares
+    its GPU with a trainer rank (colocated), so vLLM gets sleep mode and COLOCATED_VLLM_MEMORY of the GPU."""
     if engine == "native":
         return NativeEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, device=device)
     if engine == "vllm":
@@ -31,7 +37,9 @@ def build_engine(engine: str, model_path: str, num_slots: int, max_seq_len: int,
             raise ValueError(f"the vllm engine runs on a GPU only, got device {device!r}")
         from tailflow.engines.rollout.vllm_engine import VllmEngine
 
-        return VllmEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, enable_sleep_mode=sleep_mode)
+        memory = {"gpu_memory_utilization": COLOCATED_VLLM_MEMORY} if sleep_mode else {}
+        return VllmEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, enable_sleep_mode=sleep_mode,
+                                          **memory)
     raise ValueError(f"unknown rollout engine {engine!r}: native or vllm")
 
 
