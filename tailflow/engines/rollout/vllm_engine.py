@@ -25,7 +25,8 @@ bookkeeping ran, on a CPU, against stand-ins shaped like vLLM's records
 - `LLMEngine.abort_request(request_ids: list[str], internal: bool = False)`,
   `has_unfinished_requests()`, `get_num_unfinished_requests()`, `reset_prefix_cache()`.
 - `LLMEngine.apply_model(func)` -> `collective_rpc("apply_model", args=(func,))` -> on each worker
-  `func(model)`; the model's `load_weights(weights: Iterable[tuple[str, Tensor]]) -> set[str]` (Qwen2, Qwen3,
+  `func(model)`, in this process (`UniProcExecutor.collective_rpc` -> `run_method`, no pickling), `model` the
+  raw module (`GPUModelRunner.get_model` unwraps its CUDA-graph wrapper); the model's `load_weights(weights: Iterable[tuple[str, Tensor]]) -> set[str]` (Qwen2, Qwen3,
   Llama: `AutoWeightsLoader`, Hugging Face names in, vLLM's fused names out).
 - `LLMEngine.sleep(level: int = 1, mode="abort")`, `wake_up(tags: list[str] | None = None) -> bool` (True when
   fully awake); level 2 discards weights and KV cache, `wake_up(["weights"])` maps weight memory back without
