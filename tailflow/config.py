@@ -86,6 +86,9 @@ class RolloutConfig(Section):
     """Async only: engine steps the rollout advances while the trainer runs a step. 0: as many as fit in the
     train step's wall time (the fastest, timing-dependent). > 0: exactly that many (a deterministic mode: with
     one rollout worker a seeded async run, killed and resumed or not, ends with the same weights)."""
+    engine: Literal["native", "vllm"] = "native"
+    """Rollout engine: `native` (tailflow's own torch engine, CPU or CUDA) or `vllm` (vLLM 0.33.0, the `vllm`
+    extra; GPU only, so it needs cluster.device gpu; written against vLLM's API and never run: docs/gpu.md)."""
 
 
 class RewardConfig(Section):
@@ -229,11 +232,15 @@ class TailConfig(Section):
     """Engine steps between looks at what finished: aborts land at most this many steps late."""
 
 
-GPU_MISSING = (  # why cluster.device gpu is refused; lift it only when GPU rollout has run end to end
-    "gpu is not supported yet, use cpu. The native rollout engine has a CUDA path (bf16, CUDA-graph decode) "
-    "that has never run on a GPU, and nothing places it on one: rollout workers are built on the CPU, "
-    "colocated placement asks Ray for half a GPU per actor (which can put two trainer ranks on one GPU), and GPU "
-    "weight sync and offloading between phases do not exist (docs/gpu.md says what has run where)"
+GPU_MISSING = (  # why cluster.device gpu is refused; lift it when the GPU path is wired and has run end to end
+    "gpu is not supported yet, use cpu. What exists: GPU placement (one placement-group bundle per trainer rank, "
+    "its colocated rollout worker in the same bundle), the native engine's CUDA path, a vLLM engine with sleep and "
+    "wake for colocated mode, and weight sync that wakes the engines. What is missing: flows/setup.py does not pass "
+    "the engine, the device or the placement groups to the actor groups (rollout workers would still be built on "
+    "the CPU); nothing puts the rollout engines to sleep before training; the trainer keeps its weights, gradients "
+    "and optimizer state on the GPU during rollout (no offload); a trainer spread over nodes "
+    "(cluster.spread_trainer_ranks) would rendezvous at 127.0.0.1, not rank 0's node; and none of it has run on a GPU "
+    "(docs/gpu.md says what has run where)"
 )
 
 
@@ -247,12 +254,16 @@ class ClusterConfig(Section):
     rollout_threads: int = Field(2, ge=1)
     """torch threads in each rollout actor."""
     device: Literal["cpu", "gpu"] = "cpu"
-    """What actors ask Ray for. Only `cpu` runs today: `gpu` is refused until GPU rollout has run end to end (the
-    native engine's CUDA path exists but has never run on a GPU, rollout workers are never placed on one, and
-    colocated placement asks Ray for half a GPU per actor, which can put two trainer ranks on one GPU)."""
+    """What actors ask Ray for. Only `cpu` runs today: `gpu` is refused (the message says what is missing) until
+    the GPU path is wired into the run and has run end to end; its placement is computed in
+    engines/cluster/placement.py (one placement-group bundle, one GPU, per trainer rank)."""
     placement: Literal["colocated", "disaggregated"] = "colocated"
-    """colocated: a rollout worker and a trainer rank share a device (half each; the phases take turns);
-    disaggregated: every actor has a whole device. Checked against the Ray cluster before any actor starts."""
+    """colocated: a rollout worker and a trainer rank share a device (on GPUs: one bundle, one GPU, half asked by
+    each; the phases take turns); disaggregated: every actor has a whole device. Checked against the Ray cluster
+    before any actor starts."""
+    spread_trainer_ranks: bool = False
+    """gpu: put every trainer rank (and its colocated rollout worker) on a node of its own (Ray placement group
+    STRICT_SPREAD, one node per rank); False: PACK, as few nodes as fit."""
 
 
     @field_validator("device")
@@ -323,6 +334,13 @@ class RunConfig(Section):
             raise ValueError(
                 f"tail.responses_launched ({self.tail.responses_launched}) must be >= rollout.n ({self.rollout.n})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _check_engine_device(self) -> "RunConfig":
+        if self.rollout.engine == "vllm" and self.cluster.device != "gpu":
+            raise ValueError(f"rollout.engine vllm runs on GPUs only: it needs cluster.device gpu "
+                             f"(cluster.device is {self.cluster.device})")
         return self
 
     @model_validator(mode="after")

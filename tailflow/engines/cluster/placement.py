@@ -1,19 +1,24 @@
 """Where the actors go: rollout and training on shared devices (colocated) or on their own (disaggregated).
 
-Colocated (the default): a rollout worker and a trainer rank share a device.
-Each asks Ray for half of one (CPU or GPU), so a node with N devices holds N
-of each; the phases of a synchronous step take turns. On GPUs the rollout
-engine would free its weights and KV cache while the trainer runs and get
-them back at weight sync; the native CPU engine keeps them (host memory is
-not the constraint here). Disaggregated: every actor has a whole device, so
-rollout and training never contend, at twice the devices.
+Colocated (the default): a rollout worker and a trainer rank share a device;
+the phases of a synchronous step take turns. Disaggregated: every actor has a
+whole device, so rollout and training never contend, at twice the devices.
+
+On CPUs each actor asks Ray for half a CPU (colocated) or one (disaggregated).
+On GPUs fractional asks alone would let Ray put two trainer ranks on one GPU,
+so `gpu_layout` reserves Ray placement-group bundles of one GPU each:
+colocated, bundle i holds trainer rank i and rollout worker i (each asks half
+of the bundle's GPU, so both see the same device; the vLLM engine sleeps while
+the trainer runs, the native engine keeps its memory: `rollout/worker.py`);
+disaggregated, trainer ranks and rollout workers get bundles of their own, in
+two groups. Bundles are PACKed unless `cluster.spread_trainer_ranks` asks for
+one node per trainer rank (STRICT_SPREAD).
 
 `check_fits` compares what the actors ask for with what the Ray cluster has,
 before any actor starts, and names the numbers when it cannot fit; otherwise
-Ray would leave the actors pending forever. The GPU mapping is kept for the
-GPU work to come, but no run reaches it: config validation refuses
-`cluster.device: gpu` (config.GPU_MISSING says what is missing), so only
-`placement_for` called directly exercises it.
+Ray would leave the actors pending forever. No run reaches the GPU layout yet:
+config validation refuses `cluster.device: gpu` (config.GPU_MISSING says what
+is missing), and it has never run on a GPU.
 """
 from __future__ import annotations
 
@@ -47,7 +52,8 @@ def placement_of(config: RunConfig) -> Placement:
 
 
 def placement_for(device: str, placement: str, num_rollout: int, num_trainer: int) -> Placement:
-    """Each actor's ask: half a device colocated, a whole one disaggregated (a GPU actor also takes one CPU)."""
+    """Each actor's ask: half a device colocated, a whole one disaggregated (a GPU actor also takes one CPU).
+    On GPUs these are the asks inside `gpu_layout`'s bundles; the totals are the same."""
     share = 0.5 if placement == "colocated" else 1.0
     if device == "gpu":
         one = ActorResources(num_cpus=1, num_gpus=share)
@@ -56,7 +62,7 @@ def placement_for(device: str, placement: str, num_rollout: int, num_trainer: in
     return Placement(rollout=one, trainer=one, num_rollout=num_rollout, num_trainer=num_trainer)
 
 
-def check_fits(placement: Placement, available: dict[str, float], placement_name: str) -> None:
+def check_fits(placement: "Placement | GpuLayout", available: dict[str, float], placement_name: str) -> None:
     short = {name: (need, available.get(name, 0.0)) for name, need in placement.needs().items()
              if available.get(name, 0.0) + 1e-9 < need}
     if short:
@@ -72,5 +78,99 @@ def check_cluster_fits(config: RunConfig) -> Placement:
     import ray
 
     placement = placement_of(config)
-    check_fits(placement, ray.cluster_resources(), config.cluster.placement)
+    needed = gpu_layout_of(config) if config.cluster.device == "gpu" else placement
+    check_fits(needed, ray.cluster_resources(), config.cluster.placement)
     return placement
+
+
+# ---- GPUs: placement-group bundles -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Seat:
+    """One actor's place: a bundle of a placement group, and what it asks for inside it."""
+
+    group: int
+    bundle: int
+    num_cpus: float
+    num_gpus: float
+
+
+@dataclass(frozen=True)
+class GroupSpec:
+    """One Ray placement group: its bundles ({"GPU": 1, "CPU": n} each) and strategy (PACK or STRICT_SPREAD)."""
+
+    bundles: tuple[dict[str, float], ...]
+    strategy: str
+
+
+@dataclass(frozen=True)
+class GpuLayout:
+    groups: tuple[GroupSpec, ...]
+    trainer: tuple[Seat, ...]
+    """Trainer rank r sits at trainer[r]."""
+    rollout: tuple[Seat, ...]
+    """Rollout worker w sits at rollout[w]."""
+
+    @property
+    def num_trainer(self) -> int:
+        return len(self.trainer)
+
+    @property
+    def num_rollout(self) -> int:
+        return len(self.rollout)
+
+    def needs(self) -> dict[str, float]:
+        """What the bundles reserve: whole GPUs, so a colocated bundle with one actor in it still takes one."""
+        return {name: sum(bundle.get(name, 0.0) for group in self.groups for bundle in group.bundles)
+                for name in ("CPU", "GPU")}
+
+
+def gpu_layout(placement: str, num_rollout: int, num_trainer: int, spread_trainer_ranks: bool = False) -> GpuLayout:
+    """The bundles and seats of a GPU run; one GPU per bundle, never two trainer ranks on one GPU."""
+    trainer_strategy = "STRICT_SPREAD" if spread_trainer_ranks else "PACK"
+    if placement == "colocated":
+        num_bundles = max(num_rollout, num_trainer)
+        bundles = tuple({"CPU": float((r < num_trainer) + (r < num_rollout)), "GPU": 1.0} for r in range(num_bundles))
+        return GpuLayout(groups=(GroupSpec(bundles, trainer_strategy),),
+                         trainer=tuple(Seat(0, r, 1, 0.5) for r in range(num_trainer)),
+                         rollout=tuple(Seat(0, w, 1, 0.5) for w in range(num_rollout)))
+    return GpuLayout(groups=(GroupSpec(({"CPU": 1.0, "GPU": 1.0},) * num_trainer, trainer_strategy),
+                             GroupSpec(({"CPU": 1.0, "GPU": 1.0},) * num_rollout, "PACK")),
+                     trainer=tuple(Seat(0, r, 1, 1) for r in range(num_trainer)),
+                     rollout=tuple(Seat(1, w, 1, 1) for w in range(num_rollout)))
+
+
+def gpu_layout_of(config: RunConfig) -> GpuLayout:
+    cluster = config.cluster
+    return gpu_layout(cluster.placement, config.rollout.num_workers, config.train.num_workers,
+                      cluster.spread_trainer_ranks)
+
+
+def reserve(layout: GpuLayout, timeout_s: float = 120.0) -> list:
+    """Create the layout's placement groups and wait until Ray has reserved them; refuse, with the numbers,
+    when it cannot in `timeout_s` (Ray would otherwise wait forever)."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    groups = [placement_group(list(spec.bundles), strategy=spec.strategy) for spec in layout.groups]
+    ready, _ = ray.wait([group.ready() for group in groups], num_returns=len(groups), timeout=timeout_s)
+    if len(ready) < len(groups):
+        for group in groups:
+            remove_placement_group(group)
+        specs = "; ".join(f"{len(spec.bundles)} bundles {spec.strategy}" for spec in layout.groups)
+        have = ray.cluster_resources()
+        needs = ", ".join(f"{amount:g} {name} (the cluster has {have.get(name, 0.0):g})"
+                          for name, amount in layout.needs().items())
+        nodes = "a node per trainer rank" if "STRICT_SPREAD" in specs else "any nodes"
+        raise ConfigError(f"cluster: Ray could not reserve the GPU placement ({specs}) in {timeout_s:g} s: it needs "
+                          f"{needs}, one GPU per bundle, on {nodes}")
+    return groups
+
+
+def actor_options(seat: Seat, groups: list) -> dict:
+    """`ActorClass.options(**...)` for an actor in its seat."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    strategy = PlacementGroupSchedulingStrategy(placement_group=groups[seat.group],
+                                                placement_group_bundle_index=seat.bundle)
+    return dict(num_cpus=seat.num_cpus, num_gpus=seat.num_gpus, scheduling_strategy=strategy)

@@ -39,14 +39,22 @@ def take_by_worker(request_ids: Sequence[str], worker_of: dict[str, int]) -> lis
 
 class RolloutGroup:
     def __init__(self, model_path: str, num_workers: int, num_slots: int, max_seq_len: int, seed: int, num_threads: int,
-                 num_cpus: float = 1, num_gpus: float = 0):
+                 num_cpus: float = 1, num_gpus: float = 0, engine: str = "native", device: str = "cpu",
+                 sleep_mode: bool = False, actor_options: Sequence[dict] | None = None):
+        """`actor_options[w]`, when given, places worker w (`placement.actor_options`: its placement-group bundle
+        and share of it) instead of `num_cpus` / `num_gpus`; `engine`, `device` and `sleep_mode` (vLLM's, for
+        colocated GPUs) reach each worker's `build_engine`."""
         import ray
 
         from tailflow.engines.rollout.worker import RolloutWorker
 
         actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(RolloutWorker)
+        options = list(actor_options) if actor_options is not None else [{}] * num_workers
+        if len(options) != num_workers:
+            raise ValueError(f"{len(options)} actor options for {num_workers} rollout workers")
         self.workers = [
-            actor_class.remote(model_path, num_slots, max_seq_len, seed + rank * 1_000_003, num_threads)
+            actor_class.options(**options[rank]).remote(model_path, num_slots, max_seq_len, seed + rank * 1_000_003,
+                                                        num_threads, device, engine, sleep_mode)
             for rank in range(num_workers)
         ]
         self.worker_of: dict[str, int] = {}
@@ -111,6 +119,14 @@ class RolloutGroup:
     def load_weights_ref(self, state_dict_ref, version: int) -> None:
         """The same from a state dict already in the object store (`weight_sync.py`: no copy via the driver)."""
         get_all([worker.load_weights.remote(state_dict_ref, version) for worker in self.workers])
+
+    def sleep(self) -> None:
+        """Every engine frees its GPU memory for the trainer (vLLM's sleep; the native engine keeps it)."""
+        get_all([worker.sleep.remote() for worker in self.workers])
+
+    def wake_up(self) -> None:
+        """Every engine takes its memory back (after weights were loaded); a no-op for awake engines."""
+        get_all([worker.wake_up.remote() for worker in self.workers])
 
     def stats(self) -> list[EngineStats]:
         return get_all([worker.stats.remote() for worker in self.workers])

@@ -44,8 +44,11 @@ class TrainerGroup:
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
         num_threads: int = 1,
+        actor_options: list[dict] | None = None,
     ) -> None:
-        """Start `world_size` actors and wait until their process group is up.
+        """Start `world_size` actors and wait until their process group is up. `actor_options[r]`, when given,
+        places rank r (`placement.actor_options`: its own placement-group bundle, one GPU) instead of the
+        per-worker CPU/GPU asks.
 
         The rendezvous port is picked free here, then bound by rank 0 a moment later: another process can take
         it in between (seen in CI: EADDRINUSE, and the other ranks waited forever for rank 0). So a failed
@@ -55,11 +58,14 @@ class TrainerGroup:
         actor_class = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, max_restarts=0)(
             TrainerWorker
         )
+        options = actor_options if actor_options is not None else [{}] * world_size
+        if len(options) != world_size:
+            raise ValueError(f"{len(options)} actor options for {world_size} trainer ranks")
         for attempt in range(START_ATTEMPTS):
             master_port = find_free_port()
             self.workers = [
-                actor_class.remote(model_path, rank, world_size, MASTER_ADDR, master_port, num_threads,
-                                   dict(trainer_kwargs or {}))
+                actor_class.options(**options[rank]).remote(model_path, rank, world_size, MASTER_ADDR, master_port,
+                                                            num_threads, dict(trainer_kwargs or {}))
                 for rank in range(world_size)
             ]
             try:

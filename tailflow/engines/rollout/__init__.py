@@ -8,6 +8,7 @@ from tailflow.engines.rollout.protocol import (
     RolloutEngine,
     SamplingParams,
 )
+from tailflow.engines.rollout.vllm_engine import VllmEngine  # imports vLLM only when one is built
 from tailflow.engines.rollout.worker import RolloutWorker
 
 __all__ = [
@@ -19,4 +20,5 @@ __all__ = [
     "RolloutEngine",
     "RolloutWorker",
     "SamplingParams",
+    "VllmEngine",
 ]

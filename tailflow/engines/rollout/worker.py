@@ -1,8 +1,13 @@
-"""A rollout worker: one `NativeEngine` behind plain methods, for `ray.remote`.
+"""A rollout worker: one engine (`rollout.engine`: native or vllm) behind plain methods, for `ray.remote`.
 
 The cluster layer wraps this class (`ray.remote(num_cpus=...)(RolloutWorker)`);
 nothing here imports Ray, so the same class runs in-process in tests. Requests
 and completions are frozen dataclasses, which Ray pickles as they are.
+
+Colocated on a GPU, `sleep` frees the engine's GPU memory while the trainer
+runs and `wake_up` takes it back after weight sync. Only the vLLM engine can
+(vLLM's sleep mode); the native engine has no offload, so for it both are
+no-ops and it keeps its weights and KV cache on the device throughout.
 """
 from __future__ import annotations
 
@@ -15,14 +20,37 @@ from tailflow.engines.rollout.native import NativeEngine
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishedAt, Request
 
 
+COLOCATED_VLLM_MEMORY = 0.45
+"""Share of the GPU a vLLM engine takes when it shares it with a trainer rank (sleep_mode): a guess, never
+measured; the trainer keeps its state on the GPU during rollout (no trainer offload yet)."""
+
+
+def build_engine(engine: str, model_path: str, num_slots: int, max_seq_len: int, seed: int, device: str,
+                 sleep_mode: bool = False):
+    """The engine `rollout.engine` names. vllm runs only on a GPU (config validation requires cluster.device
+    gpu) and imports vLLM only here, so a native run never needs it installed. `sleep_mode`: the engine shares
+    its GPU with a trainer rank (colocated), so vLLM gets sleep mode and COLOCATED_VLLM_MEMORY of the GPU."""
+    if engine == "native":
+        return NativeEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, device=device)
+    if engine == "vllm":
+        if device != "cuda":
+            raise ValueError(f"the vllm engine runs on a GPU only, got device {device!r}")
+        from tailflow.engines.rollout.vllm_engine import VllmEngine
+
+        memory = {"gpu_memory_utilization": COLOCATED_VLLM_MEMORY} if sleep_mode else {}
+        return VllmEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, enable_sleep_mode=sleep_mode,
+                                          **memory)
+    raise ValueError(f"unknown rollout engine {engine!r}: native or vllm")
+
+
 class RolloutWorker:
     def __init__(self, model_path: str, num_slots: int, max_seq_len: int, seed: int = 0,
-                 num_threads: int = 1, device: str = "cpu") -> None:
+                 num_threads: int = 1, device: str = "cpu", engine: str = "native", sleep_mode: bool = False) -> None:
         # An actor gets num_cpus cores; more torch threads than that only contend.
         torch.set_num_threads(num_threads)
-        self._attach(NativeEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, device=device))
+        self._attach(build_engine(engine, model_path, num_slots, max_seq_len, seed, device, sleep_mode))
 
-    def _attach(self, engine: NativeEngine) -> None:
+    def _attach(self, engine) -> None:
         """Everything but building the engine (a subclass may bring an engine built elsewhere)."""
         self.engine = engine
         self.finish_steps: dict[str, tuple[int, int]] = {}
@@ -84,6 +112,16 @@ class RolloutWorker:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory between phases (vLLM); the native engine keeps it (no offload)."""
+        if hasattr(self.engine, "sleep"):
+            self.engine.sleep()
+
+    def wake_up(self) -> None:
+        """Take the memory back after `sleep` (and after `load_weights`); a no-op for the native engine."""
+        if hasattr(self.engine, "wake_up"):
+            self.engine.wake_up()
 
     def pid(self) -> int:
         return os.getpid()
