@@ -4,7 +4,7 @@ The native engine on CPU always runs, eagerly and with its decode padded to
 the CUDA-graph buckets (fp32, exact). The native engine on CUDA skips, saying
 why, where torch sees no GPU; `scripts/gpu_evidence.sh` runs this file on a
 lent GPU. Another engine joins by adding a class with its own `engine_case`
-(no vLLM engine exists yet: docs/gpu.md).
+(`tests/test_vllm_engine.py` does so for the vLLM engine, skipping without vLLM and CUDA: docs/gpu.md).
 """
 from __future__ import annotations
 
