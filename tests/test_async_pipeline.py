@@ -167,6 +167,8 @@ def test_a_pipeline_restored_from_its_snapshot_continues_exactly(partial):
         assert [c.token_ids for c in got.rollout.completions] == [c.token_ids for c in expected.rollout.completions]
         assert [c.logprobs for c in got.rollout.completions] == [c.logprobs for c in expected.rollout.completions]
         assert got.staleness == expected.staleness
+        assert got.rollout.stats.tokens_generated == expected.rollout.stats.tokens_generated
+        assert got.rollout.stats.bubble_ratio == expected.rollout.stats.bubble_ratio
         assert got.rollout.result.deferred_problem_ids == expected.rollout.result.deferred_problem_ids
     assert second.tail == uninterrupted.tail
     assert second.snapshot() == uninterrupted.snapshot()

@@ -90,6 +90,8 @@ class OverlapStats:
     """Engine steps asked for (per worker) meanwhile."""
     finished: int
     """Responses finished meanwhile."""
+    tokens: int
+    """Tokens generated meanwhile (not in the next round's `rollout/tokens`, which counts from the sync)."""
 
 
 class RolloutPipeline:
@@ -163,7 +165,6 @@ class RolloutPipeline:
         partials = [c.completion(self._request(c.request_id).prompt_token_ids) for c in saved.in_flight]
         self.paused = partials
         self.resume(version)
-        self.stats_mark = self.rollout.stats()
 
     def _replay(self, saved: SavedRound) -> None:
         plan = saved.plan()
@@ -204,7 +205,7 @@ class RolloutPipeline:
             raise RuntimeError(f"the pipeline is at round {self.position} (paused: {self.paused is not None}), "
                                f"not {iteration}: restore it from the last commit first")
         started = time.perf_counter()
-        before = self.stats_mark or self.rollout.stats()
+        before = self.stats_mark
         self._launch()
         live = self.rounds[iteration]
         while not live.rule.is_done:
@@ -213,8 +214,7 @@ class RolloutPipeline:
         self.position = iteration + 1
         result = live.rule.result(live.aborted)
         problems, completions = result.trained_in_launch_order(live.planned.problems)
-        self.stats_mark = self.rollout.stats()
-        stats = summarize_rollout(completions, before, self.stats_mark, time.perf_counter() - started)
+        stats = summarize_rollout(completions, before, self.rollout.stats(), time.perf_counter() - started)
         rollout = RoundRollout(iteration, list(live.requests.values()), result, stats, problems, completions)
         staleness: dict[int, int] = {}
         for completion in completions:
@@ -228,7 +228,7 @@ class RolloutPipeline:
     def roll_while(self, busy: Callable[[], bool], fixed_steps: int = 0) -> OverlapStats:
         """Drive the rollout while the trainer works: until `busy()` is false, or exactly `fixed_steps` engine
         steps (the deterministic mode; `busy` is then not asked). Stops early only if nothing is left to run."""
-        started, steps, finished = time.perf_counter(), 0, 0
+        started, steps, finished, before = time.perf_counter(), 0, 0, self.rollout.stats()
         per_poll = self.settings.steps_per_poll
         while (steps < fixed_steps) if fixed_steps else busy():
             if not self.round_of:
@@ -236,7 +236,8 @@ class RolloutPipeline:
             n = min(per_poll, fixed_steps - steps) if fixed_steps else per_poll
             finished += self.poll(n)
             steps += n
-        return OverlapStats(time.perf_counter() - started, steps, finished)
+        tokens = sum(a.tokens_generated - b.tokens_generated for a, b in zip(self.rollout.stats(), before))
+        return OverlapStats(time.perf_counter() - started, steps, finished, tokens)
 
     def poll(self, max_steps: int) -> int:
         """Step the engines, give each finished request to its round's rule, abort what the rules say; settle
@@ -315,6 +316,7 @@ class RolloutPipeline:
         if requests:
             self.rollout.submit(requests)
         self.resubmitted, self.paused = self.paused, None
+        self.stats_mark = self.rollout.stats()  # the next take counts the engines' work from here
 
     def _continued(self, partial: Completion) -> Request:
         request = self._request(partial.request_id)

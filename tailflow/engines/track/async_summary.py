@@ -19,6 +19,7 @@ def async_metrics(taken: TakenRound, overlap: OverlapStats, stopped_at_sync: int
         "async/requests_stopped_at_sync": stopped_at_sync,
         "async/engine_steps_during_train": overlap.engine_steps,
         "async/finished_during_train": overlap.finished,
+        "async/tokens_during_train": overlap.tokens,
         "time/rollout_during_train": overlap.seconds,
     }
     row.update({f"async/staleness/{lag}": n for lag, n in taken.staleness.items()})
