@@ -53,6 +53,11 @@ def test_a_sigkilled_async_run_resumes_to_exactly_the_uninterrupted_result(tmp_p
         state = read_committed_state(store, "crashy")
         assert state.iteration == committed, fault
         assert state.pipeline.rounds, "the commit holds the rounds running ahead"
+    # going synchronous would drop the rounds running ahead: refused, and the commit is untouched
+    refused = run_cli([*train, "--set", "rollout.async_ratio=0", "--allow-change", "rollout.async_ratio"], cli_env)
+    assert refused.returncode != 0 and "resume with rollout.async_ratio >= 1" in refused.stdout
+    assert read_committed_state(store, "crashy") == state
+
     result = run_cli(train, cli_env)
     assert result.returncode == 0, result.stdout[-4000:]
 

@@ -83,3 +83,12 @@ def test_the_rollout_engine_is_native_unless_vllm_is_asked_for_on_gpus():
         load_config(None, ["rollout.engine=sglang"])
     with pytest.raises(ConfigError, match=r"cluster\.device: .*gpu is not supported yet"):  # what is missing: test_placement
         load_config(None, ["rollout.engine=vllm", "cluster.device=gpu"])
+
+
+def test_async_training_needs_an_importance_corrected_loss_and_a_ratio_of_at_least_one():
+    with pytest.raises(ConfigError, match="rollout.async_ratio 1.0 trains on responses sampled by older weights"):
+        load_config(None, ["rollout.async_ratio=1"])
+    with pytest.raises(ConfigError, match="rollout.async_ratio 0.5: use 0 .synchronous. or >= 1"):
+        load_config(None, ["rollout.async_ratio=0.5", "train.loss=tis"])
+    config = load_config(None, ["rollout.async_ratio=2", "train.loss=decoupled_ppo"])
+    assert config.rollout.async_ratio == 2 and config.rollout.partial and config.rollout.async_steps_per_train == 0

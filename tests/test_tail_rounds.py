@@ -100,8 +100,8 @@ def test_the_epoch_wraps_mid_round_without_launching_a_problem_twice():
 
 
 def test_a_dataset_smaller_than_a_round_is_an_error_naming_the_setting():
-    with pytest.raises(ValueError, match="launches 5 fresh prompts but the dataset has only 4 .0 of them queued.: "
-                                         "lower data.prompts_per_step"):
+    with pytest.raises(ValueError, match="launches 5 fresh prompts but the dataset has only 4 .0 of them queued, 0 "
+                                         "in flight in earlier rounds.: lower data.prompts_per_step"):
         prepare(0, TailState(), PROBLEMS[:4], prompts_per_step=4, prompt_ratio=1.25)
 
 
