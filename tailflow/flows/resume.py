@@ -44,8 +44,15 @@ def saved_config(store: Any, run_id: str) -> RunConfig:
         raise ConfigError(f"run {run_id} has a commit but no {store.uri(key)}") from None
 
 
-def check_config_for_resume(store: Any, run_id: str, requested: RunConfig, allow_change: list[str]) -> None:
-    """Refuse a resume whose config differs from the run's, except in the keys the user named."""
+def check_config_for_resume(store: Any, run_id: str, requested: RunConfig, allow_change: list[str],
+                            committed: RunState | None = None) -> None:
+    """Refuse a resume whose config differs from the run's, except in the keys the user named, or that cannot
+    continue `committed` (checked before the changed config is saved)."""
+    if committed is not None and committed.pipeline is not None and committed.pipeline.rounds \
+            and requested.rollout.async_ratio == 0:
+        raise ConfigError(f"run {run_id} was committed with {len(committed.pipeline.rounds)} rounds running ahead of "
+                          f"training (asynchronous, rollout.async_ratio > 0); resuming it with rollout.async_ratio 0 "
+                          f"would lose their prompts and responses: resume with rollout.async_ratio >= 1")
     changed = changed_keys(saved_config(store, run_id), requested)
     unexpected = [key for key in changed if key not in allow_change]
     if unexpected:
@@ -74,10 +81,6 @@ def restore_weights(ctx: RunContext, state: RunState) -> None:
 def restore_commit(ctx: RunContext, state: RunState) -> None:
     """Resume: the committed weights and optimizer, no metrics rows past the commit, the driver's RNG. (An
     asynchronous run's rounds in flight are restored by its next iteration, `tasks/async_rollout.take_round`.)"""
-    if state.pipeline is not None and state.pipeline.rounds and ctx.pipeline is None:
-        raise ConfigError(f"run {ctx.run_id} was committed with {len(state.pipeline.rounds)} rounds running ahead "
-                          f"of training (asynchronous, rollout.async_ratio > 0); resuming it with rollout.async_ratio "
-                          f"0 would lose their prompts and responses: resume with rollout.async_ratio >= 1")
     restore_weights(ctx, state)
     if state.rng is not None:
         state.rng.restore()

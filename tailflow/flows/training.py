@@ -84,7 +84,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
     store = open_store(run_config.storage.uri)
     committed = read_committed_state(store, run_id)
     if committed is not None:
-        check_config_for_resume(store, run_id, run_config, allow_change)
+        check_config_for_resume(store, run_id, run_config, allow_change, committed)
     else:
         prepare_run_dir(store, run_config, run_id)
     ctx = build_context(run_config, run_id, store)
