@@ -2,7 +2,11 @@
 
 The driver shards a step's samples by tokens, counts the global response
 tokens and samples once (the loss denominators every rank divides by), and runs all ranks
-at once: each call is a collective, so no rank may be skipped. For weight
+at once: each call is a collective, so no rank may be skipped. A step can be
+started without waiting (`start_train_step` -> `PendingTrainStep`, for
+asynchronous training) or streamed (`accumulate` pieces while the round rolls
+out, then `finish_step`; Ray runs an actor's calls in order, so every rank
+sees the same sequence of collectives). For weight
 sync, rank 0's full state dict stays in the object store (`state_dict_ref`,
 used by `weight_sync.py`), so rollout workers read it without a copy through
 the driver; everything else this group returns is plain data.
@@ -22,6 +26,7 @@ import torch
 from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
 from tailflow.engines.train.trainer import TrainStepStats
+from tailflow.engines.train.updates import plan_updates
 from tailflow.engines.train.worker import TrainerWorker
 
 START_ATTEMPTS = 3
@@ -33,6 +38,29 @@ def find_free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((MASTER_ADDR, 0))
         return sock.getsockname()[1]
+
+
+class PendingTrainStep:
+    """A train step whose calls are issued on every rank; `result` waits for them."""
+
+    def __init__(self, refs: list[ray.ObjectRef], num_samples: int, num_skipped: int, started: float) -> None:
+        self.refs = refs
+        self.num_samples, self.num_skipped, self.started = num_samples, num_skipped, started
+        self._stats: TrainStepStats | None = None
+
+    def ready(self) -> bool:
+        """Every rank has finished (or failed: `result` then raises); never waits."""
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+        return len(done) == len(self.refs)
+
+    def result(self) -> TrainStepStats:
+        """Wait for every rank (the first failure raises at once); rank 0's stats, with the step's wall time
+        from its start."""
+        if self._stats is None:
+            stats = get_all(self.refs)[0]
+            self._stats = replace(stats, num_samples=self.num_samples, skipped_samples=self.num_skipped,
+                                  seconds=time.perf_counter() - self.started)
+        return self._stats
 
 
 class TrainerGroup:
@@ -62,6 +90,7 @@ class TrainerGroup:
                                    dict(trainer_kwargs or {}))
                 for rank in range(world_size)
             ]
+            self._accumulating: list[ray.ObjectRef] = []
             try:
                 get_all([worker.is_ready.remote() for worker in self.workers])
                 return
@@ -70,14 +99,23 @@ class TrainerGroup:
                 if attempt == START_ATTEMPTS - 1:
                     raise
 
-    def train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False) -> TrainStepStats:
-        """One optimizer step on all ranks; every rank returns the same stats, rank 0's are returned with the
-        step's wall time.
+    def train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False, ppo_epochs: int = 1,
+                   mini_batches: int = 1, seed: int = 0) -> TrainStepStats:
+        """`start_train_step(...).result()`: one step on all ranks, waited for."""
+        return self.start_train_step(samples, skip_zero_advantage, ppo_epochs, mini_batches, seed).result()
+
+    def start_train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False, ppo_epochs: int = 1,
+                         mini_batches: int = 1, seed: int = 0) -> PendingTrainStep:
+        """Issue one step's calls on all ranks and return at once (nothing is waited on); every rank returns the
+        same stats, rank 0's are the result, with the step's wall time from here.
 
         `skip_zero_advantage`: samples whose advantage is 0 have no policy gradient (without a KL term), so
         they are left out of the forward and backward while the loss still divides by the whole batch's
         counts: the same gradient for less work. At least one sample is always trained, so a batch with no
         signal still takes a real (zero-gradient) optimizer step, as it would unskipped.
+
+        `ppo_epochs` x `mini_batches` > 1: that many optimizer updates (`train/updates.py` plans them, seeded by
+        `seed`); the weight version still counts one per step.
         """
         started = time.perf_counter()
         num_tokens_total = count_response_tokens(samples)
@@ -86,11 +124,34 @@ class TrainerGroup:
         trained = [sample for sample in samples if sample.advantage != 0.0] if skip_zero_advantage else samples
         trained = trained or samples[:1]
         shards = shard_across_ranks(trained, self.world_size)
-        calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))
-                 for worker, shard in zip(self.workers, shards)]
-        stats = get_all(calls)[0]
-        return replace(stats, num_samples=len(samples), skipped_samples=len(samples) - len(trained),
-                       seconds=time.perf_counter() - started)
+        if ppo_epochs * mini_batches == 1:
+            calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))
+                     for worker, shard in zip(self.workers, shards)]
+        else:
+            trained_ids = {id(sample) for sample in trained}
+            skipped = [sample for sample in samples if id(sample) not in trained_ids]
+            plans = plan_updates(shards, skipped, ppo_epochs, mini_batches, seed)
+            calls = [worker.train_updates.remote(shard, plan, num_tokens_total)
+                     for worker, shard, plan in zip(self.workers, shards, plans)]
+        return PendingTrainStep(calls, len(samples), len(samples) - len(trained), started)
+
+    # ---- a streamed step: pieces while the round rolls out, then one optimizer step ------------------
+
+    def accumulate(self, samples: list[TrainSample]) -> None:
+        """Send a piece of a streamed step (`PolicyTrainer.accumulate`) to every rank, sharded by tokens, and
+        return at once; each call is a collective, so every rank gets one (an empty shard runs a filler)."""
+        if not samples:
+            return
+        shards = shard_across_ranks(samples, self.world_size)
+        self._accumulating += [worker.accumulate.remote(shard) for worker, shard in zip(self.workers, shards)]
+
+    def finish_step(self, num_tokens_total: int, num_sequences_total: int, num_metric_tokens: int) -> TrainStepStats:
+        """Close the streamed step on every rank (after the pieces already queued on it) and wait: the gradients
+        are divided by the whole batch's loss denominator, then one optimizer step. Rank 0's stats."""
+        calls = [worker.finish_step.remote(num_tokens_total, num_sequences_total, num_metric_tokens)
+                 for worker in self.workers]
+        pieces, self._accumulating = self._accumulating, []
+        return get_all(pieces + calls)[-len(calls)]
 
     def state_dict_ref(self) -> ray.ObjectRef:
         """All ranks gather; the ref to rank 0's full CPU state dict (HF names), left in the object store for
