@@ -152,7 +152,7 @@ OFF_POLICY_LOSSES = ("ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr")
 
 class TrainConfig(Section):
     iterations: int = Field(50, ge=1)
-    """Number of RL iterations (optimizer steps)."""
+    """Number of RL iterations: one rollout, one weight sync and ppo_epochs x mini_batches optimizer steps each."""
     eval_every: int = Field(10, ge=1)
     """Greedy eval before the first iteration, every eval_every iterations and after the last."""
     lr: float = Field(2e-4, gt=0.0)

@@ -13,6 +13,10 @@ summation order.
 `train.skip_zero_advantage` holds here too: samples with advantage 0 are
 never sent (a group whose rewards are all equal sends nothing), and a round
 with no signal at all trains its first sample, as the non-streamed step does.
+
+An iteration tried again after an actor died runs on fresh trainer ranks
+(`flows/training.py` replaces every actor), so the gradients of a half-streamed
+step never reach the next try.
 """
 from __future__ import annotations
 
