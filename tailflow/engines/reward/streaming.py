@@ -94,10 +94,8 @@ class StreamingScorer:
         self._collect(self.pool.ready())
 
     def scored_group(self, problem_id: str, kept: Sequence[Completion]) -> ScoredGroup | None:
-        """A completed prompt's group if every kept response has been scored by now (outcomes that arrived are
-        collected first, never waited for), else None: what the stream trainer may train during rollout."""
-        if self.streaming:
-            self._collect(self.pool.ready())
+        """A completed prompt's group if every kept response has been scored by the last `on_finished` (which
+        collects what arrived, never waiting), else None: what the stream trainer may train during rollout."""
         if any(completion.request_id not in self._outcomes for completion in kept):
             return None
         problem = self.problems_by_id[problem_id]
