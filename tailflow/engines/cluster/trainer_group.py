@@ -54,8 +54,8 @@ class PendingTrainStep:
         return len(done) == len(self.refs)
 
     def result(self) -> TrainStepStats:
-        """Wait for every rank (the first failure raises at once); rank 0's stats, with the step's wall time
-        from its start."""
+        """Wait for every rank (the first failure raises at once); rank 0's stats. `seconds` runs from the start
+        to the first `result()`: call it once `ready()` to time the step itself."""
         if self._stats is None:
             stats = get_all(self.refs)[0]
             self._stats = replace(stats, num_samples=self.num_samples, skipped_samples=self.num_skipped,
