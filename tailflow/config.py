@@ -170,7 +170,7 @@ OFF_POLICY_LOSSES = ("ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr")
 
 class TrainConfig(Section):
     iterations: int = Field(50, ge=1)
-    """Number of RL iterations (optimizer steps)."""
+    """Number of RL iterations: one rollout, one weight sync and ppo_epochs x mini_batches optimizer steps each."""
     eval_every: int = Field(10, ge=1)
     """Greedy eval before the first iteration, every eval_every iterations and after the last."""
     lr: float = Field(2e-4, gt=0.0)
@@ -188,7 +188,7 @@ class TrainConfig(Section):
     loss: Literal["ppo_clip", "ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr"] = "ppo_clip"
     """Policy loss (engines/train/losses.py gives each formula and its paper): `ppo_clip`, PPO's clip against the
     trainer's own log-probs at the start of the step (with one optimizer step per iteration its ratio is 1: the
-    on-policy policy gradient); the off-policy corrections, which use the rollout engine's log-probs of the
+    on-policy policy gradient; ppo_epochs / mini_batches give the clip something to do); the off-policy corrections, which use the rollout engine's log-probs of the
     sampled tokens: `ppo_behaviour` (PPO's clip against them), `decoupled_ppo` (clip against the proximal
     policy, importance weight to the behaviour policy capped at is_cap), `tis` (truncated importance sampling),
     `cispo` (clipped importance weight, clip_low / clip_high as its epsilons), `topr` (plain policy gradient for
@@ -204,6 +204,24 @@ class TrainConfig(Section):
     `actor/skipped_samples` counts the others."""
     clip_low: float = Field(0.2, ge=0.0)
     clip_high: float = Field(0.2, ge=0.0)
+    ppo_epochs: int = Field(1, ge=1)
+    """Passes over each iteration's batch (PPO's epochs). With ppo_epochs x mini_batches > 1 the trainer computes
+    the log-probs of the weights at the start of the step once (no grad; ppo_clip and decoupled_ppo clip against
+    them), then takes one optimizer step per mini-batch per epoch, the mini-batches reshuffled each epoch (seeded
+    by train.seed). The weight version still counts one per iteration (one weight sync); `actor/optimizer_steps`
+    counts the steps. 1 and 1: one optimizer step, no extra pass."""
+    mini_batches: int = Field(1, ge=1)
+    """Equal parts (by samples) each epoch's batch is cut into, one optimizer step each; gradients accumulate
+    over micro-batches within one. Each mini-batch's loss divides by that mini-batch's own counts over all ranks
+    (loss_agg applied to it, zero-advantage samples included), as if it were the whole batch."""
+    stream: bool = False
+    """Stream trainer (RollPacker, sec. 5): the trainer ranks compute gradients of each group as soon as its prompt
+    completed and its responses were scored, while the round's tail still generates, and take the one optimizer
+    step after the round. The same gradient as unstreamed up to float summation order (the loss divisors are
+    counts over the whole batch, so the pieces backpropagate unnormalised sums and the gradients are divided once
+    the batch is known). Needs reward.streaming; refused with ppo_epochs or mini_batches > 1, whose mini-batches
+    and proximal log-probs need the whole batch before the first update. Not bit-for-bit reproducible: which
+    groups are ready during rollout depends on timing, and with it the micro-batches' float summation order."""
     kl_coef: float = Field(0.0, ge=0.0)
     """Weight of the k3 KL to the frozen initial policy; 0 loads no reference model."""
     max_tokens_per_micro_batch: int = Field(8192, ge=1)
@@ -215,6 +233,14 @@ class TrainConfig(Section):
     actor dies in it, before the run fails."""
     seed: int = 0
     """Seeds rollout sampling and the trainer."""
+
+    @model_validator(mode="after")
+    def _check_stream(self) -> "TrainConfig":
+        if self.stream and (self.ppo_epochs > 1 or self.mini_batches > 1):
+            raise ValueError(f"train.stream cannot be exact with train.ppo_epochs ({self.ppo_epochs}) or "
+                             f"train.mini_batches ({self.mini_batches}) > 1: their mini-batches and proximal "
+                             "log-probs need the whole batch before the first update; set both to 1 or stream false")
+        return self
 
     def evaluates_after(self, iteration: int) -> bool:
         """Whether the weights at the end of `iteration` are evaluated (every eval_every-th, and the last)."""
@@ -361,6 +387,21 @@ class RunConfig(Section):
             raise ValueError(f"train.loss {loss!r} needs the behaviour log-probs of the sampling distribution, but the "
                              f"rollout engine reports them at temperature 1 (rollout.temperature is "
                              f"{rollout.temperature}): use rollout.temperature 1 or train.loss ppo_clip")
+        return self
+
+    @model_validator(mode="after")
+    def _check_train_batches(self) -> "RunConfig":
+        batch = self.data.prompts_per_step * self.rollout.n
+        if self.train.mini_batches > batch:
+            raise ValueError(f"train.mini_batches ({self.train.mini_batches}) must be <= the samples of a step, "
+                             f"data.prompts_per_step x rollout.n = {batch}")
+        if self.train.stream and not self.reward.streaming:
+            raise ValueError("train.stream needs reward.streaming: a group is trained during rollout only once its "
+                             "responses are scored, and without streamed scoring nothing is scored until it ends")
+        if self.train.stream and self.rollout.async_ratio > 0:
+            raise ValueError("train.stream streams a synchronous round's groups into its step; with rollout.async_ratio "
+                             f"{self.rollout.async_ratio} the round is finished before its step (the next rounds roll "
+                             "out during it): use one or the other")
         return self
 
     @property

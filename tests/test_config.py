@@ -92,3 +92,5 @@ def test_async_training_needs_an_importance_corrected_loss_and_a_ratio_of_at_lea
         load_config(None, ["rollout.async_ratio=0.5", "train.loss=tis"])
     config = load_config(None, ["rollout.async_ratio=2", "train.loss=decoupled_ppo"])
     assert config.rollout.async_ratio == 2 and config.rollout.partial and config.rollout.async_steps_per_train == 0
+    with pytest.raises(ConfigError, match="train.stream streams a synchronous round"):
+        load_config(None, ["rollout.async_ratio=1", "train.loss=tis", "train.stream=true"])

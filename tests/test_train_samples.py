@@ -40,9 +40,10 @@ def test_completions_of_other_weights_are_refused_naming_requests_and_versions()
 
 def test_the_train_task_refuses_before_the_trainer_is_called():
     calls = []
-    ctx = SimpleNamespace(config=SimpleNamespace(train=SimpleNamespace(advantage="grpo", skip_zero_advantage=True,
-                                                                       kl_coef=0.0)),
-                          trainer=SimpleNamespace(train_step=lambda samples, **options: calls.append(samples)),
+    train = SimpleNamespace(advantage="grpo", skip_zero_advantage=True, kl_coef=0.0, ppo_epochs=1, mini_batches=1,
+                            seed=0)
+    ctx = SimpleNamespace(config=SimpleNamespace(train=train),
+                          trainer=SimpleNamespace(train_step=lambda samples, **options: calls.append((samples, options))),
                           fault_point=lambda phase, iteration: None)
 
     def scored(versions):
@@ -52,4 +53,25 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
         train_policy.fn(ctx, scored([5, 4]), iteration=5, weight_version=5)
     assert calls == []
     train_policy.fn(ctx, scored([5, 5]), iteration=5, weight_version=5)
-    assert len(calls) == 1 and len(calls[0]) == 2
+    assert len(calls) == 1 and len(calls[0][0]) == 2
+    assert calls[0][1] == dict(skip_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0)
+
+
+def spanning(request_id: str, versions: tuple[int, ...], reward: float) -> ScoredResponse:
+    """A response continued across weight updates: each token names the version that sampled it."""
+    completion = Completion(request_id, (1, 2), (3, 4, 5), (-0.5,) * 3, FinishReason.EOS, max(versions), versions)
+    return ScoredResponse(completion, text="#### 1", reward=reward, correct=reward > 0)
+
+
+def test_max_staleness_admits_responses_up_to_k_versions_old_and_none_from_the_future():
+    fresh = group("a", [1.0, 0.0], [5, 5])
+    old = ScoredGroup(Problem("b", "1+0", "1"), (spanning("b#0", (3, 4, 5), 1.0), spanning("b#1", (4, 4, 4), 0.0)))
+    assert len(samples_from_groups([fresh, old], "grpo", weight_version=5, max_staleness=2)) == 4
+    with pytest.raises(ValueError) as error:  # b#0's first token is 3 versions old
+        samples_from_groups([fresh, old], "grpo", weight_version=6, max_staleness=2)
+    assert "b#0 (versions 3..5)" in str(error.value) and "versions 4..6" in str(error.value)
+    assert "a#" not in str(error.value) and "b#1" not in str(error.value)
+    with pytest.raises(ValueError, match="a#0 \\(version 5\\), a#1 \\(version 5\\)"):  # newer than trained
+        samples_from_groups([fresh], "grpo", weight_version=4, max_staleness=3)
+    with pytest.raises(ValueError, match="b#0 \\(versions 3..5\\)"):  # staleness 0: one version only
+        samples_from_groups([old], "grpo", weight_version=5)

@@ -1,5 +1,9 @@
 """One training iteration: plan -> rollout -> score -> train -> sync weights -> (evaluate) -> commit.
 
+With train.stream the train step starts during rollout (each group once it is scored); `train_policy` then
+sends the rest and takes the step. One weight sync per iteration: the version counts iterations, whatever
+number of optimizer steps train.ppo_epochs x train.mini_batches takes.
+
 Each line is a step (a Prefect task, or an engine function between two) and
 passes that step's typed result on; the metrics row and the next state are
 built from those results by `track.summary.metrics_row` and `RunState.advance`.
@@ -20,7 +24,7 @@ from tailflow.tasks.plan import plan_round
 from tailflow.tasks.rollout import run_rollout
 from tailflow.tasks.score import collect_scores, start_scoring
 from tailflow.tasks.sync import sync_weights
-from tailflow.tasks.train import train_policy
+from tailflow.tasks.train import start_training, train_policy
 
 
 @flow(flow_run_name="iter-{iteration:04d}")
@@ -28,9 +32,10 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
     """`state` is the last commit; `attempt` > 0 when an actor died in an earlier try of this iteration."""
     planned = plan_round(ctx, state.tail, iteration)
     scorer = start_scoring(ctx, planned.problems, state.reward_anchors)
-    rollout = run_rollout(ctx, planned, scorer)
+    stream = start_training(ctx, scorer, state.weight_version)  # None unless train.stream
+    rollout = run_rollout(ctx, planned, scorer, stream)
     scored = collect_scores(ctx, scorer, rollout)
-    trained = train_policy(ctx, scored, iteration, state.weight_version)
+    trained = train_policy(ctx, scored, iteration, state.weight_version, stream)
     synced = sync_weights(ctx, state.weight_version + 1, iteration)
     evaluated = evaluate_policy(ctx) if ctx.config.train.evaluates_after(iteration) else None
     outcome = IterationOutcome(

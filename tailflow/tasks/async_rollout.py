@@ -42,7 +42,9 @@ def train_while_rolling(ctx: RunContext, scored: ScoredRound, iteration: int, we
     train = ctx.config.train
     samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version,
                                   max_staleness=ctx.pipeline.max_staleness)
-    pending = ctx.trainer.start_train_step(samples, skip_zero_advantage=train.skip_zero_advantage and train.kl_coef == 0)
+    pending = ctx.trainer.start_train_step(samples, skip_zero_advantage=train.skip_zero_advantage and train.kl_coef == 0,
+                                           ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches,
+                                           seed=train.seed)
     overlap = ctx.pipeline.roll_while(pending.ready, ctx.config.rollout.async_steps_per_train)
     return OverlappedTrainStep(pending.result(), overlap)
 

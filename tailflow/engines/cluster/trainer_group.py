@@ -2,7 +2,11 @@
 
 The driver shards a step's samples by tokens, counts the global response
 tokens and samples once (the loss denominators every rank divides by), and runs all ranks
-at once: each call is a collective, so no rank may be skipped. For weight
+at once: each call is a collective, so no rank may be skipped. A step can be
+started without waiting (`start_train_step` -> `PendingTrainStep`, for
+asynchronous training) or streamed (`accumulate` pieces while the round rolls
+out, then `finish_step`; Ray runs an actor's calls in order, so every rank
+sees the same sequence of collectives). For weight
 sync, rank 0's full state dict stays in the object store (`state_dict_ref`,
 used by `weight_sync.py`), so rollout workers read it without a copy through
 the driver; everything else this group returns is plain data.
@@ -22,6 +26,7 @@ import torch
 from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
 from tailflow.engines.train.trainer import TrainStepStats
+from tailflow.engines.train.updates import plan_updates
 from tailflow.engines.train.worker import TrainerWorker
 
 START_ATTEMPTS = 3
@@ -35,6 +40,29 @@ def find_free_port() -> int:
         return sock.getsockname()[1]
 
 
+class PendingTrainStep:
+    """A train step whose calls are issued on every rank; `result` waits for them."""
+
+    def __init__(self, refs: list[ray.ObjectRef], num_samples: int, num_skipped: int, started: float) -> None:
+        self.refs = refs
+        self.num_samples, self.num_skipped, self.started = num_samples, num_skipped, started
+        self._stats: TrainStepStats | None = None
+
+    def ready(self) -> bool:
+        """Every rank has finished (or failed: `result` then raises); never waits."""
+        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
+        return len(done) == len(self.refs)
+
+    def result(self) -> TrainStepStats:
+        """Wait for every rank (the first failure raises at once); rank 0's stats. `seconds` runs from the start
+        to the first `result()`: call it once `ready()` to time the step itself."""
+        if self._stats is None:
+            stats = get_all(self.refs)[0]
+            self._stats = replace(stats, num_samples=self.num_samples, skipped_samples=self.num_skipped,
+                                  seconds=time.perf_counter() - self.started)
+        return self._stats
+
+
 class TrainerGroup:
     def __init__(
         self,
@@ -44,11 +72,8 @@ class TrainerGroup:
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
         num_threads: int = 1,
-        actor_options: list[dict] | None = None,
     ) -> None:
-        """Start `world_size` actors and wait until their process group is up. `actor_options[r]`, when given,
-        places rank r (`placement.actor_options`: its own placement-group bundle, one GPU) instead of the
-        per-worker CPU/GPU asks.
+        """Start `world_size` actors and wait until their process group is up.
 
         The rendezvous port is picked free here, then bound by rank 0 a moment later: another process can take
         it in between (seen in CI: EADDRINUSE, and the other ranks waited forever for rank 0). So a failed
@@ -58,16 +83,14 @@ class TrainerGroup:
         actor_class = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, max_restarts=0)(
             TrainerWorker
         )
-        options = actor_options if actor_options is not None else [{}] * world_size
-        if len(options) != world_size:
-            raise ValueError(f"{len(options)} actor options for {world_size} trainer ranks")
         for attempt in range(START_ATTEMPTS):
             master_port = find_free_port()
             self.workers = [
-                actor_class.options(**options[rank]).remote(model_path, rank, world_size, MASTER_ADDR, master_port,
-                                                            num_threads, dict(trainer_kwargs or {}))
+                actor_class.remote(model_path, rank, world_size, MASTER_ADDR, master_port, num_threads,
+                                   dict(trainer_kwargs or {}))
                 for rank in range(world_size)
             ]
+            self._accumulating: list[ray.ObjectRef] = []
             try:
                 get_all([worker.is_ready.remote() for worker in self.workers])
                 return
@@ -76,20 +99,24 @@ class TrainerGroup:
                 if attempt == START_ATTEMPTS - 1:
                     raise
 
-    def train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False) -> TrainStepStats:
-        """One optimizer step on all ranks; every rank returns the same stats, rank 0's are returned with the
-        step's wall time.
+    def train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False, ppo_epochs: int = 1,
+                   mini_batches: int = 1, seed: int = 0) -> TrainStepStats:
+        """`start_train_step(...).result()`: one step on all ranks, waited for."""
+        return self.start_train_step(samples, skip_zero_advantage, ppo_epochs, mini_batches, seed).result()
+
+    def start_train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False, ppo_epochs: int = 1,
+                         mini_batches: int = 1, seed: int = 0) -> PendingTrainStep:
+        """Issue one step's calls on all ranks and return at once (nothing is waited on); every rank returns the
+        same stats, rank 0's are the result, with the step's wall time from here.
 
         `skip_zero_advantage`: samples whose advantage is 0 have no policy gradient (without a KL term), so
         they are left out of the forward and backward while the loss still divides by the whole batch's
         counts: the same gradient for less work. At least one sample is always trained, so a batch with no
         signal still takes a real (zero-gradient) optimizer step, as it would unskipped.
-        """
-        return self.start_train_step(samples, skip_zero_advantage).result()
 
-    def start_train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False) -> "PendingTrainStep":
-        """`train_step` without waiting: the ranks' calls are issued and the driver is free (asynchronous
-        training drives the rollout meanwhile)."""
+        `ppo_epochs` x `mini_batches` > 1: that many optimizer updates (`train/updates.py` plans them, seeded by
+        `seed`); the weight version still counts one per step.
+        """
         started = time.perf_counter()
         num_tokens_total = count_response_tokens(samples)
         if num_tokens_total == 0:
@@ -97,9 +124,34 @@ class TrainerGroup:
         trained = [sample for sample in samples if sample.advantage != 0.0] if skip_zero_advantage else samples
         trained = trained or samples[:1]
         shards = shard_across_ranks(trained, self.world_size)
-        calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))
-                 for worker, shard in zip(self.workers, shards)]
+        if ppo_epochs * mini_batches == 1:
+            calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))
+                     for worker, shard in zip(self.workers, shards)]
+        else:
+            trained_ids = {id(sample) for sample in trained}
+            skipped = [sample for sample in samples if id(sample) not in trained_ids]
+            plans = plan_updates(shards, skipped, ppo_epochs, mini_batches, seed)
+            calls = [worker.train_updates.remote(shard, plan, num_tokens_total)
+                     for worker, shard, plan in zip(self.workers, shards, plans)]
         return PendingTrainStep(calls, len(samples), len(samples) - len(trained), started)
+
+    # ---- a streamed step: pieces while the round rolls out, then one optimizer step ------------------
+
+    def accumulate(self, samples: list[TrainSample]) -> None:
+        """Send a piece of a streamed step (`PolicyTrainer.accumulate`) to every rank, sharded by tokens, and
+        return at once; each call is a collective, so every rank gets one (an empty shard runs a filler)."""
+        if not samples:
+            return
+        shards = shard_across_ranks(samples, self.world_size)
+        self._accumulating += [worker.accumulate.remote(shard) for worker, shard in zip(self.workers, shards)]
+
+    def finish_step(self, num_tokens_total: int, num_sequences_total: int, num_metric_tokens: int) -> TrainStepStats:
+        """Close the streamed step on every rank (after the pieces already queued on it) and wait: the gradients
+        are divided by the whole batch's loss denominator, then one optimizer step. Rank 0's stats."""
+        calls = [worker.finish_step.remote(num_tokens_total, num_sequences_total, num_metric_tokens)
+                 for worker in self.workers]
+        pieces, self._accumulating = self._accumulating, []
+        return get_all(pieces + calls)[-len(calls)]
 
     def state_dict_ref(self) -> ray.ObjectRef:
         """All ranks gather; the ref to rank 0's full CPU state dict (HF names), left in the object store for
@@ -133,20 +185,3 @@ class TrainerGroup:
         get_all(refs[1:])  # the other ranks return {}; this waits for the collective and raises its errors
         ray.wait(refs[:1], fetch_local=False)
         return refs[0]
-
-
-class PendingTrainStep:
-    """A train step the ranks are running: `ready()` without waiting, `result()` waits (raising a rank's
-    failure as soon as it lands)."""
-
-    def __init__(self, calls: list[ray.ObjectRef], num_samples: int, skipped_samples: int, started: float) -> None:
-        self.calls, self.num_samples, self.skipped_samples, self.started = calls, num_samples, skipped_samples, started
-
-    def ready(self) -> bool:
-        done, _ = ray.wait(self.calls, num_returns=len(self.calls), timeout=0)
-        return len(done) == len(self.calls)
-
-    def result(self) -> TrainStepStats:
-        stats = get_all(self.calls)[0]
-        return replace(stats, num_samples=self.num_samples, skipped_samples=self.skipped_samples,
-                       seconds=time.perf_counter() - self.started)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.reward.scoring import ScoredRound, groups_from_outcomes, problem_id_of
+from tailflow.engines.reward.scoring import ScoredGroup, ScoredRound, groups_from_outcomes, problem_id_of
 from tailflow.engines.reward.worker import ScoreItem, ScoreOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason
 from tailflow.engines.track.live import round_watcher
@@ -92,6 +92,14 @@ class StreamingScorer:
         self._sent.update(item.request_id for item in items)
         self.pool.submit(items)
         self._collect(self.pool.ready())
+
+    def scored_group(self, problem_id: str, kept: Sequence[Completion]) -> ScoredGroup | None:
+        """A completed prompt's group if every kept response has been scored by the last `on_finished` (which
+        collects what arrived, never waiting), else None: what the stream trainer may train during rollout."""
+        if any(completion.request_id not in self._outcomes for completion in kept):
+            return None
+        problem = self.problems_by_id[problem_id]
+        return groups_from_outcomes([problem], kept, self._outcomes, self.texts)[0]
 
     def _collect(self, outcomes: Sequence[ScoreOutcome]) -> None:
         self._outcomes.update((outcome.request_id, outcome) for outcome in outcomes)

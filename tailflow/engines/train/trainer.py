@@ -1,12 +1,26 @@
-"""One data-parallel rank of the GRPO policy trainer: FSDP2 + AdamW, one optimizer step per call.
+"""One data-parallel rank of the GRPO policy trainer: FSDP2 + AdamW.
 
-A step: cut this rank's samples into micro-batches (every rank runs the same
-number, padding with empty ones, because each forward and backward is a
-collective under FSDP2) -> recompute old (and reference) log-probs without
-grad -> per micro-batch, PPO-clip loss over a GLOBAL count (response tokens,
-or sequences with `loss_agg`; losses.loss_denominator) and backward
+A step (`train_step`): cut this rank's samples into micro-batches (every rank
+runs the same number, padding with empty ones, because each forward and
+backward is a collective under FSDP2) -> the reference log-probs without grad
+(KL only) -> per micro-batch, the policy loss over a GLOBAL count (response
+tokens, or sequences with `loss_agg`; losses.loss_denominator) and backward
 (gradients accumulate) -> clip by the global grad norm -> one AdamW step ->
-sum the stats over ranks.
+sum the stats over ranks. With one optimizer step the proximal ("old")
+log-probs are the forward's own, detached: no second pass.
+
+Several updates per step (`train_updates`, train.ppo_epochs x
+train.mini_batches, planned by `updates.plan_updates`): the proximal
+log-probs are those of the weights at the start of the step, computed once
+without grad before the first update (only for the losses that clip against
+them), then each update is the step above on its mini-batch.
+
+A streamed step (`accumulate` ... `finish_step`, train.stream): the batch
+arrives in pieces while its counts are still unknown, so each piece
+backpropagates the UNNORMALISED sums (divisor 1) and `finish_step` divides the
+accumulated gradients by the loss denominator before clipping and the
+optimizer step. The gradient is linear in the loss, so this is the
+non-streamed step's gradient up to float summation order.
 
 With world_size == 1 no process group is made and the model is not sharded:
 plain single-process training, the reference the FSDP path is tested against.
@@ -15,7 +29,8 @@ Plain Python: Ray wraps it in `engines/cluster/trainer_group.py`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Sequence
 
 import torch
 import torch.distributed as dist
@@ -41,6 +56,7 @@ from tailflow.engines.train.batch import (
 )
 from tailflow.engines.train.losses import (
     OFF_POLICY_LOSSES,
+    PROXIMAL_LOSSES,
     POLICY_LOSSES,
     LossAggregation,
     PolicyLoss,
@@ -54,6 +70,7 @@ from tailflow.engines.train.losses import (
     token_logprobs,
     topr_loss,
 )
+from tailflow.engines.train.updates import Update
 
 SUMMED_STATS = (
     "pg_loss", "clip_fraction", "approx_kl", "kl", "entropy", "rollout_abs_diff", "rollout_tokens", "samples"
@@ -84,7 +101,12 @@ class TrainStepStats:
     skipped_samples: int = 0
     """Samples left out of the forward and backward (zero advantage, `train.skip_zero_advantage`)."""
     seconds: float = 0.0
-    """The step's wall time, from the driver (`time/step_train`); 0 where nobody timed it."""
+    """The step's wall time, from the driver (`time/step_train`); 0 where nobody timed it. A streamed step:
+    only the part after rollout (the train time rollout did not hide)."""
+    num_optimizer_steps: int = 1
+    """AdamW steps taken (train.ppo_epochs x train.mini_batches); the stats above are means over them."""
+    streamed_groups: int | None = None
+    """Streamed step (train.stream): groups trained while the round still rolled out; None: not streamed."""
 
     def metrics(self) -> dict[str, float]:
         """ROLL-compatible names (see ARCHITECTURE.md)."""
@@ -93,6 +115,10 @@ class TrainStepStats:
         if self.logprob_diff_vs_rollout is not None:
             out["actor/logprob_diff_vs_rollout"] = self.logprob_diff_vs_rollout
         out["actor/skipped_samples"] = self.skipped_samples
+        out["actor/optimizer_steps"] = self.num_optimizer_steps
+        if self.streamed_groups is not None:
+            out["time/stream_overlap_groups"] = self.streamed_groups
+            out["time/train_exposed"] = self.seconds
         return out
 
 
@@ -108,6 +134,8 @@ class MicroBatchInputs:
     """1 where `behaviour_logprobs` holds a value."""
     is_positive: torch.Tensor
     """[B] bool: the response's reward is > 0 (TOPR)."""
+    proximal_logprobs: torch.Tensor | None = None
+    """The weights' log-probs at the start of a step of several updates; None: the forward's own, detached."""
 
 
 class PolicyTrainer:
@@ -156,6 +184,8 @@ class PolicyTrainer:
         config = self.model.config
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self._streamed: dict[str, float] | None = None
+        """A streamed step's summed stats so far (None: no streamed step open)."""
 
     # ---- setup ---------------------------------------------------------------------------------
 
@@ -201,25 +231,99 @@ class PolicyTrainer:
         num_sequences = len(samples) if num_sequences_total is None else num_sequences_total
         denominator = loss_denominator(self.loss_agg, num_tokens_total, num_sequences, self.max_new_tokens)
         metric_tokens = num_metric_tokens or num_tokens_total
-        parts = self._plan_micro_batches(samples)
-        totals = dict.fromkeys(SUMMED_STATS, 0.0) | {"samples": float(len(samples))}
-        for part in parts:
-            batch = self._collate(part)
-            inputs = self._micro_batch_inputs(part, batch)
-            for name, value in self._accumulate_gradients(batch, inputs, metric_tokens, denominator).items():
-                totals[name] += value
+        totals = self._backward(samples, metric_tokens, denominator)
         grad_norm = self._clip_and_step()
         return self._reduce_stats(totals, grad_norm, num_tokens_total)
 
-    def _plan_micro_batches(self, samples: list[TrainSample]) -> list[list[TrainSample]]:
-        """Token-budget micro-batches, padded with [] up to the largest count on any rank."""
+    def train_updates(self, samples: list[TrainSample], updates: Sequence[Update],
+                      num_tokens_total: int) -> TrainStepStats:
+        """One optimizer step per update (`updates.plan_updates`, the same count on every rank), each dividing its
+        loss by its own mini-batch's global counts. The proximal log-probs are computed once, before the first
+        update, and only where the loss clips against them (ppo_clip, decoupled_ppo); one update is `train_step`,
+        with no such pass. Reported: means over the updates (the grad norm too); `num_tokens_total` is the
+        whole batch's."""
+        if len(updates) == 1:
+            update = updates[0]
+            return self.train_step([samples[i] for i in update.indices], update.num_tokens, update.num_sequences,
+                                   update.num_metric_tokens)
+        proximal = self._proximal_logprobs(samples) if self.loss in PROXIMAL_LOSSES else None
+        sums = dict.fromkeys(SUMMED_STATS, 0.0)
+        grad_norms = []
+        for update in updates:
+            denominator = loss_denominator(self.loss_agg, update.num_tokens, update.num_sequences, self.max_new_tokens)
+            totals = self._backward([samples[i] for i in update.indices], update.num_metric_tokens or update.num_tokens,
+                                    denominator, proximal, allow_empty=True)
+            grad_norms.append(self._clip_and_step())
+            for name in SUMMED_STATS:
+                sums[name] += totals[name]
+        means = {name: value / len(updates) for name, value in sums.items()}
+        # the rollout diff is a ratio of sums; the sample count is the batch's, not a mean
+        means |= {name: sums[name] for name in ("rollout_abs_diff", "rollout_tokens")} | {"samples": len(samples)}
+        stats = self._reduce_stats(means, sum(grad_norms) / len(grad_norms), num_tokens_total)
+        return replace(stats, num_optimizer_steps=len(updates))
+
+    def accumulate(self, samples: list[TrainSample]) -> None:
+        """Forward and backward of a piece of a streamed step, the loss NOT divided (divisor 1): gradients of the
+        sums accumulate until `finish_step`. Every rank calls it the same number of times ([] runs a filler)."""
+        totals = self._backward(samples, 1, 1, allow_empty=True)
+        self._streamed = {name: (self._streamed or {}).get(name, 0.0) + totals[name] for name in SUMMED_STATS}
+
+    def finish_step(self, num_tokens_total: int, num_sequences_total: int,
+                    num_metric_tokens: int | None = None) -> TrainStepStats:
+        """Close a streamed step: divide the accumulated gradients by the loss denominator of the whole batch
+        (its counts as in `train_step`, known only now), clip, one AdamW step. Exactly `train_step` on all the
+        pieces at once, up to float summation order: the loss is a sum divided by a constant."""
+        if self._streamed is None:
+            raise RuntimeError("finish_step without accumulate: no streamed step is open")
+        denominator = loss_denominator(self.loss_agg, num_tokens_total, num_sequences_total, self.max_new_tokens)
+        metric_tokens = num_metric_tokens or num_tokens_total
+        with torch.no_grad():
+            for parameter in self.model.parameters():
+                if parameter.grad is not None:
+                    parameter.grad.div_(denominator)
+        grad_norm = self._clip_and_step()
+        totals, self._streamed = self._streamed, None
+        for name in ("pg_loss", "kl"):
+            totals[name] /= denominator
+        for name in ("clip_fraction", "approx_kl", "entropy"):
+            totals[name] /= metric_tokens
+        return self._reduce_stats(totals, grad_norm, num_tokens_total)
+
+    def _backward(self, samples: list[TrainSample], metric_tokens: int, denominator: int,
+                  proximal: dict[int, torch.Tensor] | None = None, allow_empty: bool = False) -> dict[str, float]:
+        """Forward and backward of every micro-batch of `samples` (gradients accumulate); their SUMMED_STATS."""
+        totals = dict.fromkeys(SUMMED_STATS, 0.0) | {"samples": float(len(samples))}
+        for part in self._plan_micro_batches(samples, allow_empty):
+            batch = self._collate(part)
+            inputs = self._micro_batch_inputs(part, batch, proximal)
+            for name, value in self._accumulate_gradients(batch, inputs, metric_tokens, denominator).items():
+                totals[name] += value
+        return totals
+
+    def _plan_micro_batches(self, samples: list[TrainSample], allow_empty: bool = False) -> list[list[TrainSample]]:
+        """Token-budget micro-batches, padded with [] up to the largest count on any rank. No samples on any rank:
+        an error, or with `allow_empty` one filler (zero gradients: an update whose mini-batch had nothing to
+        train still steps, as its zero-advantage samples would have made it)."""
         parts = split_by_token_budget(samples, self.max_tokens_per_micro_batch) if samples else []
         count = torch.tensor([len(parts)], device=self.device)
         if self.world_size > 1:
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
         if count.item() == 0:
-            raise ValueError("train_step got no samples on any rank")
+            if not allow_empty:
+                raise ValueError("train_step got no samples on any rank")
+            return [[]]
         return parts + [[] for _ in range(int(count.item()) - len(parts))]
+
+    @torch.no_grad()
+    def _proximal_logprobs(self, samples: list[TrainSample]) -> dict[int, torch.Tensor]:
+        """id(sample) -> [L] log-probs of its response tokens under the current weights (one no-grad pass)."""
+        found = {}
+        for part in self._plan_micro_batches(samples, allow_empty=True):
+            logprobs = self._logprobs(self.model, self._collate(part))[1]
+            for row, sample in enumerate(part):
+                start = len(sample.prompt_token_ids) - 1
+                found[id(sample)] = logprobs[row, start:start + sample.num_response_tokens].clone()
+        return found
 
     def _collate(self, part: list[TrainSample]) -> MicroBatch:
         """An empty part becomes one all-padding row with a zero mask: it runs the collectives, adds nothing."""
@@ -236,27 +340,36 @@ class PolicyTrainer:
         return logits, token_logprobs(logits, batch.input_ids)
 
     @torch.no_grad()
-    def _micro_batch_inputs(self, part: list[TrainSample], batch: MicroBatch) -> MicroBatchInputs:
-        """No old-log-prob pass: with one optimizer step per iteration the weights at the start of the step
-        are the ones that take the gradient, so the proximal (old) log-probs are the forward's own, detached.
-        Only a KL penalty needs a second model's pass."""
+    def _micro_batch_inputs(self, part: list[TrainSample], batch: MicroBatch,
+                            proximal: dict[int, torch.Tensor] | None = None) -> MicroBatchInputs:
+        """No old-log-prob pass here: with one optimizer step the weights at the start of the step are the ones
+        that take the gradient, so the proximal (old) log-probs are the forward's own, detached; with several,
+        `proximal` holds them (`_proximal_logprobs`). Only a KL penalty needs a second model's pass."""
         ref_logprobs = self._logprobs(self.ref_model, batch)[1] if self.ref_model is not None else None
         if not part:  # a filler row (this rank has fewer micro-batches than another)
             zeros = torch.zeros_like(batch.response_mask)
-            return MicroBatchInputs(ref_logprobs, zeros, zeros, torch.zeros(1, dtype=torch.bool, device=self.device))
+            return MicroBatchInputs(ref_logprobs, zeros, zeros, torch.zeros(1, dtype=torch.bool, device=self.device),
+                                    None if proximal is None else zeros)
         behaviour, present = (t.to(self.device) for t in rollout_logprobs_matrix(part, batch.input_ids.shape[1]))
         if self.loss in OFF_POLICY_LOSSES and bool(((present == 0) & (batch.response_mask > 0)).any()):
             raise ValueError(f"train.loss {self.loss!r} needs the rollout log-prob of every response token; "
                              "some samples have none")
         is_positive = torch.tensor([sample.reward > 0 for sample in part], device=self.device)
-        return MicroBatchInputs(ref_logprobs, behaviour, present, is_positive)
+        proximal_matrix = None
+        if proximal is not None:
+            proximal_matrix = torch.zeros_like(batch.response_mask)
+            for row, sample in enumerate(part):
+                start = len(sample.prompt_token_ids) - 1
+                proximal_matrix[row, start:start + sample.num_response_tokens] = proximal[id(sample)]
+        return MicroBatchInputs(ref_logprobs, behaviour, present, is_positive, proximal_matrix)
 
     def _policy_loss(self, logprobs: torch.Tensor, batch: MicroBatch, inputs: MicroBatchInputs,
                      metric_tokens: int, denominator: int):
         """`train.loss`, one line each: the on-policy clip, or a correction for the behaviour policy. The loss
         divides by `denominator`, the reported token means by `metric_tokens`."""
         args = (batch.advantages, batch.response_mask)
-        proximal, behaviour = logprobs.detach(), inputs.behaviour_logprobs
+        proximal = logprobs.detach() if inputs.proximal_logprobs is None else inputs.proximal_logprobs
+        behaviour = inputs.behaviour_logprobs
         totals = dict(num_tokens_total=metric_tokens, loss_denominator=denominator)
         if self.loss == "ppo_clip":
             return ppo_clip_loss(logprobs, proximal, *args, self.clip_low, self.clip_high, **totals)

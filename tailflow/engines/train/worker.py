@@ -13,6 +13,7 @@ import torch
 
 from tailflow.engines.train.batch import TrainSample
 from tailflow.engines.train.trainer import PolicyTrainer, TrainStepStats
+from tailflow.engines.train.updates import Update
 
 
 class TrainerWorker:
@@ -33,6 +34,16 @@ class TrainerWorker:
     def train_step(self, samples: list[TrainSample], num_tokens_total: int, num_sequences_total: int,
                    num_metric_tokens: int) -> TrainStepStats:
         return self.trainer.train_step(samples, num_tokens_total, num_sequences_total, num_metric_tokens)
+
+    def train_updates(self, samples: list[TrainSample], updates: list[Update], num_tokens_total: int
+                      ) -> TrainStepStats:
+        return self.trainer.train_updates(samples, updates, num_tokens_total)
+
+    def accumulate(self, samples: list[TrainSample]) -> None:
+        self.trainer.accumulate(samples)
+
+    def finish_step(self, num_tokens_total: int, num_sequences_total: int, num_metric_tokens: int) -> TrainStepStats:
+        return self.trainer.finish_step(num_tokens_total, num_sequences_total, num_metric_tokens)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         return self.trainer.full_state_dict()
