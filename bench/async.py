@@ -74,9 +74,9 @@ def machine_jiffies() -> tuple[int, int]:
     return sum(fields) - idle, sum(fields)
 
 
-def actor_jiffies() -> dict[str, int]:
-    """CPU jiffies (user + system) of the rollout actors and of the trainer ranks, by process title."""
-    totals = {"rollout": 0, "trainer": 0}
+def actor_jiffies() -> dict[int, tuple[str, int]]:
+    """pid -> (group, CPU jiffies user + system) of every rollout actor and trainer rank, by process title."""
+    found: dict[int, tuple[str, int]] = {}
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -89,10 +89,21 @@ def actor_jiffies() -> dict[str, int]:
                 continue
             stat = Path(entry.path, "stat").read_text()
             fields = stat[stat.rindex(")") + 2:].split()
-            totals[group] += int(fields[11]) + int(fields[12])
+            found[int(entry.name)] = (group, int(fields[11]) + int(fields[12]))
         except (FileNotFoundError, ProcessLookupError, ValueError, IndexError):
             continue
-    return totals
+    return found
+
+
+def cores_used(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], seconds: float,
+               hz: int) -> dict[str, float]:
+    """Cores each group used between two samples, over the processes present in both (a process that has just
+    started would otherwise count its whole past)."""
+    used = {"rollout": 0.0, "trainer": 0.0}
+    for pid, (group, jiffies) in after.items():
+        if pid in before:
+            used[group] += max(jiffies - before[pid][1], 0) / hz / seconds
+    return used
 
 
 @dataclass
@@ -130,8 +141,8 @@ class CpuSampler:
             machine, actors, now = machine_jiffies(), actor_jiffies(), time.monotonic()
             seconds = now - last_t
             busy_share = (machine[0] - last_machine[0]) / max(machine[1] - last_machine[1], 1)
-            rollout = max(actors["rollout"] - last_actors["rollout"], 0) / hz / seconds
-            trainer = max(actors["trainer"] - last_actors["trainer"], 0) / hz / seconds
+            used = cores_used(last_actors, actors, seconds, hz)
+            rollout, trainer = used["rollout"], used["trainer"]
             phase = ("both" if rollout > BUSY_CORES and trainer > BUSY_CORES else "generate" if rollout > BUSY_CORES
                      else "train" if trainer > BUSY_CORES else "other")
             use = self.phases[phase]

@@ -20,12 +20,13 @@ pytestmark = pytest.mark.slow
 
 
 def async_config(storage) -> dict:
-    """Tail batching inside alpha = 1 rounds (a long round at iteration 2), partial rollout, TIS."""
+    """Tail batching inside alpha = 1 rounds (a long round at iteration 2), partial rollout, TIS; one rollout
+    worker and a fixed number of engine steps per train step (the deterministic mode)."""
     return {
         "model": {"path": str(shipped_warmstart_dir())},
         "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
         "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16, "async_ratio": 1, "async_steps_per_train": 6},
-        "train": {"iterations": 4, "eval_every": 2, "num_workers": 2, "lr": 1e-3, "loss": "tis"},
+        "train": {"iterations": 3, "eval_every": 2, "num_workers": 2, "lr": 1e-3, "loss": "tis"},
         "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
         "storage": {"uri": str(storage)},
     }
@@ -46,13 +47,12 @@ def test_a_sigkilled_async_run_resumes_to_exactly_the_uninterrupted_result(tmp_p
 
     train = ["train", "-c", str(crashy_dir / "run.yaml"), "--run-id", "crashy"]
     store = LocalStore(crashy_dir)
-    # killed while training (the next round rolling meanwhile), then between the pause and the resume
-    for fault, committed in [("crash-train@1", 1), ("crash-sync@2", 2)]:
-        result = run_cli(train, cli_env, fault)
-        assert result.returncode == -signal.SIGKILL, f"{fault}: exit {result.returncode}\n{result.stdout[-3000:]}"
-        state = read_committed_state(store, "crashy")
-        assert state.iteration == committed, fault
-        assert state.pipeline.rounds, "the commit holds the rounds running ahead"
+    # killed while training, the next round rolling meanwhile
+    result = run_cli(train, cli_env, "crash-train@1")
+    assert result.returncode == -signal.SIGKILL, f"exit {result.returncode}\n{result.stdout[-3000:]}"
+    state = read_committed_state(store, "crashy")
+    assert state.iteration == 1
+    assert state.pipeline.rounds and state.pipeline.in_flight, "the commit holds the rounds running ahead"
     # going synchronous would drop the rounds running ahead: refused, and the commit is untouched
     refused = run_cli([*train, "--set", "rollout.async_ratio=0", "--allow-change", "rollout.async_ratio"], cli_env)
     assert refused.returncode != 0 and "resume with rollout.async_ratio >= 1" in refused.stdout
