@@ -5,6 +5,10 @@ completion rule, settle, with or without tail batching) on replicas of the
 rollout pool. This module decides only *when* each round starts and when the
 trainer pool trains it:
 
+The rollout group keeps its own clock (only rollout advances it), so with
+nothing landing mid-round its rounds are those of the synchronous simulator
+bit for bit; the pipeline's clock is the group's plus the time it has waited.
+
 * launch rule: round j starts when the rollout pool is free (rounds run one
   after another on it), the trainer has published version >= j - alpha, and
   the prompts in flight (P0 of every launched, not yet trained round, this
@@ -77,6 +81,8 @@ class TrainingSlot:
 class AsyncRun:
     rounds: tuple[PipelinedRound, ...]
     num_rollout_replicas: int
+    queued_problem_ids: tuple[str, ...]
+    """The long-prompt queue at the end: prompts launched but not (yet) trained."""
 
     @property
     def makespan_s(self) -> float:
@@ -130,7 +136,8 @@ class AsyncPipeline:
     def launch_time(self, iteration: int, prompts_to_train: int) -> float:
         """Earliest start of round `iteration`: pool free, version >= iteration - alpha, prompts in flight capped."""
         needed = max(0, math.ceil(round(iteration - self.alpha, 9)))
-        start = max(self.sim.group.clock_s, self.published[needed])
+        pool_free = self.rounds[-1].rollout_end_s if self.rounds else 0.0
+        start = max(pool_free, self.published[needed])
         untrained = sorted((r.published_s, r.prompts_to_train) for r in self.rounds if r.published_s > start)
         in_flight = prompts_to_train + sum(p for _, p in untrained)
         for published_s, prompts in untrained:
@@ -144,10 +151,10 @@ class AsyncPipeline:
         prepared = self.sim.plan_round()
         launch = self.launch_time(iteration, prepared.plan.prompts_to_complete)
         version = max(v for v, t in enumerate(self.published) if t <= launch)
-        pending = [WeightUpdate(t, v) for v, t in enumerate(self.published) if t > launch]
+        offset = launch - self.sim.group.clock_s
+        pending = [WeightUpdate(t - offset, v) for v, t in enumerate(self.published) if t > launch]
         engines = self.sim.group.engines
         restarted_before = sum(e.num_tokens_restarted for e in engines)
-        self.sim.group.clock_s = launch
         for engine in engines:
             engine.begin_round(version, pending)
         record, result = self.sim.finish_round(prepared)
@@ -197,4 +204,5 @@ class AsyncPipeline:
         max_rounds = max_rounds or 4 * min_rounds
         while len(self.rounds) < min_rounds or (len(self.sim.tail.queue) and len(self.rounds) < max_rounds):
             self.run_round()
-        return AsyncRun(tuple(self.rounds), len(self.sim.group.engines))
+        return AsyncRun(tuple(self.rounds), len(self.sim.group.engines),
+                        tuple(q.problem_id for q in self.sim.tail.queue))

@@ -1,0 +1,122 @@
+"""The simulator's async mode against relations that must hold, on a small 7B setting (seconds, not minutes)."""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import replace
+
+import pytest
+
+from tailflow.engines.sim.async_engine import AsyncSimEngine
+from tailflow.engines.sim.async_pipeline import AsyncPipeline, max_prompts_in_flight
+from tailflow.engines.sim.async_predict import (
+    SETTINGS, AsyncSetting, lengths_of, policy, predict_async, rollout_cost, simulate_async, split_candidates,
+    step_cost, sync_rounds)
+from tailflow.engines.sim.group import SimGroup
+from tailflow.engines.sim.roofline import RooflineCost
+from tailflow.engines.sim.simulate import PolicySimulation
+from tailflow.engines.sim.step_time import mean_step_time
+
+TINY = AsyncSetting("7B/2k tiny", "qwen2.5-7b", 8, 1, 2048, prompts_per_step=12)
+ROUNDS = 6
+
+
+def roofline_train(num_gpus: int) -> RooflineCost:
+    """Reward 0, so a step is rollout + train + sync and the bound is (gen + train) / max(gen, train)."""
+    return RooflineCost.from_presets("h800", "qwen2.5-7b", num_gpus, 1)
+
+
+@pytest.mark.parametrize("tail", [False, True])
+@pytest.mark.parametrize("cost_name", ["shares", "roofline"])
+def test_alpha_zero_colocated_is_the_synchronous_prediction(tail, cost_name):
+    cost = step_cost(TINY, cost_name, TINY.num_gpus, True, ROUNDS, 0)
+    expected = mean_step_time(sync_rounds(TINY, TINY.num_gpus, tail, ROUNDS, 0), cost).total_s
+    run = simulate_async(TINY, 0.0, TINY.num_gpus, cost, tail=tail, min_rounds=ROUNDS)
+    assert run.step_s == pytest.approx(expected, rel=1e-9)
+    assert [r.sim for r in run.rounds] == list(sync_rounds(TINY, TINY.num_gpus, tail, ROUNDS, 0))
+    assert run.staleness_histogram == {0: sum(len(r.trained_problem_ids) for r in run.rounds)}
+
+
+@pytest.mark.parametrize("tail", [False, True])
+@pytest.mark.parametrize("alpha", [1.0, 2.0])
+def test_overlap_pays_at_most_what_the_longer_pool_allows(tail, alpha):
+    rollout_gpus = 4
+    cost = roofline_train(TINY.num_gpus - rollout_gpus)
+    split = mean_step_time(sync_rounds(TINY, rollout_gpus, tail, ROUNDS, 0), cost)
+    gen, train = split.rollout_s, split.train_s + split.sync_s
+    assert split.reward_s == 0
+    run = simulate_async(TINY, alpha, rollout_gpus, cost, tail=tail, min_rounds=ROUNDS)
+    speedup = split.total_s / run.step_s
+    assert 1.0 <= speedup <= (gen + train) / max(gen, train) + 1e-9
+    assert speedup > 1.05  # it does overlap
+
+
+@pytest.mark.parametrize("partial", [True, False])
+@pytest.mark.parametrize("alpha", [1.0, 1.5, 2.0])
+def test_launch_rule_staleness_and_prompt_cap(alpha, partial):
+    cost = roofline_train(4)
+    run = simulate_async(TINY, alpha, 4, cost, tail=True, partial=partial, min_rounds=ROUNDS)
+    cap = max_prompts_in_flight(alpha, TINY.prompts_per_step)
+    for j, r in enumerate(run.rounds):
+        assert j - r.launch_version <= alpha
+        assert all(0 <= s <= alpha for s in r.staleness)
+        in_flight = sum(o.prompts_to_train for o in run.rounds[: j + 1] if o.published_s > r.launch_s)
+        assert in_flight <= cap
+        assert r.launch_s >= (run.rounds[j - 1].rollout_end_s if j else 0.0)
+        assert r.train_start_s >= r.rollout_end_s and r.train_start_s >= (run.rounds[j - 1].published_s if j else 0)
+    assert max(run.staleness_histogram) == int(alpha)  # the pipeline does run ahead
+    assert (run.tokens_restarted > 0) == (not partial)
+
+
+class IgnoresVersions(AsyncPipeline):
+    """Launches every round as soon as the rollout pool is free, so groups do go stale."""
+
+    def launch_time(self, iteration: int, prompts_to_train: int) -> float:
+        return self.rounds[-1].rollout_end_s if self.rounds else 0.0
+
+
+def trained_once_or_queued(rounds, queued_ids) -> None:
+    trained = Counter(pid for r in rounds for pid in r.trained_problem_ids)
+    queued = set(queued_ids)
+    assert max(trained.values()) == 1
+    assert not queued & set(trained)
+    assert {pid for r in rounds for pid in r.launched_problem_ids} == set(trained) | queued
+
+
+@pytest.mark.parametrize("tail", [False, True])
+def test_every_prompt_is_trained_once_or_queued(tail):
+    run = simulate_async(TINY, 2.0, 4, roofline_train(4), tail=tail, min_rounds=ROUNDS)
+    trained_once_or_queued(run.rounds, run.queued_problem_ids)
+
+
+def test_stale_groups_are_requeued_never_dropped():
+    cost = roofline_train(4)
+    rollout = rollout_cost(TINY, 4)
+    lengths = lengths_of(TINY, 0)
+    make = lambda rank: AsyncSimEngine(rollout, lengths, 2048, rollout.kv_budget_tokens, sync_s=cost.weight_sync_s())
+    sim = PolicySimulation(policy(TINY, True, 0), lengths, SimGroup(make, rollout.cluster.num_replicas))
+    pipeline = IgnoresVersions(sim, cost, 1.0)
+    for _ in range(ROUNDS):
+        pipeline.run_round()
+    requeued = [pid for r in pipeline.rounds for pid in r.requeued_problem_ids]
+    assert requeued  # the rule was needed
+    assert all(s <= 1 for r in pipeline.rounds for s in r.staleness)
+    trained_once_or_queued(pipeline.rounds, [q.problem_id for q in sim.tail.queue])
+
+
+def test_predict_async_reports_against_both_synchronous_baselines():
+    p = predict_async("7b", 2.0, tail=True, min_rounds=ROUNDS, prompts_per_step=12, rollout_gpus=4)
+    assert (p.rollout_gpus, p.train_gpus) == (4, 12)
+    assert p.speedup == pytest.approx(p.sync_step_s / p.async_step_s)
+    assert p.speedup_vs_tail == pytest.approx(p.tail_step_s / p.async_step_s)
+    assert 1.0 <= p.pipeline_speedup <= p.pipeline_bound + 1e-9
+    assert sum(p.staleness_histogram.values()) == p.num_rounds * 12
+    assert 0 < p.rollout_utilisation <= 1 and 0 < p.trainer_utilisation <= 1
+    with pytest.raises(ValueError, match="unknown async preset"):
+        predict_async("70b", 1.0)
+
+
+def test_split_candidates_leave_the_trainer_its_memory():
+    assert split_candidates(SETTINGS["7b"]) == [2, 4, 6, 8, 10, 12, 14]
+    # 32B: 16 B/param x 32.5e9 over 68 GB usable per GPU needs 8 trainer GPUs
+    assert split_candidates(SETTINGS["32b"]) == [8, 16, 24, 32, 40, 48, 56]
+    assert split_candidates(replace(SETTINGS["32b"], num_gpus=16)) == [2, 4, 6, 8]
