@@ -64,10 +64,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20, help="simulated rounds per run at least (whole cycles)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="smoke run: P0 = 16, 5 rounds")
+    parser.add_argument("--quick", action="store_true", help="smoke run: P0 = 8, 3 rounds, pools half and half")
     args = parser.parse_args()
     check_settings()
-    rounds, prompts = (5, 16) if args.quick else (args.rounds, None)
+    rounds, prompts = (3, 8) if args.quick else (args.rounds, None)
 
     print("columns: sync s / tail s = colocated synchronous step on all GPUs, tail batching off / on (the existing "
           "prediction); split s = alpha 0 on the async pools; x sync / x tail = speedup of the async step over "
@@ -76,14 +76,16 @@ def main() -> None:
     headline: dict[str, float] = {}
     for name in PRESETS:
         started = time.perf_counter()
+        split = SETTINGS[name].num_gpus // 2 if args.quick else None
         for tail in (False, True):
             for alpha in ALPHAS:
-                p = predict_async(name, alpha, tail=tail, min_rounds=rounds, seed=args.seed, prompts_per_step=prompts)
+                p = predict_async(name, alpha, tail=tail, rollout_gpus=split, min_rounds=rounds, seed=args.seed,
+                                  prompts_per_step=prompts)
                 print(row(p), flush=True)
                 if alpha == 2.0 and not tail:
                     headline[name] = p.speedup
-            restart = predict_async(name, 2.0, tail=tail, partial=False, min_rounds=rounds, seed=args.seed,
-                                    prompts_per_step=prompts)
+            restart = predict_async(name, 2.0, tail=tail, partial=False, rollout_gpus=split, min_rounds=rounds,
+                                    seed=args.seed, prompts_per_step=prompts)
             print(row(restart), flush=True)
         print(f"  ({time.perf_counter() - started:.0f} s to simulate {SETTINGS[name].name})")
     print(f"\nROLL-Flash reported (arXiv 2510.11345): up to {ROLL_FLASH_RLVR:.2f}x on RLVR tasks, same GPU budget as "

@@ -116,7 +116,14 @@ def rollout_cost(setting: AsyncSetting, num_gpus: int) -> RooflineCost:
 
 
 def lengths_of(setting: AsyncSetting, seed: int) -> PaperLikeLengths:
-    return PaperLikeLengths(NUM_PROMPTS, setting.max_new_tokens, seed)
+    return paper_lengths(setting.max_new_tokens, seed)
+
+
+@lru_cache(maxsize=8)
+def paper_lengths(max_new_tokens: int, seed: int) -> PaperLikeLengths:
+    """Shared by the simulations of one cap and seed (building 20,000 prompts' difficulties takes a second); safe
+    because simulations run one after another and each round sets the source's round before drawing."""
+    return PaperLikeLengths(NUM_PROMPTS, max_new_tokens, seed)
 
 
 @lru_cache(maxsize=64)
