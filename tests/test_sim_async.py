@@ -6,18 +6,63 @@ from dataclasses import replace
 
 import pytest
 
-from tailflow.engines.sim.async_engine import AsyncSimEngine
+from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
+from tailflow.engines.sim.async_engine import AsyncSimEngine, WeightUpdate
 from tailflow.engines.sim.async_pipeline import AsyncPipeline, max_prompts_in_flight
 from tailflow.engines.sim.async_predict import (
     SETTINGS, AsyncSetting, lengths_of, policy, predict_async, rollout_cost, simulate_async, split_candidates,
     step_cost, sync_rounds)
+from tailflow.engines.sim.costs import CostModel
 from tailflow.engines.sim.group import SimGroup
+from tailflow.engines.sim.lengths import ResponseLength
 from tailflow.engines.sim.roofline import RooflineCost
 from tailflow.engines.sim.simulate import PolicySimulation
 from tailflow.engines.sim.step_time import mean_step_time
 
 TINY = AsyncSetting("7B/2k tiny", "qwen2.5-7b", 8, 1, 2048, prompts_per_step=12)
 ROUNDS = 6
+
+
+class UnitCost(CostModel):
+    """1 s a decode step, 0.01 s a prefilled token."""
+
+    def decode_s(self, num_rows, context_tokens, max_context):
+        return 1.0 if num_rows else 0.0
+
+    def prefill_s(self, num_tokens, num_seqs):
+        return 0.01 * num_tokens
+
+    def train_s(self, num_tokens):
+        return 0.0
+
+    def reward_s(self, num_responses, num_tokens):
+        return 0.0
+
+    def weight_sync_s(self):
+        return 0.0
+
+
+class HundredTokens:
+    max_new_tokens = 1000
+
+    def length_of(self, request):
+        return ResponseLength(100, FinishReason.EOS)
+
+
+@pytest.mark.parametrize("partial", [True, False])
+def test_a_version_landing_mid_request_pauses_and_continues_or_restarts(partial):
+    engine = AsyncSimEngine(UnitCost(), HundredTokens(), 4, sync_s=5.0, partial=partial, chunk_steps=10)
+    engine.begin_round(0, [WeightUpdate(time_s=39.5, version=1)])
+    engine.submit([Request("a#0", tuple(range(11)), SamplingParams(max_new_tokens=1000))])
+    [finished] = engine.run(10_000)
+    # prefill 10 tokens (0.1 s), chunks of 10 steps end at 10.1 .. 40.1 s: the version lands at 40.1, then 5 s to load
+    assert len(finished.completion.token_ids) == 100 and engine.weight_version == 1
+    if partial:
+        assert finished.time_s == pytest.approx(40.1 + 5 + 60)
+        assert engine.first_version["a#0"] == 0 and engine.num_tokens_restarted == 0
+    else:  # the 40 tokens are thrown away; prefill again and 100 steps
+        assert finished.time_s == pytest.approx(40.1 + 5 + 0.1 + 100)
+        assert engine.first_version["a#0"] == 1 and engine.num_tokens_restarted == 40
 
 
 def roofline_train(num_gpus: int) -> RooflineCost:
@@ -113,6 +158,8 @@ def test_predict_async_reports_against_both_synchronous_baselines():
     assert 0 < p.rollout_utilisation <= 1 and 0 < p.trainer_utilisation <= 1
     with pytest.raises(ValueError, match="unknown async preset"):
         predict_async("70b", 1.0)
+    with pytest.raises(ValueError, match="both pools"):
+        predict_async("7b", 1.0, rollout_gpus=16)
 
 
 def test_split_candidates_leave_the_trainer_its_memory():

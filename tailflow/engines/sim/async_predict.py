@@ -187,10 +187,19 @@ def simulate_async(setting: AsyncSetting, alpha: float, rollout_gpus: int, cost:
 def predict_async(preset_name: str, alpha: float, *, tail: bool = True, partial: bool = True,
                   rollout_gpus: int | None = None, step_cost_name: str = "shares", min_rounds: int = 20,
                   seed: int = 0, prompts_per_step: int | None = None) -> AsyncPrediction:
-    """Async training at `alpha` on a rollout/trainer split of the preset's GPUs, against the synchronous steps."""
+    """Async training at `alpha` on a rollout/trainer split of the preset's GPUs, against the synchronous steps.
+
+    `preset_name`: "7b", "14b" or "32b" (the paper's settings, `SETTINGS`). `tail`: tail batching in the async
+    run (both colocated baselines are always computed). `partial`: in-flight requests continue under new
+    weights (False: restart). `rollout_gpus`: the rollout pool (None: `choose_split`); the trainer gets the rest.
+    `step_cost_name`: "shares" or "roofline" (module doc). `min_rounds`: rounds per simulation at least (then
+    whole cycles). `prompts_per_step`: P0 (None: the paper's 128); smaller runs faster.
+    """
     setting = setting_for(preset_name)
     if prompts_per_step:
         setting = replace(setting, prompts_per_step=prompts_per_step)
+    if rollout_gpus is not None and not 0 < rollout_gpus < setting.num_gpus:
+        raise ValueError(f"rollout_gpus must leave both pools GPUs: 0 < {rollout_gpus} < {setting.num_gpus}")
     colocated = lambda tail_on: mean_step_time(
         sync_rounds(setting, setting.num_gpus, tail_on, min_rounds, seed),
         step_cost(setting, step_cost_name, setting.num_gpus, True, min_rounds, seed)).total_s
