@@ -47,9 +47,9 @@ def print_costs(workers: WorkerModel, schedule: list[Interval], args) -> dict[fl
               f"{c.tokens_lost:13,.0f}")
     hours = sum(i.hours for i in schedule)
     single = schedule_cost([Interval(hours, 1)], workers, SpotTerms(args.on_demand, args.spot, 0.0))
-    spot = costs[args.preemptions_per_hour]
+    gain = costs[args.preemptions_per_hour].tokens_per_dollar_spot / single.tokens_per_dollar_on_demand
     print(f"  one on-demand worker throughout instead: {single.tokens_per_dollar_on_demand:,.0f} tokens/$; the spot "
-          f"schedule at {args.preemptions_per_hour}/h gives {spot.tokens_per_dollar_spot / single.tokens_per_dollar_on_demand:.2f}x that")
+          f"schedule at {args.preemptions_per_hour}/h gives {gain:.2f}x that")
     return costs
 
 
@@ -71,7 +71,8 @@ def main() -> None:
     most = max(i.num_workers for i in schedule)
     sizes = dict(prompts_per_step=16, min_rounds=2, max_new_tokens=2048) if args.quick else dict(min_rounds=args.rounds)
     print(f"schedule: {', '.join(f'{i.num_workers} x {i.hours} h' for i in schedule)}; ${args.on_demand}/h on demand, "
-          f"${args.spot}/h spot per worker; replacement after {args.replacement_s:.0f} s; poll {args.poll_interval_s} s")
+          f"${args.spot}/h spot per worker; replacement after {args.replacement_s:.0f} s; "
+          f"poll {args.poll_interval_s} s")
     simulated = simulated_workers(args.model, most, **sizes)
     headline = print_costs(simulated, schedule, args)[args.preemptions_per_hour]
     print_costs(simulated_workers(args.model, most, tail=True, **sizes), schedule, args)

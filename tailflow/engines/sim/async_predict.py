@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from statistics import mean
 
 from tailflow.engines.sim.async_engine import AsyncSimEngine
 from tailflow.engines.sim.async_pipeline import AsyncPipeline, AsyncRun
@@ -106,7 +105,8 @@ def setting_for(preset_name: str) -> AsyncSetting:
 
 def policy(setting: AsyncSetting, tail: bool, seed: int) -> PolicySettings:
     if not tail:
-        return PolicySettings(setting.prompts_per_step, setting.responses_kept, 1.0, None, enabled=False, data_seed=seed)
+        return PolicySettings(setting.prompts_per_step, setting.responses_kept, 1.0, None, enabled=False,
+                              data_seed=seed)
     return PolicySettings(setting.prompts_per_step, setting.responses_kept, setting.prompt_ratio,
                           setting.responses_launched, data_seed=seed)
 
