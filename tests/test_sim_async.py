@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import ResponseLength
 from tailflow.engines.sim.roofline import RooflineCost
 from tailflow.engines.sim.simulate import PolicySimulation
-from tailflow.engines.sim.step_time import mean_step_time
+from tailflow.engines.sim.step_time import mean_step_time, shares_from_baseline
 
 TINY = AsyncSetting("7B/2k tiny", "qwen2.5-7b", 8, 1, 2048, prompts_per_step=12)
 ROUNDS = 6
@@ -79,6 +80,25 @@ def test_alpha_zero_colocated_is_the_synchronous_prediction(tail, cost_name):
     assert run.step_s == pytest.approx(expected, rel=1e-9)
     assert [r.sim for r in run.rounds] == list(sync_rounds(TINY, TINY.num_gpus, tail, ROUNDS, 0))
     assert run.staleness_histogram == {0: sum(len(r.trained_problem_ids) for r in run.rounds)}
+
+
+def test_alpha_zero_is_bench_sim_papers_own_prediction(monkeypatch):
+    """The same number bench/sim_paper.py's code gives for the paper's 7B setting (at a small P0)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    from sim_paper import PAPER, R0, simulate_cell
+
+    sync = simulate_cell(PAPER[0], 1.0, R0, ROUNDS, 0, prompts_per_step=12)
+    tail = simulate_cell(PAPER[0], 1.25, 10, ROUNDS, 0, prompts_per_step=12)
+    shares = shares_from_baseline(sync)
+    setting = replace(SETTINGS["7b"], prompts_per_step=12)
+    cost = step_cost(setting, "shares", setting.num_gpus, True, ROUNDS, 0)
+    for rounds, tail_on in ((sync, False), (tail, True)):
+        run = simulate_async(setting, 0.0, setting.num_gpus, cost, tail=tail_on, min_rounds=ROUNDS)
+        assert [r.sim for r in run.rounds] == rounds
+        assert run.step_s == pytest.approx(mean_step_time(rounds, shares).total_s, rel=1e-9)
+    predicted = predict_async("7b", 1.0, min_rounds=ROUNDS, prompts_per_step=12, rollout_gpus=8)
+    assert predicted.sync_step_s == mean_step_time(sync, shares).total_s
+    assert predicted.tail_step_s == mean_step_time(tail, shares).total_s
 
 
 @pytest.mark.parametrize("tail", [False, True])
