@@ -28,7 +28,8 @@ import time
 import common  # noqa: F401  (puts bench/ on sys.path, as the other benches)
 from sim_paper import PAPER
 
-from tailflow.engines.sim.async_predict import SETTINGS, AsyncPrediction, predict_async
+from tailflow.engines.sim.async_predict import AsyncPrediction, predict_async
+from tailflow.engines.sim.async_settings import SETTINGS
 
 ROLL_FLASH_RLVR = 2.24
 """ROLL-Flash, abstract: 'up to 2.24x speedup on RLVR tasks ... using the same GPU budget as synchronous baselines'."""

@@ -10,9 +10,9 @@ import pytest
 from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
 from tailflow.engines.sim.async_engine import AsyncSimEngine, WeightUpdate
 from tailflow.engines.sim.async_pipeline import AsyncPipeline, max_prompts_in_flight
-from tailflow.engines.sim.async_predict import (
-    SETTINGS, AsyncSetting, lengths_of, policy, predict_async, rollout_cost, simulate_async, split_candidates,
-    step_cost, sync_rounds)
+from tailflow.engines.sim.async_predict import predict_async, simulate_async, split_candidates
+from tailflow.engines.sim.async_settings import (
+    SETTINGS, AsyncSetting, lengths_of, policy, rollout_cost, step_cost, sync_rounds)
 from tailflow.engines.sim.costs import CostModel
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import ResponseLength
