@@ -20,7 +20,7 @@ from tailflow.engines.sim.lengths import LengthSource
 from tailflow.engines.tail import RoundKind, RoundPlan, RoundResult, rule_for
 from tailflow.engines.tail.driver import run_round
 from tailflow.engines.tail.launch import launch_order
-from tailflow.engines.tail.round import begin_round, settle_round
+from tailflow.engines.tail.round import PlannedRound, begin_round, settle_round
 from tailflow.engines.tail.state import TailSettings, TailState
 
 
@@ -113,16 +113,25 @@ class PolicySimulation:
         self.rounds: list[SimRound] = []
 
     def run_round(self) -> SimRound:
-        s, iteration = self.settings, len(self.rounds)
-        prepared = begin_round(self.tail, iteration, s.tail_settings(), self.problems, self.problems_by_id)
+        return self.finish_round(self.plan_round())[0]
+
+    def plan_round(self) -> PlannedRound:
+        """The next round's plan and prompts (the queue and cursor move only in `finish_round`)."""
+        return begin_round(self.tail, len(self.rounds), self.settings.tail_settings(), self.problems,
+                           self.problems_by_id)
+
+    def finish_round(self, prepared: PlannedRound) -> tuple[SimRound, RoundResult]:
+        """Run a planned round on the group from its current clock, and settle it.
+
+        Split from planning so a caller (the async pipeline) can choose when, in virtual time, it starts."""
         plan = prepared.plan
-        self.lengths.begin_round(iteration)
+        self.lengths.begin_round(plan.iteration)
         requests = sim_requests(prepared.problems, plan.responses_per_prompt, self.lengths,
                                 self.lengths.max_new_tokens)
-        record, result = simulate_round(self.group, plan, requests, s.steps_per_poll)
+        record, result = simulate_round(self.group, plan, requests, self.settings.steps_per_poll)
         self.tail = settle_round(prepared, result)
         self.rounds.append(record)
-        return record
+        return record, result
 
     def run_cycles(self, min_rounds: int, max_rounds: int | None = None) -> list[SimRound]:
         """At least `min_rounds`, then until the queue is empty (whole short+long cycles), at most `max_rounds`."""
