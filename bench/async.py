@@ -278,10 +278,11 @@ def main() -> None:
         parser.error(f"unknown settings {unknown}; choose from {list(SETTINGS)}")
     print(f"config: configs/default.yaml + {overrides}; seeds {seeds}; settings {chosen}")
 
-    results: dict[str, list[RunResult]] = {}
+    results: dict[str, list[RunResult]] = {setting: [] for setting in chosen}
     with tempfile.TemporaryDirectory(prefix="async-bench-") as directory:
-        for setting in chosen:
-            results[setting] = [run_training(setting, seed, overrides, Path(directory)) for seed in seeds]
+        for seed in seeds:  # seed by seed, every setting in turn: a slow patch of the machine hits all of them
+            for setting in chosen:
+                results[setting].append(run_training(setting, seed, overrides, Path(directory)))
     summaries = {setting: summarize(setting, runs) for setting, runs in results.items()}
     baseline = "tail" if "tail" in summaries else chosen[0]
     print_table(summaries, baseline)
