@@ -82,3 +82,21 @@ def test_sim_validate_quick():
     last_line = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT cpu_round_err=\S+ cpu_ratio_err=\S+ paper_ratio_err=\S+ sim_speedup_32b=\S+", last_line)
     assert "Fig 11 rollout ratio sync/tail" in stdout and "replayed rounds end at the measured engine step: all" in stdout
+
+
+@pytest.mark.bench
+def test_async_quick():
+    """Two settings (~2 min): the synchronous step and alpha = 1, through the whole report to the RESULT line."""
+    stdout = run_bench("async.py", "--settings", "sync,async1", timeout=600)
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT skip_stream_step_speedup=\S+ async_step_speedup=\d+\.\d\d "
+                        r"sim_async_speedup_32b=\d+\.\d\d accuracy_delta=\d+\.\d", last_line)
+    assert "CPU per phase" in stdout and "async1" in stdout and "SIMULATED, not measured" in stdout
+
+
+@pytest.mark.bench
+def test_sim_async_and_spot_quick():
+    for script, pattern in (("sim_async.py", r"RESULT sim_async_speedup_7b=\S+ sim_async_speedup_32b=\S+"),
+                            ("sim_spot.py", r"RESULT spot_tokens_per_dollar_gain=\S+")):
+        last_line = run_bench(script).strip().splitlines()[-1]
+        assert re.fullmatch(pattern, last_line), last_line
