@@ -172,7 +172,15 @@ class RunResult:
     rows: list[dict[str, Any]]
     final_accuracy: float
     wall_seconds: float
-    cpu: CpuSampler
+    cpu_text: str
+    """`CpuSampler.describe()` of the run."""
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.__dict__))
+
+    @classmethod
+    def load(cls, path: Path) -> "RunResult":
+        return cls(**json.loads(path.read_text()))
 
     def mean(self, key: str) -> float:
         values = [row[key] for row in self.rows if row.get(key) is not None]
@@ -201,7 +209,7 @@ def run_training(setting: str, seed: int, overrides: dict[str, Any], storage: Pa
     wall = time.perf_counter() - started
     rows = [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines() if line]
     print(f"=== {setting}, seed {seed}: {wall:.0f} s, accuracy {summary.final_accuracy:.3f} ===", flush=True)
-    return RunResult(setting, seed, rows, summary.final_accuracy, wall, cpu)
+    return RunResult(setting, seed, rows, summary.final_accuracy, wall, cpu.describe())
 
 
 @dataclass(frozen=True)
@@ -228,7 +236,7 @@ def summarize(setting: str, runs: list[RunResult]) -> SettingSummary:
         setting, mean(r.mean("time/step_total") for r in runs), mean(r.mean("time/step_generate") for r in runs),
         mean(r.mean("time/step_train") for r in runs), mean(r.mean("time/rollout_during_train") for r in runs),
         mean(accuracies), max(accuracies) - min(accuracies), mean(r.mean("actor/skipped_samples") for r in runs),
-        dict(sorted(staleness.items())), " | ".join(f"seed {r.seed}: {r.cpu.describe()}" for r in runs))
+        dict(sorted(staleness.items())), " | ".join(f"seed {r.seed}: {r.cpu_text}" for r in runs))
 
 
 def print_table(summaries: dict[str, SettingSummary], baseline: str) -> None:
@@ -258,6 +266,9 @@ def main() -> None:
     parser.add_argument("--seeds", default="0,1,2", help="comma-separated data.seed = train.seed values")
     parser.add_argument("--settings", default=",".join(SETTINGS), help=f"which of {', '.join(SETTINGS)}")
     parser.add_argument("--eval-problems", type=int, default=200, help="data.num_eval (default 200, the default's)")
+    parser.add_argument("--runs-dir", type=Path, default=None,
+                        help="keep each run's result here as <setting>-<seed>.json and reuse those already there "
+                             "(a long bench that stopped goes on where it was)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 2 iterations, P0=4, R0=4, 48 new tokens, 16 eval problems, one seed")
     args = parser.parse_args()
@@ -282,7 +293,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="async-bench-") as directory:
         for seed in seeds:  # seed by seed, every setting in turn: a slow patch of the machine hits all of them
             for setting in chosen:
-                results[setting].append(run_training(setting, seed, overrides, Path(directory)))
+                saved = args.runs_dir / f"{setting}-{seed}.json" if args.runs_dir else None
+                if saved is not None and saved.exists():
+                    results[setting].append(RunResult.load(saved))
+                    print(f"=== {setting}, seed {seed}: reused {saved} ===")
+                    continue
+                result = run_training(setting, seed, overrides, Path(directory))
+                if saved is not None:
+                    saved.parent.mkdir(parents=True, exist_ok=True)
+                    result.save(saved)
+                results[setting].append(result)
     summaries = {setting: summarize(setting, runs) for setting, runs in results.items()}
     baseline = "tail" if "tail" in summaries else chosen[0]
     print_table(summaries, baseline)

@@ -101,6 +101,11 @@ class RunState(BaseModel):
             last_eval_accuracy=evaluated, pipeline=pipeline,
         )
 
+    def without_pipeline(self) -> "RunState":
+        """This state as a subflow parameter: Prefect refuses flow-run parameters over 512 KB, and an async run's
+        pipeline (every token in flight) can pass that; the iteration reads the pipeline from the commit."""
+        return self.model_copy(update={"pipeline": None})
+
     def committed(self, checkpoint_key: str, weights_sha256: str, rng: RngState) -> "RunState":
         """This state as committed: with the checkpoint that holds its weights and the driver's RNG."""
         return RunState(

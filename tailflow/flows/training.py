@@ -139,7 +139,7 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
     run_one = async_iteration if ctx.pipeline is not None else iteration
     for attempt in range(retries + 1):
         try:
-            return ctx, run_one(ctx, state, step, attempt)
+            return ctx, run_one(ctx, state.without_pipeline(), step, attempt)
         except ACTOR_FAILURES as error:
             if attempt == retries:
                 shutdown_workers(ctx)  # the caller's context may hold the workers this replaced

@@ -10,6 +10,7 @@ from prefect.cache_policies import NO_CACHE
 from tailflow.engines.reward.scoring import ScoredRound
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
+from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.tail.pipeline import OverlapStats, TakenRound
 from tailflow.engines.tail.pipeline_state import PipelineState
 from tailflow.engines.train.samples import samples_from_groups
@@ -26,10 +27,16 @@ class OverlappedTrainStep:
 @task(cache_policy=NO_CACHE)
 def take_round(ctx: RunContext, state: RunState, iteration: int) -> TakenRound:
     """Round `iteration`, once its completion rule is done; the rounds after it keep running. A pipeline that is
-    not where the last commit left it (a new run, a resumed one, a retried iteration) is restored from it."""
+    not where the last commit left it (a new run, a resumed one, a retried iteration) is restored from that
+    commit, read from the store (`state` comes without its pipeline: `RunState.without_pipeline`)."""
     pipeline = ctx.pipeline
     if not pipeline.is_at(iteration):
-        pipeline.restore(state.pipeline or PipelineState(), state.tail, iteration, state.weight_version)
+        committed = read_committed_state(ctx.store, ctx.run_id)
+        if committed is None or committed.iteration != iteration:
+            raise RuntimeError(f"iteration {iteration} of run {ctx.run_id} must start from the commit after "
+                               f"iteration {iteration - 1}, but the store's latest commit is "
+                               f"{'none' if committed is None else committed.iteration}")
+        pipeline.restore(committed.pipeline or PipelineState(), committed.tail, iteration, committed.weight_version)
     ctx.fault_point("rollout", iteration)
     return pipeline.take(iteration)
 
