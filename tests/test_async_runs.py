@@ -45,6 +45,15 @@ def test_a_sigkilled_async_run_resumes_to_exactly_the_uninterrupted_result(tmp_p
     assert max(row["async/staleness_max"] for row in expected_rows) == 1
     assert any(row["async/mixed_version_responses"] for row in expected_rows)
 
+    # the iteration subflows get the state without its pipeline (Prefect refuses parameters over 512 KB)
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName
+
+    with get_client(sync_client=True) as client:
+        subflows = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["iter-0001"])))
+    states = [run.parameters["state"] for run in subflows if run.parameters["state"]["run_id"] == "clean"]
+    assert states and all(state["pipeline"] is None for state in states)
+
     train = ["train", "-c", str(crashy_dir / "run.yaml"), "--run-id", "crashy"]
     store = LocalStore(crashy_dir)
     # killed while training, the next round rolling meanwhile
