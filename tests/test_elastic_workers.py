@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import pytest
 
@@ -53,7 +54,7 @@ def kill_at_poll(group: RolloutGroup, at: int, rank: int) -> None:
 
 @pytest.fixture(scope="module")
 def group3(ray_session, model_dir):
-    group = RolloutGroup(str(model_dir), 3, num_slots=2, max_seq_len=64, seed=0, num_threads=1)
+    group = RolloutGroup(str(model_dir), 3, num_slots=2, max_seq_len=64, seed=0, num_threads=1, num_cpus=0.5)
     yield group
     group.shutdown()
 
@@ -61,7 +62,8 @@ def group3(ray_session, model_dir):
 def play(group: RolloutGroup, requests, rule, kill_at: int | None, steps_per_poll: int = 3):
     """One round on three workers (one added back if the last round lost one); with `kill_at`, worker 1 is
     SIGKILLed before that poll. The round's result and the requests migrated in it."""
-    group.add_workers(3 - len(group.workers))
+    group.add_workers(3 - len(group.workers) - len(group.joining), wait=True)
+    group._admit_joiners(wait=True)  # a replacement for the last round's lost worker
     group.take_membership()
     if kill_at is not None:
         kill_at_poll(group, kill_at, rank=1)
@@ -90,7 +92,7 @@ def test_a_worker_sigkilled_mid_round_is_migrated_not_restarted(group3, kind):
     reference, _, reference_events = play(group3, requests, make_rule(), kill_at=None)
     result, migrated, events = play(group3, requests, make_rule(), kill_at=kill_at)
 
-    assert reference_events == [] and events == [EventKind.LOST, EventKind.MIGRATE] and len(group3.workers) == 2
+    assert reference_events == [] and events[:2] == [EventKind.LOST, EventKind.MIGRATE]
     assert migrated, "the killed worker held requests in flight"
     prompts = {problem_id_of(r.request_id) for r in requests}
     completed = [pid for pid, _ in result.completed]
@@ -108,43 +110,57 @@ def test_a_worker_sigkilled_mid_round_is_migrated_not_restarted(group3, kind):
     assert all(c.finish_reason != FinishReason.ABORT for _, kept in result.completed for c in kept)
 
 
+def poll_until(group: RolloutGroup, done, finished: list, limit_s: float = 60) -> None:
+    """Poll until `done()` (joins happen between polls, once a started worker holds the weights)."""
+    deadline = time.monotonic() + limit_s
+    while not done():
+        assert time.monotonic() < deadline, (group.worker_ids, group.joining, [e.line() for e in group.membership.events])
+        got = group.poll(2)
+        finished += got
+        if not got:
+            time.sleep(0.05)
+
+
+@pytest.mark.slow  # three workers start one after another: ~25 s on 2 cores
 def test_join_notice_remove_and_zero_workers(ray_session, model_dir, tmp_path):
-    requests = round_requests(num_prompts=3, per_prompt=2, max_new_tokens=40)
+    first, second = round_requests(3, 2, max_new_tokens=40), round_requests(5, 2, max_new_tokens=40)[6:]
     engine = NativeEngine.from_pretrained(model_dir, 4, 64)
     engine.load_weights(engine.runner.model.state_dict(), 3)
-    expected = {c.request_id: c.token_ids for c in engine.generate(requests)}
+    expected = {c.request_id: c.token_ids for c in engine.generate(first + second)}
 
     store = LocalStore(tmp_path)
-    group = RolloutGroup(str(model_dir), 1, num_slots=2, max_seq_len=64, seed=0, num_threads=1)
+    group = RolloutGroup(str(model_dir), 1, num_slots=2, max_seq_len=64, seed=0, num_threads=1, num_cpus=0.5)
     group.control = WorkerControl(store, "run", interval_s=0)
     said = []
     group.say = said.append
+    finished = []
     try:
         group.load_weights(engine.runner.model.state_dict(), 3)
-        group.submit(requests)
-        finished = group.poll(2)
+        group.submit(first)
+        finished += group.poll(2)
         send_worker_command(store, "run", WorkerCommand(add=1))
-        finished += group.poll(2)  # the join happens before this poll's steps
-        assert group.worker_ids == [0, 1]
+        poll_until(group, lambda: group.worker_ids == [0, 1], finished)  # joins between polls, once it has v3
         import ray
 
         assert ray.get(group.workers[1].weight_version.remote()) == 3
-        assert group.membership.events[0].kind is EventKind.JOIN and group.membership.events[0].weight_version == 3
+        join = group.membership.events[0]
+        assert (join.kind, join.worker_id, join.weight_version) == (EventKind.JOIN, 1, 3)
 
-        os.kill(group.worker_pid(0), PREEMPTION_SIGNAL)  # preemption notice: hands over whole, steps no more
-        while group.worker_ids != [1]:
-            finished += group.poll(2)
-        leave, migrate = group.membership.events[1:3]
-        assert (leave.kind, migrate.kind) == (EventKind.LEAVE, EventKind.MIGRATE) and migrate.num_requests > 0
+        os.kill(group.worker_pid(0), PREEMPTION_SIGNAL)  # preemption notice: steps no more, hands over whole
+        poll_until(group, lambda: 0 not in group.worker_ids, finished)
+        leave = next(e for e in group.membership.events if e.kind is EventKind.LEAVE)
+        assert leave.worker_id == 0 and leave.detail == "preemption notice"
+        assert [j.worker_id for j in group.joining] + group.worker_ids[1:] == [2]  # its replacement
 
         send_worker_command(store, "run", WorkerCommand(remove=1))
-        finished += group.poll(2)
-        assert group.workers == [] and group.has_unfinished()  # paused, not failed
-        assert group.poll(2) == [] and any("rollout paused" in line for line in said)
+        send_worker_command(store, "run", WorkerCommand(remove=2))
+        group.submit(second)
+        assert group.poll(2) == [] and group.workers == [] and group.joining == []
+        assert group.has_unfinished() and group.poll(2) == []  # paused, not failed
+        assert any("rollout paused" in line for line in said)
         send_worker_command(store, "run", WorkerCommand(add=1))
-        while len(finished) < len(requests):
-            finished += group.poll(4)
-        assert group.worker_ids == [2] and not group.has_unfinished()
+        poll_until(group, lambda: len(finished) == len(expected), finished)
+        assert group.worker_ids == [3] and not group.has_unfinished()
     finally:
         group.shutdown()
     assert sorted(c.request_id for c in finished) == sorted(expected)

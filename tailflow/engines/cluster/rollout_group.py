@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from tailflow.engines.cluster import ACTOR_FAILURES
@@ -42,6 +42,15 @@ GENERATE_STEPS = 64
 
 PAUSED_WAIT_S = 1.0
 """With no worker left, how long one `poll` waits for a join before returning nothing."""
+
+
+@dataclass
+class Joining:
+    """A started worker loading the current weights; `ready` resolves when it holds them."""
+
+    worker_id: int
+    worker: Any
+    ready: Any
 
 
 def share_by_load(requests: Sequence[Request], loads: list[int], worker_of: dict[str, int]) -> list[list[Request]]:
@@ -106,49 +115,104 @@ class RolloutGroup:
         """A `WorkerControl` (`worker_control.py`) read between polls: `tailflow workers add/remove`."""
         self.say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
         self.is_paused = False
+        self.is_elastic = True
+        """False: a dead worker fails the call with `ACTOR_FAILURES` (the flow then restarts the iteration)."""
+        self.num_wanted = num_workers
+        """Workers the group keeps: `add_workers` / `remove_worker` move it; a worker lost or preempted is
+        replaced by a new one, which joins when Ray can place it (a pause meanwhile if none is left)."""
+        self.joining: list[Joining] = []
+        """Started workers still loading the current weights: they get no request until they hold them."""
         for rank in range(num_workers):
             self._spawn(options[rank])
+        self._admit_joiners(wait=True, announce=False)
 
     # ---- membership ----------------------------------------------------------------------------
 
     def _spawn(self, options: dict) -> int:
-        """Start a worker, load the current weights into it, and only then let it take requests; its id."""
-        import ray
-
+        """Start a worker and have it load the current weights; it joins (`_admit_joiners`) once it has them."""
         model_path, num_slots, max_seq_len, seed, num_threads, device, engine, sleep_mode = self.worker_args
         worker_id, self.next_id = self.next_id, self.next_id + 1
         worker = self.actor_class.options(**options).remote(model_path, num_slots, max_seq_len,
                                                             seed + worker_id * 1_000_003, num_threads, device,
                                                             engine, sleep_mode)
-        if self.weights is not None:
-            ray.get(worker.load_weights.remote(*self.weights))
-        self.workers.append(worker)
-        self.worker_ids.append(worker_id)
+        self.joining.append(Joining(worker_id, worker, self._load_current(worker)))
         return worker_id
 
-    def add_workers(self, count: int) -> list[int]:
-        """`count` new workers, each taking requests once it holds the current weights; their ids."""
-        added = []
-        for _ in range(count):
-            worker_id = self._spawn({})
+    def _load_current(self, worker) -> Any:
+        """A ref that is ready once `worker` holds the current weights (those it was built with, if none)."""
+        return worker.load_weights.remote(*self.weights) if self.weights is not None else worker.weight_version.remote()
+
+    def _admit_joiners(self, wait: bool = False, announce: bool = True) -> None:
+        """Started workers that now hold the current weights take requests (`wait`: all of them, and a worker
+        that fails to start raises). One that dies before it joins is not replaced (a bad model path would
+        respawn forever)."""
+        import ray
+
+        if not self.joining:
+            return
+        refs = [joining.ready for joining in self.joining]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0)
+        ready = set(ready)
+        admitted = [j for j in self.joining if j.ready in ready]
+        self.joining = [j for j in self.joining if j.ready not in ready]
+        for joining in sorted(admitted, key=lambda j: j.worker_id):
+            try:
+                ray.get(joining.ready)
+            except ACTOR_FAILURES as error:
+                if wait:
+                    raise
+                self.num_wanted -= 1
+                self.membership.record(EventKind.LOST, joining.worker_id, detail=f"before joining: {error}")
+                self.say(f"[tailflow] rollout worker {joining.worker_id} died before joining: {error}")
+                continue
             version = self.weights[1] if self.weights is not None else 0
-            self.membership.record(EventKind.JOIN, worker_id, weight_version=version)
-            self.say(f"[tailflow] rollout worker {worker_id} joined (weights v{version}); {len(self.workers)} now")
-            added.append(worker_id)
-        if added and self.orphans:
+            self.workers.append(joining.worker)
+            self.worker_ids.append(joining.worker_id)
+            if announce:
+                self.membership.record(EventKind.JOIN, joining.worker_id, weight_version=version)
+                self.say(f"[tailflow] rollout worker {joining.worker_id} joined with weights v{version}; "
+                         f"{len(self.workers)} rolling out")
+        if self.workers and self.orphans:
             waiting, self.orphans = self.orphans, []
             self.membership.record(EventKind.RESUME)
+            self.say(f"[tailflow] rollout resumed: {len(waiting)} requests go to {len(self.workers)} workers")
             self.is_paused = False
             self._place(waiting)
+
+    def _top_up(self) -> None:
+        while self.is_elastic and len(self.workers) + len(self.joining) < self.num_wanted:
+            self._spawn({})
+
+    def add_workers(self, count: int, wait: bool = False) -> list[int]:
+        """`count` more workers; each takes requests once it holds the current weights (`wait`: return only
+        then). Their ids."""
+        self.num_wanted += count
+        added = [self._spawn({}) for _ in range(count)]
+        self._admit_joiners(wait)
         return added
 
     def remove_worker(self, worker_id: int) -> None:
-        """Worker `worker_id` leaves with notice: its requests are aborted (every token kept) and resubmitted to
-        the others, then it is stopped."""
-        if worker_id not in self.worker_ids:
-            raise ValueError(f"no live rollout worker {worker_id}; live: {self.worker_ids}")
+        """Worker `worker_id` leaves with notice and is not replaced: its requests are aborted (every token
+        kept) and resubmitted to the others, then it is stopped. A worker still joining is stopped at once."""
         import ray
 
+        joining = [j for j in self.joining if j.worker_id == worker_id]
+        if joining:
+            self.joining.remove(joining[0])
+            ray.kill(joining[0].worker)
+            self.num_wanted -= 1
+            self.membership.record(EventKind.LEAVE, worker_id, detail="removed before joining")
+            return
+        if worker_id not in self.worker_ids:
+            raise ValueError(f"no live or joining rollout worker {worker_id}; live: {self.worker_ids}")
+        self.num_wanted -= 1
+        self._hand_over(worker_id, "removed")
+
+    def _hand_over(self, worker_id: int, detail: str) -> None:
+        import ray
+
+        if worker_id not in self.worker_ids:
+            raise ValueError(f"no live rollout worker {worker_id}; live: {self.worker_ids}")
         rank = self.worker_ids.index(worker_id)
         try:
             partials = ray.get(self.workers[rank].abort_all.remote())
@@ -157,10 +221,11 @@ class RolloutGroup:
             return
         for partial in partials:
             self.streamed[partial.request_id] = partial.as_prefix()
-        self._retire(rank, EventKind.LEAVE, "removed")
+        self._retire(rank, EventKind.LEAVE, detail)
 
     def _retire(self, rank: int, kind: EventKind, detail: str) -> None:
-        """Drop worker `rank` and move its requests to the others (from the tokens streamed so far)."""
+        """Drop worker `rank`, move its requests to the others (from the tokens streamed so far), and start a
+        replacement unless the group was asked for fewer workers."""
         import ray
 
         worker, worker_id = self.workers.pop(rank), self.worker_ids.pop(rank)
@@ -170,6 +235,7 @@ class RolloutGroup:
         self.membership.record(kind, worker_id, num_requests=len(moved), detail=detail)
         self.say(f"[tailflow] rollout worker {worker_id} {'left' if kind is EventKind.LEAVE else 'was lost'} "
                  f"({detail}); {len(moved)} requests move to the {len(self.workers)} others")
+        self._top_up()
         self._migrate(worker_id, moved)
 
     def _migrate(self, worker_id: int, request_ids: list[str]) -> None:
@@ -188,16 +254,21 @@ class RolloutGroup:
         for request in requests:
             self.requests[request.request_id] = request
         if not self.workers:
-            if not self.is_paused:
-                self.is_paused = True
-                self.membership.record(EventKind.PAUSE, num_requests=len(self.orphans) + len(requests))
-                self.say(f"[tailflow] rollout paused: no rollout worker left, {len(self.orphans) + len(requests)} "
-                         "requests wait for one to join (`tailflow workers add RUN_ID 1`)")
             self.orphans += requests
+            if not self.is_paused:
+                self._say_paused(len(self.orphans))
             return
         shares = share_by_load(requests, self.in_flight_per_worker(), self.worker_of)
         ranks = [rank for rank, share in enumerate(shares) if share]
         self._each(ranks, lambda rank: self.workers[rank].submit.remote(shares[rank]))
+
+    def _say_paused(self, num_waiting: int) -> None:
+        self.is_paused = True
+        self.membership.record(EventKind.PAUSE, num_requests=num_waiting)
+        starting = (f"{len(self.joining)} starting (they join once Ray can place them)" if self.joining
+                    else "none starting: `tailflow workers add RUN_ID N`")
+        self.say(f"[tailflow] rollout paused: no rollout worker left, {num_waiting} requests wait for one to join; "
+                 f"{starting}")
 
     def _each(self, ranks: Sequence[int], call: Callable[[int], Any]) -> dict[int, Any]:
         """`call(rank)` on each worker; the results of those alive, keyed by their rank at the call. A worker
@@ -211,6 +282,8 @@ class RolloutGroup:
             try:
                 results[rank] = ray.get(ref)
             except ACTOR_FAILURES as error:
+                if not self.is_elastic:
+                    raise
                 dead.append((ids[rank], type(error).__name__))
         for worker_id, detail in dead:
             if worker_id in self.worker_ids:
@@ -225,7 +298,7 @@ class RolloutGroup:
             if command.add:
                 self.add_workers(command.add)
             elif command.remove is not None:
-                if command.remove in self.worker_ids:
+                if command.remove in self.worker_ids or any(j.worker_id == command.remove for j in self.joining):
                     self.remove_worker(command.remove)
                 else:
                     self.say(f"[tailflow] workers remove {command.remove}: no such live worker ({self.worker_ids})")
@@ -264,17 +337,20 @@ class RolloutGroup:
         would let worker 0's whole poll finish "first" and favour it in the completion rule. Membership
         changes (control commands, notices, deaths) are applied here, between engine steps."""
         self.apply_control()
+        self._admit_joiners()
         if not self.workers:
             self._wait_for_workers(len(self.orphans))
             return []
-        busy = [rank for rank, load in enumerate(self.in_flight_per_worker()) if load]
-        ids = {rank: self.worker_ids[rank] for rank in busy}
+        ranks = range(len(self.workers))  # the idle too: one may have been told it is preempted
+        ids = {rank: self.worker_ids[rank] for rank in ranks}
+        busy = {rank for rank, load in enumerate(self.in_flight_per_worker()) if load}
         started = time.perf_counter()
-        reports = self._each(busy, lambda rank: self.workers[rank].step_streamed.remote(max_steps))
+        reports = self._each(ranks, lambda rank: self.workers[rank].step_streamed.remote(max_steps))
         seconds = time.perf_counter() - started
         tagged, leaving = [], []
         for rank, report in reports.items():
-            self.membership.count_work(ids[rank], report.num_tokens, seconds)
+            if rank in busy:
+                self.membership.count_work(ids[rank], report.num_tokens, seconds)
             for delta in report.progress:
                 self._extend(delta)
             if report.is_leaving:
@@ -286,7 +362,7 @@ class RolloutGroup:
             self.finish_steps[f.completion.request_id] = (rank, f.step)
         for worker_id in leaving:
             if worker_id in self.worker_ids:
-                self.remove_worker(worker_id)
+                self._hand_over(worker_id, "preemption notice")
         return [f.completion for *_, f in tagged]
 
     def _extend(self, delta) -> None:
@@ -305,16 +381,14 @@ class RolloutGroup:
         self.streamed.pop(request_id, None)
 
     def _wait_for_workers(self, num_waiting: int) -> None:
-        """No worker: say so (once per pause), then wait up to PAUSED_WAIT_S for a join command."""
+        """No worker: say so (once per pause), then wait up to PAUSED_WAIT_S for one to join."""
         if not self.is_paused:
-            self.is_paused = True
-            self.membership.record(EventKind.PAUSE, num_requests=num_waiting)
-            self.say(f"[tailflow] rollout paused: no rollout worker left, {num_waiting} requests wait for one to "
-                     "join (`tailflow workers add RUN_ID 1`)")
+            self._say_paused(num_waiting)
         deadline = time.perf_counter() + PAUSED_WAIT_S
         while not self.workers and time.perf_counter() < deadline:
             time.sleep(0.1)
             self.apply_control()
+            self._admit_joiners()
         if self.workers:
             self.is_paused = False
 
@@ -348,6 +422,7 @@ class RolloutGroup:
         """Any request still waits or runs; asked only when a poll returned nothing (one extra round trip)."""
         if self.orphans:
             return True
+        self._admit_joiners()
         results = self._each(range(len(self.workers)), lambda rank: self.workers[rank].has_unfinished.remote())
         return any(results.values()) or bool(self.orphans) or bool(self.worker_of)
 
@@ -369,6 +444,8 @@ class RolloutGroup:
         """The same from a state dict already in the object store (`weight_sync.py`: no copy via the driver).
         The group keeps the ref: a worker that joins later loads it before it gets work."""
         self.weights = (state_dict_ref, version)
+        for joining in self.joining:  # calls run in order: this load is the one a joiner waits for now
+            joining.ready = self._load_current(joining.worker)
         self._each(range(len(self.workers)), lambda rank: self.workers[rank].load_weights.remote(state_dict_ref,
                                                                                                   version))
 
@@ -400,9 +477,9 @@ class RolloutGroup:
     def shutdown(self) -> None:
         import ray
 
-        for worker in self.workers:
+        for worker in [*self.workers, *(joining.worker for joining in self.joining)]:
             ray.kill(worker)
-        self.workers, self.worker_ids = [], []
+        self.workers, self.worker_ids, self.joining = [], [], []
         self.worker_of.clear()
         self.requests.clear()
         self.streamed.clear()
