@@ -12,7 +12,9 @@ from tailflow.engines.run_state import RunState
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
-from tailflow.flows.artifacts import RunArtifacts
+from tailflow.engines.cluster.rollout_group import RolloutGroup
+from tailflow.engines.cluster.worker_control import WorkerControl
+from tailflow.flows.artifacts import RunArtifacts, publish_rollout_membership
 from tailflow.flows.async_iteration import async_iteration
 from tailflow.flows.iteration import iteration
 from tailflow.flows.live_progress import live_progress
@@ -88,6 +90,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
     else:
         prepare_run_dir(store, run_config, run_id)
     ctx = build_context(run_config, run_id, store)
+    steer_rollout(ctx)
     try:
         if committed is not None:
             restore_commit(ctx, committed)
@@ -134,12 +137,15 @@ def config_to_resume(config_path: str | None, overrides: list[str], config: RunC
 def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunContext, RunState]:
     """One iteration; if an actor dies in it, every actor is replaced, the last commit restored, and the
     iteration runs again from its start (up to `train.iteration_retries` times). The context returned holds
-    the workers in use after it."""
+    the workers in use after it. With `rollout.elastic` (the default) a rollout worker's death never gets here:
+    its group replaces it and moves its requests (docs/operations.md, elastic rollout workers)."""
     retries = ctx.config.train.iteration_retries
     run_one = async_iteration if ctx.pipeline is not None else iteration
     for attempt in range(retries + 1):
         try:
-            return ctx, run_one(ctx, state, step, attempt)
+            next_state = run_one(ctx, state, step, attempt)
+            publish_membership(ctx, step)
+            return ctx, next_state
         except ACTOR_FAILURES as error:
             if attempt == retries:
                 shutdown_workers(ctx)  # the caller's context may hold the workers this replaced
@@ -147,8 +153,27 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
             say(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
                 f"from the last commit and running the iteration again (attempt {attempt + 2})")
             ctx = restart_workers(ctx)
+            steer_rollout(ctx)
             restore_weights(ctx, state)
     raise AssertionError("unreachable")
+
+
+def steer_rollout(ctx: RunContext) -> None:
+    """The rollout group follows `rollout.elastic`, reads `tailflow workers add/remove` commands from the run's
+    store between polls, and says what changes in the run's log."""
+    group = ctx.rollout
+    if not isinstance(group, RolloutGroup):
+        return
+    group.is_elastic = ctx.config.rollout.elastic
+    group.say = say
+    if group.is_elastic:
+        group.control = WorkerControl(ctx.store, ctx.run_id, ctx.config.cluster.worker_control_interval_s)
+
+
+def publish_membership(ctx: RunContext, step: int) -> None:
+    """The iteration's rollout workers, their tokens/s, joins, leaves and migrations, as an artifact."""
+    if isinstance(ctx.rollout, RolloutGroup):
+        publish_rollout_membership(ctx.run_id, step, ctx.rollout.take_membership())
 
 
 def resolve_config(config_path: str | None, overrides: list[str], config: RunConfig | dict | None) -> RunConfig:
