@@ -191,6 +191,10 @@ class RolloutGroup:
         self._admit_joiners(wait)
         return added
 
+    def wait_for_joins(self) -> None:
+        """Block until every started worker holds the current weights and takes requests."""
+        self._admit_joiners(wait=True)
+
     def remove_worker(self, worker_id: int) -> None:
         """Worker `worker_id` leaves with notice and is not replaced: its requests are aborted (every token
         kept) and resubmitted to the others, then it is stopped. A worker still joining is stopped at once."""
