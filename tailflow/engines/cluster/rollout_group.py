@@ -172,11 +172,10 @@ class RolloutGroup:
                 self.membership.record(EventKind.JOIN, joining.worker_id, weight_version=version)
                 self.say(f"[tailflow] rollout worker {joining.worker_id} joined with weights v{version}; "
                          f"{len(self.workers)} rolling out")
-        if self.workers and self.orphans:
-            waiting, self.orphans = self.orphans, []
+        if self.workers and self.is_paused:
+            waiting, self.orphans, self.is_paused = self.orphans, [], False
             self.membership.record(EventKind.RESUME)
             self.say(f"[tailflow] rollout resumed: {len(waiting)} requests go to {len(self.workers)} workers")
-            self.is_paused = False
             self._place(waiting)
 
     def _top_up(self) -> None:
