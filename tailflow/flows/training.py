@@ -13,7 +13,7 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
 from tailflow.engines.cluster.rollout_group import RolloutGroup
-from tailflow.engines.cluster.worker_control import WorkerControl
+from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command
 from tailflow.flows.artifacts import RunArtifacts, publish_rollout_membership
 from tailflow.flows.async_iteration import async_iteration
 from tailflow.flows.iteration import iteration
@@ -80,6 +80,23 @@ def rl_training(
     with (no_retry_on_user_error(), run_writer(run_config, run_id, take_over) as lease,
           live_progress(run_config, run_id)):
         return train(run_config, run_id, allow_change or [], lease)
+
+
+@flow(name="rollout_workers", flow_run_name="workers-{run_id}")
+def rollout_workers(run_id: str, add: int = 0, remove: int | None = None, config_path: str | None = None,
+                    overrides: list[str] | None = None) -> str:
+    """Add `add` rollout workers to running run `run_id`, or remove worker `remove` (as `tailflow workers
+    add/remove`): the command is queued in the run's store (`storage.uri` of the config given) and the run applies
+    it between rollout polls. Returns where the command was written."""
+    with no_retry_on_user_error():
+        store = open_store(resolve_config(config_path, overrides or [], None).storage.uri)
+        try:
+            command = WorkerCommand(add=add, remove=remove)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if not store.exists(f"{run_id}/config.yaml"):
+            raise ConfigError(f"run_id: no run {run_id!r} in {store.uri()}")
+        return store.uri(send_worker_command(store, run_id, command))
 
 
 def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=None) -> RunSummary:
