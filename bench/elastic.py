@@ -73,14 +73,18 @@ class ChangeMidRound:
 
     def __init__(self, group: RolloutGroup, store: LocalStore, change: str | None) -> None:
         self.group, self.store, self.change, self.num_polls = group, store, change, 0
+        self.join_wait_s = 0.0
+        """Seconds spent waiting for the joiner (actor start + weight load): not counted as rollout time."""
 
     def poll(self, max_steps: int):
         self.num_polls += 1
         if self.num_polls == CHANGE_AT_POLL and self.change is not None:
             if self.change == "add":
+                started = time.perf_counter()
                 send_worker_command(self.store, "bench", WorkerCommand(add=1))
                 self.group.apply_control()
                 self.group.wait_for_joins()
+                self.join_wait_s = time.perf_counter() - started
             elif self.change == "remove":
                 send_worker_command(self.store, "bench", WorkerCommand(remove=min(self.group.worker_ids)))
             else:
@@ -164,12 +168,13 @@ def main() -> int:
             workers_before = len(group.workers)
             before = sum(s.tokens_generated for s in group.stats())
             started = time.perf_counter()
+            rollout = ChangeMidRound(group, store, change)
             try:
-                result = play_round(ChangeMidRound(group, store, change), requests, args)
+                result = play_round(rollout, requests, args)
             except ACTOR_FAILURES:  # what the flow would turn into an iteration restart
                 restarts += 1
                 continue
-            seconds = time.perf_counter() - started
+            seconds = time.perf_counter() - started - rollout.join_wait_s
             tokens = sum(s.tokens_generated for s in group.stats()) - before
             expected = play_round(reference, requests, args)
             report = group.take_membership()
@@ -195,7 +200,9 @@ def main() -> int:
             rates = " ".join(f"w{wid}={rate:.0f}" for wid, rate in report.tokens_per_s.items())
             print(f"iter {iteration:2d}  change={change or '-':6s} workers {workers_before}->{len(group.workers)}  "
                   f"{tokens:5d} tokens in {seconds:5.2f}s  migrated {sum(e.num_requests for e in moves):2d} requests "
-                  f"/{sum(e.num_tokens for e in moves):4d} tokens  tokens/s per worker: {rates}", flush=True)
+                  f"/{sum(e.num_tokens for e in moves):4d} tokens  tokens/s per worker: {rates}"
+                  + (f"  (join waited {rollout.join_wait_s:.1f}s, not counted)" if rollout.join_wait_s else ""),
+                  flush=True)
     finally:
         group.shutdown()
         reference.shutdown()

@@ -171,3 +171,18 @@ def test_join_notice_remove_and_zero_workers(ray_session, model_dir, tmp_path):
     report = group.take_membership()
     assert report.metrics()["rollout/migrated_requests"] == sum(e.num_requests for e in report.events
                                                                 if e.kind is EventKind.MIGRATE)
+
+
+@pytest.mark.slow  # its own Ray, five workers started: ~1-2 min on 2 cores
+def test_the_elastic_bench_smoke():
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, str(root / "bench" / "elastic.py"), "--quick"], capture_output=True,
+                            text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(root)})
+    last = result.stdout.strip().splitlines()[-1]
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert last.startswith("RESULT migrations=") and last.endswith(" lost_prompts=0 iteration_restarts=0")
+    assert int(last.split()[1].split("=")[1]) > 0
