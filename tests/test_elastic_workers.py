@@ -186,3 +186,19 @@ def test_the_elastic_bench_smoke():
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert last.startswith("RESULT migrations=") and last.endswith(" lost_prompts=0 iteration_restarts=0")
     assert int(last.split()[1].split("=")[1]) > 0
+
+
+def test_workers_cli_queues_commands_a_run_takes_once(tmp_path, capsys):
+    from tailflow.cli import main
+
+    store = LocalStore(tmp_path)
+    store.write_text("r1/config.yaml", "{}\n")
+    at = [f"--set=storage.uri={tmp_path}"]
+    assert main(["workers", "add", "r1", "2", *at]) == 0
+    assert main(["workers", "remove", "r1", "3", *at]) == 0
+    assert main(["workers", "add", "r1", "0", *at]) == 2  # refused, nothing queued
+    assert main(["workers", "add", "nope", "1", *at]) == 2
+    control = WorkerControl(store, "r1", interval_s=0)
+    taken = control.take()
+    assert [(c.add, c.remove) for c in taken] == [(2, None), (0, 3)] and all(c.issued_by for c in taken)
+    assert control.take() == [] and main(["workers", "pending", "r1", *at]) == 0
