@@ -29,7 +29,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
 from tailflow.engines.cluster import ACTOR_FAILURES
-from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.cluster.membership import EventKind, Membership, MembershipReport
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request, ResponsePrefix
 
