@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from tailflow.engines.cluster import ACTOR_FAILURES
+from tailflow.engines.cluster.in_flight import InFlight
 from tailflow.engines.cluster.membership import EventKind, Membership, MembershipReport
-from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request, ResponsePrefix
+from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 
 JOIN_HEADROOM = 8
 """`stats()` lists this many not-yet-joined seats (zeros) after the newest worker, so a caller's before/after
@@ -100,10 +101,8 @@ class RolloutGroup:
         """In-flight request id -> index (in `workers`) of the worker running it."""
         self.finish_steps: dict[str, tuple[int, int]] = {}
         """This round's finished request id -> (worker, step of the round it finished at), for traces."""
-        self.requests: dict[str, Request] = {}
-        """Every request in flight (or waiting for a worker), as last submitted."""
-        self.streamed: dict[str, ResponsePrefix] = {}
-        """Each request's response tokens so far, as the workers streamed them back."""
+        self.in_flight = InFlight()
+        """Every request in flight and its tokens so far, as the workers streamed them back."""
         self.orphans: list[Request] = []
         """Requests waiting for a worker (none left), in submission order."""
         self.weights: tuple[Any, int] | None = None
@@ -221,8 +220,7 @@ class RolloutGroup:
         except ACTOR_FAILURES as error:
             self._retire(rank, EventKind.LOST, type(error).__name__)
             return
-        for partial in partials:
-            self.streamed[partial.request_id] = partial.as_prefix()
+        self.in_flight.hand_over(partials)
         self._retire(rank, EventKind.LEAVE, detail)
 
     def _retire(self, rank: int, kind: EventKind, detail: str) -> None:
@@ -241,10 +239,7 @@ class RolloutGroup:
         self._migrate(worker_id, moved)
 
     def _migrate(self, worker_id: int, request_ids: list[str]) -> None:
-        continued = []
-        for request_id in request_ids:
-            prefix = self.streamed.get(request_id)
-            continued.append(replace(self.requests[request_id], prefix=prefix if prefix and prefix.token_ids else None))
+        continued = self.in_flight.continued(request_ids)
         if continued:
             self.membership.record(EventKind.MIGRATE, worker_id, num_requests=len(continued),
                                    num_tokens=sum(len(r.prefix.token_ids) for r in continued if r.prefix),
@@ -252,9 +247,7 @@ class RolloutGroup:
             self._place(continued)
 
     def _place(self, requests: list[Request]) -> None:
-        """Requests to the live workers by load, or to the waiting list when none is left."""
-        for request in requests:
-            self.requests[request.request_id] = request
+        """Requests (already in `in_flight`) to the live workers by load, or to the waiting list when none is left."""
         if not self.workers:
             self.orphans += requests
             if not self.is_paused:
@@ -329,8 +322,7 @@ class RolloutGroup:
     def submit(self, requests: Sequence[Request]) -> None:
         if not self.worker_of and not self.orphans:
             self.finish_steps.clear()  # a new round
-        for request in requests:
-            self.streamed[request.request_id] = request.prefix or ResponsePrefix((), (), ())
+        self.in_flight.add(requests)
         self._place(list(requests))
 
     def poll(self, max_steps: int) -> list[Completion]:
@@ -354,7 +346,7 @@ class RolloutGroup:
             if rank in busy:
                 self.membership.count_work(ids[rank], report.num_tokens, seconds)
             for delta in report.progress:
-                self._extend(delta)
+                self.in_flight.extend(delta)
             if report.is_leaving:
                 leaving.append(ids[rank])
             tagged += [(f.offset, rank, index, f) for index, f in enumerate(report.finished)]
@@ -367,20 +359,9 @@ class RolloutGroup:
                 self._hand_over(worker_id, "preemption notice")
         return [f.completion for *_, f in tagged]
 
-    def _extend(self, delta) -> None:
-        """Add streamed tokens to a request's known prefix (a gap, from a lost report, is left to regenerate)."""
-        known = self.streamed.get(delta.request_id)
-        if known is None or delta.start > len(known.token_ids):
-            return
-        cut = delta.start
-        self.streamed[delta.request_id] = ResponsePrefix(known.token_ids[:cut] + delta.token_ids,
-                                                         known.logprobs[:cut] + delta.logprobs,
-                                                         known.weight_versions[:cut] + delta.weight_versions)
-
     def _forget(self, request_id: str) -> None:
         self.worker_of.pop(request_id, None)
-        self.requests.pop(request_id, None)
-        self.streamed.pop(request_id, None)
+        self.in_flight.forget(request_id)
 
     def _wait_for_workers(self, num_waiting: int) -> None:
         """No worker: say so (once per pause), then wait up to PAUSED_WAIT_S for one to join."""
@@ -399,7 +380,8 @@ class RolloutGroup:
         wanted = set(request_ids)
         waiting = [r for r in self.orphans if r.request_id in wanted]
         self.orphans = [r for r in self.orphans if r.request_id not in wanted]
-        partials = [self._partial(r.request_id) for r in waiting]
+        version = self.weights[1] if self.weights is not None else 0
+        partials = [self.in_flight.partial(r.request_id, version) for r in waiting]
         by_rank = take_by_worker(request_ids, self.worker_of)
         ranks = [rank for rank, _ in by_rank]
         ids_of = dict(by_rank)
@@ -407,18 +389,11 @@ class RolloutGroup:
         partials += [completion for rank in sorted(results) for completion in results[rank]]
         got = {c.request_id for c in partials}
         # A worker that died holding some of them: their partials are the tokens streamed before it died.
-        partials += [self._partial(rid) for _, ids in by_rank for rid in ids
-                     if rid not in got and rid in self.requests and rid not in self.worker_of]
+        partials += [self.in_flight.partial(rid, version) for _, ids in by_rank for rid in ids
+                     if rid not in got and rid in self.in_flight and rid not in self.worker_of]
         for completion in partials:
             self._forget(completion.request_id)
         return partials
-
-    def _partial(self, request_id: str) -> Completion:
-        request, prefix = self.requests[request_id], self.streamed[request_id]
-        version = self.weights[1] if self.weights is not None else 0
-        mixed = any(v != version for v in prefix.weight_versions)
-        return Completion(request_id, request.prompt_token_ids, prefix.token_ids, prefix.logprobs,
-                          FinishReason.ABORT, version, prefix.weight_versions if mixed else ())
 
     def has_unfinished(self) -> bool:
         """Any request still waits or runs; asked only when a poll returned nothing (one extra round trip)."""
@@ -483,6 +458,5 @@ class RolloutGroup:
             ray.kill(worker)
         self.workers, self.worker_ids, self.joining = [], [], []
         self.worker_of.clear()
-        self.requests.clear()
-        self.streamed.clear()
+        self.in_flight = InFlight()
         self.orphans = []
