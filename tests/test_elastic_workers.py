@@ -202,3 +202,22 @@ def test_workers_cli_queues_commands_a_run_takes_once(tmp_path, capsys):
     taken = control.take()
     assert [(c.add, c.remove) for c in taken] == [(2, None), (0, 3)] and all(c.issued_by for c in taken)
     assert control.take() == [] and main(["workers", "pending", "r1", *at]) == 0
+
+
+def test_in_flight_keeps_a_valid_prefix_through_lost_reports():
+    from tailflow.engines.cluster.in_flight import InFlight
+    from tailflow.engines.rollout.protocol import ResponsePrefix
+    from tailflow.engines.rollout.worker import TokenDelta
+
+    ledger = InFlight()
+    ledger.add([Request("a#0", (1, 2), SamplingParams(max_new_tokens=9, seed=1),
+                        ResponsePrefix((7,), (-0.5,), (2,)))])
+    ledger.extend(TokenDelta("a#0", 1, (8, 9), (-1.0, -2.0), (3, 3)))
+    ledger.extend(TokenDelta("a#0", 5, (4,), (-1.0,), (3,)))  # a report was lost: the gap is not bridged
+    ledger.extend(TokenDelta("a#0", 2, (9, 5), (-2.0, -3.0), (3, 3)))  # a repeated report overlaps
+    (continued,) = ledger.continued(["a#0"])
+    assert continued.prefix == ResponsePrefix((7, 8, 9, 5), (-0.5, -1.0, -2.0, -3.0), (2, 3, 3, 3))
+    partial = ledger.partial("a#0", 3)
+    assert partial.finish_reason is FinishReason.ABORT and partial.token_weight_versions == (2, 3, 3, 3)
+    ledger.forget("a#0")
+    assert "a#0" not in ledger
