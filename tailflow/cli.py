@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     runs_show.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
     runs_show.add_argument("--json", action="store_true", help="print one JSON object")
     config_arguments(runs_show)
+    workers_arguments(commands.add_parser(
+        "workers", help="add or remove rollout workers of a running run (read between rollout polls)"))
     export = commands.add_parser("export", help="copy a run's committed checkpoint out as a Hugging Face model dir")
     export.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
     export.add_argument("directory", metavar="DIR", help="new or empty directory to write the model into")
@@ -98,6 +100,47 @@ def build_parser() -> argparse.ArgumentParser:
     deploy = commands.add_parser("deploy", help="register deployments/prefect.yaml on the Prefect server")
     deploy.add_argument("--repo", help="the tailflow checkout the worker runs flows from (default: this one)")
     return parser
+
+
+def workers_arguments(workers) -> None:
+    actions = workers.add_subparsers(dest="workers_command", required=True)
+    add = actions.add_parser("add", help="start N rollout workers; each takes requests once it has the weights")
+    add.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    add.add_argument("count", metavar="N", type=int, help="how many workers to add (>= 1)")
+    config_arguments(add)
+    remove = actions.add_parser("remove", help="worker ID hands its requests to the others and stops")
+    remove.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    remove.add_argument("worker_id", metavar="ID", type=int, help="the worker's id (the run's log names them)")
+    config_arguments(remove)
+    pending = actions.add_parser("pending", help="commands written but not yet applied by the run")
+    pending.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    config_arguments(pending)
+
+
+def run_workers(args, config) -> int:
+    """Queue the command in the run's store (`engines/cluster/worker_control.py`); the run applies it between
+    rollout polls, within `cluster.worker_control_interval_s`, or when it next runs."""
+    from tailflow.engines.cluster.worker_control import WorkerCommand, pending_worker_commands, send_worker_command
+    from tailflow.engines.store import open_store
+
+    store = open_store(config.storage.uri)
+    if args.workers_command == "pending":
+        for name in pending_worker_commands(store, args.run_id):
+            print(name)
+        return 0
+    if not store.exists(f"{args.run_id}/config.yaml"):
+        print(f"tailflow: error: no run {args.run_id!r} in {store.uri()}", file=sys.stderr)
+        return 2
+    try:
+        command = (WorkerCommand(add=args.count) if args.workers_command == "add"
+                   else WorkerCommand(remove=args.worker_id))
+    except ValueError as error:
+        print(f"tailflow: error: {error}", file=sys.stderr)
+        return 2
+    key = send_worker_command(store, args.run_id, command)
+    print(f"queued for run {args.run_id}: {args.workers_command} "
+          f"{args.count if args.workers_command == 'add' else args.worker_id} ({store.uri(key)})")
+    return 0
 
 
 def plan_arguments(plan) -> None:
@@ -152,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             return run_report(args, config)
         elif args.command == "runs":
             return run_runs(args, config)
+        elif args.command == "workers":
+            return run_workers(args, config)
         elif args.command == "export":
             return run_export(args, config)
         elif args.command == "plan":

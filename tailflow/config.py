@@ -90,6 +90,12 @@ class RolloutConfig(Section):
     """Rollout engine: `native` (tailflow's own torch engine, CPU or CUDA) or `vllm` (vLLM 0.33.0, the `vllm`
     extra; GPU only, so it needs cluster.device gpu; written against vLLM's API and never run: docs/gpu.md)."""
 
+    elastic: bool = True
+    """Rollout workers may join and leave mid-round (docs/operations.md, elastic rollout workers): a rollout
+    worker that dies or is preempted is replaced and its requests continue on the others from the tokens they
+    have, without restarting the iteration; `tailflow workers add/remove` change the count of a running run.
+    False: a dead rollout worker restarts the iteration from the last commit, as trainer and reward actors do."""
+
 
 class RewardConfig(Section):
     type: Literal["math", "code", "judge"] = "math"
@@ -291,6 +297,9 @@ class ClusterConfig(Section):
     """gpu: put every trainer rank (and its colocated rollout worker) on a node of its own (Ray placement group
     STRICT_SPREAD, one node per rank); False: PACK, as few nodes as fit."""
 
+    worker_control_interval_s: float = Field(1.0, gt=0)
+    """How often, at most, a running run reads `tailflow workers add/remove` commands (files under
+    `<run>/control/workers/` in its store) between rollout polls."""
 
     @field_validator("device")
     @classmethod

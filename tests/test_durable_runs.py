@@ -129,19 +129,22 @@ def test_sigkill_in_every_phase_then_resume_ends_exactly_where_a_clean_run_does(
     assert not (tmp_path / ".leases" / "crashy.json").exists()
 
 
-def test_a_dead_rollout_trainer_or_reward_actor_costs_a_retry_not_the_run(tmp_path, cli_env, reference):
+def test_a_dead_trainer_or_reward_actor_costs_a_retry_and_a_dead_rollout_worker_nothing(tmp_path, cli_env, reference):
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump(run_config(tmp_path)))
     result = run_cli(["train", "-c", str(config_path), "--run-id", "actors"], cli_env,
                      fault="kill-reward@0,kill-rollout@1,kill-trainer@2")
     assert result.returncode == 0, result.stdout[-4000:]
-    assert result.stdout.count("an actor died") == 3
+    # the reward and trainer deaths restart their iteration; the rollout worker's does not (rollout.elastic:
+    # its requests continue on a replacement from the tokens streamed so far)
+    assert result.stdout.count("an actor died") == 2
 
-    state, rows = outcome(tmp_path, "actors", ignore=("iteration/attempt",))
+    varying = ("iteration/attempt", "rollout/migrated_requests", "rollout/migrated_tokens")
+    state, rows = outcome(tmp_path, "actors", ignore=varying)
     _, rows_with_attempts = outcome(tmp_path, "actors")
-    assert [row["iteration/attempt"] for row in rows_with_attempts] == [1, 1, 1]
+    assert [row["iteration/attempt"] for row in rows_with_attempts] == [1, 0, 1]
     expected_state, expected_rows = reference
-    assert rows == [{k: v for k, v in row.items() if k != "iteration/attempt"} for row in expected_rows]
+    assert rows == [{k: v for k, v in row.items() if k not in varying} for row in expected_rows]
     assert state.weights_sha256 == expected_state.weights_sha256
 
 

@@ -66,6 +66,25 @@ def publish_iteration_summary(row: dict[str, Any], state: RunState) -> None:
     )
 
 
+def membership_markdown(run_id: str, iteration: int, report: Any) -> str:
+    """An elastic rollout group's iteration (`cluster/membership.py` `MembershipReport`): the workers, their
+    tokens/s, and every join, leave, loss and migration in order."""
+    lines = [f"# {run_id} · iteration {iteration} · rollout workers", "", "| metric | value |", "| --- | --- |"]
+    for name, value in report.metrics().items():
+        lines.append(f"| `{name}` | {value:.4g} |" if isinstance(value, float) else f"| `{name}` | {value} |")
+    lines += ["", "Joins, leaves and migrations:" if report.events else "No worker joined or left.", ""]
+    lines += [f"- `{event.line()}`" for event in report.events]
+    return "\n".join(lines)
+
+
+def publish_rollout_membership(run_id: str, iteration: int, report: Any) -> None:
+    create_markdown_artifact(
+        key=f"{artifact_key(run_id)}-rollout-workers",
+        markdown=membership_markdown(run_id, iteration, report),
+        description=f"rollout workers in iteration {iteration} of run {run_id}: joins, leaves, migrations",
+    )
+
+
 def artifact_key(run_id: str) -> str:
     """Artifact keys allow lowercase letters, digits and dashes only."""
     cleaned = "".join(ch if ch.isalnum() else "-" for ch in run_id.lower())

@@ -13,7 +13,7 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.track.async_summary import async_metrics
 from tailflow.engines.track.summary import metrics_row
-from tailflow.flows.artifacts import publish_iteration_summary
+from tailflow.flows.artifacts import publish_iteration_summary, publish_rollout_membership
 from tailflow.tasks.async_rollout import pause_rollout, resume_rollout, take_round, train_while_rolling
 from tailflow.tasks.commit import commit
 from tailflow.tasks.evaluate import evaluate_policy
@@ -38,7 +38,10 @@ def async_iteration(ctx: RunContext, state: RunState, iteration: int, attempt: i
         anchors=ctx.timeouts.updated(state.reward_anchors, scored.observed_times()),
         reports_anchor=ctx.reward.runs_code,
     )
-    row = metrics_row(outcome, state.initial_eval_accuracy) | async_metrics(taken, step.overlap, stopped)
+    workers = ctx.rollout.take_membership()  # joins, leaves, migrations (elastic rollout workers)
+    row = metrics_row(outcome, state.initial_eval_accuracy) | async_metrics(taken, step.overlap, stopped) \
+        | workers.metrics()
     next_state = commit(ctx, state.advance(outcome, pipeline=in_flight), row)
     publish_iteration_summary(row, next_state)
+    publish_rollout_membership(ctx.run_id, iteration, workers)
     return next_state

@@ -17,7 +17,7 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.tail.round import settle_round
 from tailflow.engines.track.summary import metrics_row
-from tailflow.flows.artifacts import publish_iteration_summary
+from tailflow.flows.artifacts import publish_iteration_summary, publish_rollout_membership
 from tailflow.tasks.commit import commit
 from tailflow.tasks.evaluate import evaluate_policy
 from tailflow.tasks.plan import plan_round
@@ -44,7 +44,9 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
         anchors=ctx.timeouts.updated(state.reward_anchors, scored.observed_times()),
         reports_anchor=ctx.reward.runs_code,
     )
-    row = metrics_row(outcome, state.initial_eval_accuracy)
+    workers = ctx.rollout.take_membership()  # joins, leaves, migrations (elastic rollout workers)
+    row = metrics_row(outcome, state.initial_eval_accuracy) | workers.metrics()
     next_state = commit(ctx, state.advance(outcome), row)
     publish_iteration_summary(row, next_state)
+    publish_rollout_membership(ctx.run_id, iteration, workers)
     return next_state

@@ -12,6 +12,8 @@ from tailflow.engines.run_state import RunState
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
+from tailflow.engines.cluster.rollout_group import RolloutGroup
+from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command
 from tailflow.flows.artifacts import RunArtifacts
 from tailflow.flows.async_iteration import async_iteration
 from tailflow.flows.iteration import iteration
@@ -80,6 +82,23 @@ def rl_training(
         return train(run_config, run_id, allow_change or [], lease)
 
 
+@flow(name="rollout_workers", flow_run_name="workers-{run_id}")
+def rollout_workers(run_id: str, add: int = 0, remove: int | None = None, config_path: str | None = None,
+                    overrides: list[str] | None = None) -> str:
+    """Add `add` rollout workers to running run `run_id`, or remove worker `remove` (as `tailflow workers
+    add/remove`): the command is queued in the run's store (`storage.uri` of the config given) and the run applies
+    it between rollout polls. Returns where the command was written."""
+    with no_retry_on_user_error():
+        store = open_store(resolve_config(config_path, overrides or [], None).storage.uri)
+        try:
+            command = WorkerCommand(add=add, remove=remove)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        if not store.exists(f"{run_id}/config.yaml"):
+            raise ConfigError(f"run_id: no run {run_id!r} in {store.uri()}")
+        return store.uri(send_worker_command(store, run_id, command))
+
+
 def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=None) -> RunSummary:
     store = open_store(run_config.storage.uri)
     committed = read_committed_state(store, run_id)
@@ -88,6 +107,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
     else:
         prepare_run_dir(store, run_config, run_id)
     ctx = build_context(run_config, run_id, store)
+    steer_rollout(ctx)
     try:
         if committed is not None:
             restore_commit(ctx, committed)
@@ -134,7 +154,8 @@ def config_to_resume(config_path: str | None, overrides: list[str], config: RunC
 def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunContext, RunState]:
     """One iteration; if an actor dies in it, every actor is replaced, the last commit restored, and the
     iteration runs again from its start (up to `train.iteration_retries` times). The context returned holds
-    the workers in use after it."""
+    the workers in use after it. With `rollout.elastic` (the default) a rollout worker's death never gets here:
+    its group replaces it and moves its requests (docs/operations.md, elastic rollout workers)."""
     retries = ctx.config.train.iteration_retries
     run_one = async_iteration if ctx.pipeline is not None else iteration
     for attempt in range(retries + 1):
@@ -147,8 +168,21 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
             say(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
                 f"from the last commit and running the iteration again (attempt {attempt + 2})")
             ctx = restart_workers(ctx)
+            steer_rollout(ctx)
             restore_weights(ctx, state)
     raise AssertionError("unreachable")
+
+
+def steer_rollout(ctx: RunContext) -> None:
+    """The rollout group follows `rollout.elastic`, reads `tailflow workers add/remove` commands from the run's
+    store between polls, and says what changes in the run's log."""
+    group = ctx.rollout
+    if not isinstance(group, RolloutGroup):
+        return
+    group.is_elastic = ctx.config.rollout.elastic
+    group.say = say
+    if group.is_elastic:
+        group.control = WorkerControl(ctx.store, ctx.run_id, ctx.config.cluster.worker_control_interval_s)
 
 
 def resolve_config(config_path: str | None, overrides: list[str], config: RunConfig | dict | None) -> RunConfig:

@@ -6,13 +6,51 @@ to the worker with the fewest in flight (lowest index on ties), `poll` runs a
 few engine steps on every busy worker and returns what finished merged by
 engine step (the i-th step of every worker before any worker's next). Nothing depends on wall-clock timing, so with one worker a seeded
 run is reproducible bit for bit.
+
+The group is elastic (issue 17): workers join (`add_workers`) and leave
+(`remove_worker`, a preemption notice, or death) at any moment, and the
+callers (`tail/driver.py`, `tail/pipeline.py`) see only timing. The driver
+keeps every request in flight and the tokens each has streamed back so far
+(`step_streamed` reports them with each poll); a worker that leaves with
+notice hands its requests over whole (aborted, every token kept), one that
+dies loses at most the tokens since its last poll; either way its requests
+are resubmitted to the others with their tokens as a `ResponsePrefix` (each
+token keeps its weight version and log-prob) and, seeded, draw exactly what
+they would have drawn. A joining worker loads the current weights before it
+is given any request. With no worker left the requests wait (`poll` returns
+nothing, `has_unfinished` stays true) until one joins. Only an actor call
+that fails (`ACTOR_FAILURES`) counts a worker dead: a slow one is waited for.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
-from tailflow.engines.cluster.calls import get_all
+from tailflow.engines.cluster import ACTOR_FAILURES
+from tailflow.engines.cluster.in_flight import InFlight
+from tailflow.engines.cluster.membership import EventKind, Membership, MembershipReport
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
+
+JOIN_HEADROOM = 8
+"""`stats()` lists this many not-yet-joined seats (zeros) after the newest worker, so a caller's before/after
+difference (`summarize_rollout` zips them) counts a worker that joined in between from its first token."""
+
+GENERATE_STEPS = 64
+"""Engine steps per poll when `generate` runs a batch to completion."""
+
+PAUSED_WAIT_S = 1.0
+"""With no worker left, how long one `poll` waits for a join before returning nothing."""
+
+
+@dataclass
+class Joining:
+    """A started worker loading the current weights; `ready` resolves when it holds them."""
+
+    worker_id: int
+    worker: Any
+    ready: Any
 
 
 def share_by_load(requests: Sequence[Request], loads: list[int], worker_of: dict[str, int]) -> list[list[Request]]:
@@ -43,72 +81,335 @@ class RolloutGroup:
                  sleep_mode: bool = False, actor_options: Sequence[dict] | None = None):
         """`actor_options[w]`, when given, places worker w (`placement.actor_options`: its placement-group bundle
         and share of it) instead of `num_cpus` / `num_gpus`; `engine`, `device` and `sleep_mode` (vLLM's, for
-        colocated GPUs) reach each worker's `build_engine`."""
+        colocated GPUs) reach each worker's `build_engine`. Workers added later get `num_cpus` / `num_gpus`."""
         import ray
 
         from tailflow.engines.rollout.worker import RolloutWorker
 
-        actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(RolloutWorker)
+        self.actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(RolloutWorker)
+        self.worker_args = (model_path, num_slots, max_seq_len, seed, num_threads, device, engine, sleep_mode)
         options = list(actor_options) if actor_options is not None else [{}] * num_workers
         if len(options) != num_workers:
             raise ValueError(f"{len(options)} actor options for {num_workers} rollout workers")
-        self.workers = [
-            actor_class.options(**options[rank]).remote(model_path, num_slots, max_seq_len, seed + rank * 1_000_003,
-                                                        num_threads, device, engine, sleep_mode)
-            for rank in range(num_workers)
-        ]
+        self.num_slots = num_slots
+        self.workers: list[Any] = []
+        """The live workers' actor handles, in join order."""
+        self.worker_ids: list[int] = []
+        """Each live worker's stable id (0, 1, ... in join order, never reused)."""
+        self.next_id = 0
         self.worker_of: dict[str, int] = {}
-        """In-flight request id -> index of the worker running it."""
+        """In-flight request id -> index (in `workers`) of the worker running it."""
         self.finish_steps: dict[str, tuple[int, int]] = {}
         """This round's finished request id -> (worker, step of the round it finished at), for traces."""
+        self.in_flight = InFlight()
+        """Every request in flight and its tokens so far, as the workers streamed them back."""
+        self.orphans: list[Request] = []
+        """Requests waiting for a worker (none left), in submission order."""
+        self.weights: tuple[Any, int] | None = None
+        """The current weights (object ref, version): a joining worker loads them before it gets work."""
+        self.seat_stats: dict[int, EngineStats] = {}
+        self.membership = Membership()
+        self.control: Any = None
+        """A `WorkerControl` (`worker_control.py`) read between polls: `tailflow workers add/remove`."""
+        self.say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+        self.is_paused = False
+        self.is_elastic = True
+        """False: a dead worker fails the call with `ACTOR_FAILURES` (the flow then restarts the iteration)."""
+        self.num_wanted = num_workers
+        """Workers the group keeps: `add_workers` / `remove_worker` move it; a worker lost or preempted is
+        replaced by a new one, which joins when Ray can place it (a pause meanwhile if none is left)."""
+        self.joining: list[Joining] = []
+        """Started workers still loading the current weights: they get no request until they hold them."""
+        for rank in range(num_workers):
+            self._spawn(options[rank])
+        self._admit_joiners(wait=True, announce=False)
+
+    # ---- membership ----------------------------------------------------------------------------
+
+    def _spawn(self, options: dict) -> int:
+        """Start a worker and have it load the current weights; it joins (`_admit_joiners`) once it has them."""
+        model_path, num_slots, max_seq_len, seed, num_threads, device, engine, sleep_mode = self.worker_args
+        worker_id, self.next_id = self.next_id, self.next_id + 1
+        worker = self.actor_class.options(**options).remote(model_path, num_slots, max_seq_len,
+                                                            seed + worker_id * 1_000_003, num_threads, device,
+                                                            engine, sleep_mode)
+        self.joining.append(Joining(worker_id, worker, self._load_current(worker)))
+        return worker_id
+
+    def _load_current(self, worker) -> Any:
+        """A ref that is ready once `worker` holds the current weights (those it was built with, if none)."""
+        return worker.load_weights.remote(*self.weights) if self.weights is not None else worker.weight_version.remote()
+
+    def _admit_joiners(self, wait: bool = False, announce: bool = True) -> None:
+        """Started workers that now hold the current weights take requests (`wait`: all of them, and a worker
+        that fails to start raises). One that dies before it joins is not replaced (a bad model path would
+        respawn forever)."""
+        import ray
+
+        if not self.joining:
+            return
+        refs = [joining.ready for joining in self.joining]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=None if wait else 0)
+        ready = set(ready)
+        admitted = [j for j in self.joining if j.ready in ready]
+        self.joining = [j for j in self.joining if j.ready not in ready]
+        for joining in sorted(admitted, key=lambda j: j.worker_id):
+            try:
+                ray.get(joining.ready)
+            except ACTOR_FAILURES as error:
+                if wait:
+                    raise
+                self.num_wanted -= 1
+                self.membership.record(EventKind.LOST, joining.worker_id, detail=f"before joining: {error}")
+                self.say(f"[tailflow] rollout worker {joining.worker_id} died before joining: {error}")
+                continue
+            version = self.weights[1] if self.weights is not None else 0
+            self.workers.append(joining.worker)
+            self.worker_ids.append(joining.worker_id)
+            if announce:
+                self.membership.record(EventKind.JOIN, joining.worker_id, weight_version=version)
+                self.say(f"[tailflow] rollout worker {joining.worker_id} joined with weights v{version}; "
+                         f"{len(self.workers)} rolling out")
+        if self.workers and self.is_paused:
+            waiting, self.orphans, self.is_paused = self.orphans, [], False
+            self.membership.record(EventKind.RESUME)
+            self.say(f"[tailflow] rollout resumed: {len(waiting)} requests go to {len(self.workers)} workers")
+            self._place(waiting)
+
+    def _top_up(self) -> None:
+        while self.is_elastic and len(self.workers) + len(self.joining) < self.num_wanted:
+            self._spawn({})
+
+    def add_workers(self, count: int, wait: bool = False) -> list[int]:
+        """`count` more workers; each takes requests once it holds the current weights (`wait`: return only
+        then). Their ids."""
+        self.num_wanted += count
+        added = [self._spawn({}) for _ in range(count)]
+        self._admit_joiners(wait)
+        return added
+
+    def wait_for_joins(self) -> None:
+        """Block until every started worker holds the current weights and takes requests."""
+        self._admit_joiners(wait=True)
+
+    def remove_worker(self, worker_id: int) -> None:
+        """Worker `worker_id` leaves with notice and is not replaced: its requests are aborted (every token
+        kept) and resubmitted to the others, then it is stopped. A worker still joining is stopped at once."""
+        import ray
+
+        joining = [j for j in self.joining if j.worker_id == worker_id]
+        if joining:
+            self.joining.remove(joining[0])
+            ray.kill(joining[0].worker)
+            self.num_wanted -= 1
+            self.membership.record(EventKind.LEAVE, worker_id, detail="removed before joining")
+            return
+        if worker_id not in self.worker_ids:
+            raise ValueError(f"no live or joining rollout worker {worker_id}; live: {self.worker_ids}")
+        self.num_wanted -= 1
+        self._hand_over(worker_id, "removed")
+
+    def _hand_over(self, worker_id: int, detail: str) -> None:
+        import ray
+
+        if worker_id not in self.worker_ids:
+            raise ValueError(f"no live rollout worker {worker_id}; live: {self.worker_ids}")
+        rank = self.worker_ids.index(worker_id)
+        try:
+            partials = ray.get(self.workers[rank].abort_all.remote())
+        except ACTOR_FAILURES as error:
+            self._retire(rank, EventKind.LOST, type(error).__name__)
+            return
+        self.in_flight.hand_over(partials)
+        self._retire(rank, EventKind.LEAVE, detail)
+
+    def _retire(self, rank: int, kind: EventKind, detail: str) -> None:
+        """Drop worker `rank`, move its requests to the others (from the tokens streamed so far), and start a
+        replacement unless the group was asked for fewer workers."""
+        import ray
+
+        worker, worker_id = self.workers.pop(rank), self.worker_ids.pop(rank)
+        moved = [rid for rid, r in self.worker_of.items() if r == rank]
+        self.worker_of = {rid: (r - 1 if r > rank else r) for rid, r in self.worker_of.items() if r != rank}
+        ray.kill(worker)
+        self.membership.record(kind, worker_id, num_requests=len(moved), detail=detail)
+        self.say(f"[tailflow] rollout worker {worker_id} {'left' if kind is EventKind.LEAVE else 'was lost'} "
+                 f"({detail}); {len(moved)} requests move to the {len(self.workers)} others")
+        self._top_up()
+        self._migrate(worker_id, moved)
+
+    def _migrate(self, worker_id: int, request_ids: list[str]) -> None:
+        continued = self.in_flight.continued(request_ids)
+        if continued:
+            self.membership.record(EventKind.MIGRATE, worker_id, num_requests=len(continued),
+                                   num_tokens=sum(len(r.prefix.token_ids) for r in continued if r.prefix),
+                                   request_ids=tuple(r.request_id for r in continued))
+            self._place(continued)
+
+    def _place(self, requests: list[Request]) -> None:
+        """Requests (already in `in_flight`) to the live workers by load, or to the waiting list when none is left."""
+        if not self.workers:
+            self.orphans += requests
+            if not self.is_paused:
+                self._say_paused(len(self.orphans))
+            return
+        shares = share_by_load(requests, self.in_flight_per_worker(), self.worker_of)
+        ranks = [rank for rank, share in enumerate(shares) if share]
+        self._each(ranks, lambda rank: self.workers[rank].submit.remote(shares[rank]))
+
+    def _say_paused(self, num_waiting: int) -> None:
+        self.is_paused = True
+        self.membership.record(EventKind.PAUSE, num_requests=num_waiting)
+        starting = (f"{len(self.joining)} starting (they join once Ray can place them)" if self.joining
+                    else "none starting: `tailflow workers add RUN_ID N`")
+        self.say(f"[tailflow] rollout paused: no rollout worker left, {num_waiting} requests wait for one to join; "
+                 f"{starting}")
+
+    def _each(self, ranks: Sequence[int], call: Callable[[int], Any]) -> dict[int, Any]:
+        """`call(rank)` on each worker; the results of those alive, keyed by their rank at the call. A worker
+        whose call fails with an actor failure is retired (its requests move); any other error is raised."""
+        import ray
+
+        ids = {rank: self.worker_ids[rank] for rank in ranks}
+        refs = {rank: call(rank) for rank in ranks}
+        results, dead = {}, []
+        for rank, ref in refs.items():
+            try:
+                results[rank] = ray.get(ref)
+            except ACTOR_FAILURES as error:
+                if not self.is_elastic:
+                    raise
+                dead.append((ids[rank], type(error).__name__))
+        for worker_id, detail in dead:
+            if worker_id in self.worker_ids:
+                self._retire(self.worker_ids.index(worker_id), EventKind.LOST, detail)
+        return results
+
+    def apply_control(self) -> None:
+        """Apply the `tailflow workers add/remove` commands waiting in the run's control channel, if any."""
+        if self.control is None:
+            return
+        for command in self.control.take():
+            if command.add:
+                self.add_workers(command.add)
+            elif command.remove is not None:
+                if command.remove in self.worker_ids or any(j.worker_id == command.remove for j in self.joining):
+                    self.remove_worker(command.remove)
+                else:
+                    self.say(f"[tailflow] workers remove {command.remove}: no such live worker ({self.worker_ids})")
+
+    def take_membership(self) -> MembershipReport:
+        """Joins, leaves and migrations since the last take, and their counters (once per iteration)."""
+        return self.membership.take(len(self.workers))
+
+    # ---- requests ------------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        """Run all requests to completion; completions come back in request order."""
+        """Run all requests to completion; completions come back in request order. Streamed in polls of
+        GENERATE_STEPS engine steps (about one round trip per batch call's worth of work), so a worker lost
+        mid-batch costs only the tokens since its last poll, like a streamed round."""
         self.finish_steps.clear()
-        shares = [list(requests[rank :: len(self.workers)]) for rank in range(len(self.workers))]
-        ranks = [rank for rank, share in enumerate(shares) if share]
-        results = get_all([self.workers[rank].generate_tagged.remote(shares[rank]) for rank in ranks])
-        by_id = {}
-        for rank, result in zip(ranks, results):
-            for tagged in result:
-                by_id[tagged.completion.request_id] = tagged.completion
-                self.finish_steps[tagged.completion.request_id] = (rank, tagged.step)
+        self.submit(requests)
+        by_id: dict[str, Completion] = {}
+        while len(by_id) < len(requests):
+            finished = self.poll(GENERATE_STEPS)
+            if not finished and not self.has_unfinished():
+                lost = [r.request_id for r in requests if r.request_id not in by_id]
+                raise RuntimeError(f"generate: requests {lost[:5]} ({len(lost)}) are no longer in flight")
+            by_id.update((c.request_id, c) for c in finished)
         return [by_id[request.request_id] for request in requests]
 
     def submit(self, requests: Sequence[Request]) -> None:
-        if not self.worker_of:
+        if not self.worker_of and not self.orphans:
             self.finish_steps.clear()  # a new round
-        shares = share_by_load(requests, self.in_flight_per_worker(), self.worker_of)
-        get_all([self.workers[rank].submit.remote(share) for rank, share in enumerate(shares) if share])
+        self.in_flight.add(requests)
+        self._place(list(requests))
 
     def poll(self, max_steps: int) -> list[Completion]:
         """Up to `max_steps` engine steps on every busy worker; finished completions merged by engine step
         (the i-th step of every worker before the (i+1)-th of any), then worker: merging worker by worker
-        would let worker 0's whole poll finish "first" and favour it in the completion rule."""
-        busy = [rank for rank, load in enumerate(self.in_flight_per_worker()) if load]
-        results = get_all([self.workers[rank].step_many_tagged.remote(max_steps) for rank in busy])
-        tagged = sorted(((f.offset, rank, index, f) for rank, result in zip(busy, results)
-                         for index, f in enumerate(result)), key=lambda item: item[:3])
+        would let worker 0's whole poll finish "first" and favour it in the completion rule. Membership
+        changes (control commands, notices, deaths) are applied here, between engine steps."""
+        self.apply_control()
+        self._admit_joiners()
+        if not self.workers:
+            self._wait_for_workers(len(self.orphans))
+            return []
+        ranks = range(len(self.workers))  # the idle too: one may have been told it is preempted
+        ids = {rank: self.worker_ids[rank] for rank in ranks}
+        busy = {rank for rank, load in enumerate(self.in_flight_per_worker()) if load}
+        started = time.perf_counter()
+        reports = self._each(ranks, lambda rank: self.workers[rank].step_streamed.remote(max_steps))
+        seconds = time.perf_counter() - started
+        tagged, leaving = [], []
+        for rank, report in reports.items():
+            if rank in busy:
+                self.membership.count_work(ids[rank], report.num_tokens, seconds)
+            for delta in report.progress:
+                self.in_flight.extend(delta)
+            if report.is_leaving:
+                leaving.append(ids[rank])
+            tagged += [(f.offset, rank, index, f) for index, f in enumerate(report.finished)]
+        tagged.sort(key=lambda item: item[:3])
         for _, rank, _, f in tagged:
-            self.worker_of.pop(f.completion.request_id, None)
+            self._forget(f.completion.request_id)
             self.finish_steps[f.completion.request_id] = (rank, f.step)
+        for worker_id in leaving:
+            if worker_id in self.worker_ids:
+                self._hand_over(worker_id, "preemption notice")
         return [f.completion for *_, f in tagged]
+
+    def _forget(self, request_id: str) -> None:
+        self.worker_of.pop(request_id, None)
+        self.in_flight.forget(request_id)
+
+    def _wait_for_workers(self, num_waiting: int) -> None:
+        """No worker: say so (once per pause), then wait up to PAUSED_WAIT_S for one to join."""
+        if not self.is_paused:
+            self._say_paused(num_waiting)
+        deadline = time.perf_counter() + PAUSED_WAIT_S
+        while not self.workers and time.perf_counter() < deadline:
+            time.sleep(0.1)
+            self.apply_control()
+            self._admit_joiners()
+        if self.workers:
+            self.is_paused = False
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
         """Abort in-flight requests (unknown or finished ids are ignored); their partial completions."""
+        wanted = set(request_ids)
+        waiting = [r for r in self.orphans if r.request_id in wanted]
+        self.orphans = [r for r in self.orphans if r.request_id not in wanted]
+        version = self.weights[1] if self.weights is not None else 0
+        partials = [self.in_flight.partial(r.request_id, version) for r in waiting]
         by_rank = take_by_worker(request_ids, self.worker_of)
-        results = get_all([self.workers[rank].abort.remote(ids) for rank, ids in by_rank])
-        return [completion for result in results for completion in result]
+        ranks = [rank for rank, _ in by_rank]
+        ids_of = dict(by_rank)
+        results = self._each(ranks, lambda rank: self.workers[rank].abort.remote(ids_of[rank]))
+        partials += [completion for rank in sorted(results) for completion in results[rank]]
+        got = {c.request_id for c in partials}
+        # A worker that died holding some of them: their partials are the tokens streamed before it died.
+        partials += [self.in_flight.partial(rid, version) for _, ids in by_rank for rid in ids
+                     if rid not in got and rid in self.in_flight and rid not in self.worker_of]
+        for completion in partials:
+            self._forget(completion.request_id)
+        return partials
 
     def has_unfinished(self) -> bool:
-        """Any engine still holds a request; asked only when a poll returned nothing (one extra round trip)."""
-        return any(get_all([worker.has_unfinished.remote() for worker in self.workers]))
+        """Any request still waits or runs; asked only when a poll returned nothing (one extra round trip)."""
+        if self.orphans:
+            return True
+        self._admit_joiners()
+        results = self._each(range(len(self.workers)), lambda rank: self.workers[rank].has_unfinished.remote())
+        return any(results.values()) or bool(self.orphans) or bool(self.worker_of)
 
     def in_flight_per_worker(self) -> list[int]:
         loads = [0] * len(self.workers)
         for rank in self.worker_of.values():
             loads[rank] += 1
         return loads
+
+    # ---- weights and engines -------------------------------------------------------------------
 
     def load_weights(self, state_dict: dict, version: int) -> None:
         """Every worker loads these weights (put once into the object store) before any new request."""
@@ -117,19 +418,32 @@ class RolloutGroup:
         self.load_weights_ref(ray.put(state_dict), version)
 
     def load_weights_ref(self, state_dict_ref, version: int) -> None:
-        """The same from a state dict already in the object store (`weight_sync.py`: no copy via the driver)."""
-        get_all([worker.load_weights.remote(state_dict_ref, version) for worker in self.workers])
+        """The same from a state dict already in the object store (`weight_sync.py`: no copy via the driver).
+        The group keeps the ref: a worker that joins later loads it before it gets work."""
+        self.weights = (state_dict_ref, version)
+        for joining in self.joining:  # calls run in order: this load is the one a joiner waits for now
+            joining.ready = self._load_current(joining.worker)
+        self._each(range(len(self.workers)), lambda rank: self.workers[rank].load_weights.remote(state_dict_ref,
+                                                                                                  version))
 
     def sleep(self) -> None:
         """Every engine frees its GPU memory for the trainer (vLLM's sleep; the native engine keeps it)."""
-        get_all([worker.sleep.remote() for worker in self.workers])
+        self._each(range(len(self.workers)), lambda rank: self.workers[rank].sleep.remote())
 
     def wake_up(self) -> None:
         """Every engine takes its memory back (after weights were loaded); a no-op for awake engines."""
-        get_all([worker.wake_up.remote() for worker in self.workers])
+        self._each(range(len(self.workers)), lambda rank: self.workers[rank].wake_up.remote())
 
     def stats(self) -> list[EngineStats]:
-        return get_all([worker.stats.remote() for worker in self.workers])
+        """One entry per worker id ever (a departed worker keeps its last counters), then JOIN_HEADROOM zeros
+        for workers yet to join: entry i is always worker i, so before/after differences line up."""
+        ids = list(self.worker_ids)
+        results = self._each(range(len(self.workers)), lambda rank: self.workers[rank].stats.remote())
+        for rank, stats in results.items():
+            self.seat_stats[ids[rank]] = stats
+        version = self.weights[1] if self.weights is not None else 0
+        empty = EngineStats(self.num_slots, 0, 0, version, 0, 0, 0)
+        return [self.seat_stats.get(worker_id, empty) for worker_id in range(self.next_id + JOIN_HEADROOM)]
 
     def worker_pid(self, index: int = 0) -> int:
         """The OS process of worker `index` (fault-injection tests kill it)."""
@@ -140,7 +454,9 @@ class RolloutGroup:
     def shutdown(self) -> None:
         import ray
 
-        for worker in self.workers:
+        for worker in [*self.workers, *(joining.worker for joining in self.joining)]:
             ray.kill(worker)
-        self.workers = []
+        self.workers, self.worker_ids, self.joining = [], [], []
         self.worker_of.clear()
+        self.in_flight = InFlight()
+        self.orphans = []

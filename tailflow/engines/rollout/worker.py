@@ -8,10 +8,17 @@ Colocated on a GPU, `sleep` frees the engine's GPU memory while the trainer
 runs and `wake_up` takes it back after weight sync. Only the vLLM engine can
 (vLLM's sleep mode); the native engine has no offload, so for it both are
 no-ops and it keeps its weights and KV cache on the device throughout.
+
+For an elastic group (`cluster/rollout_group.py`) `step_streamed` also reports
+the tokens each request in flight gained since the last call, so the driver
+can continue a request elsewhere if this worker dies; SIGUSR1 (a preemption
+notice) makes the worker run no further step and say it is leaving.
 """
 from __future__ import annotations
 
 import os
+import signal
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import torch
@@ -43,6 +50,33 @@ def build_engine(engine: str, model_path: str, num_slots: int, max_seq_len: int,
     raise ValueError(f"unknown rollout engine {engine!r}: native or vllm")
 
 
+PREEMPTION_SIGNAL = signal.SIGUSR1
+"""Sent to a worker's process by whatever learns of a preemption (the instance's notice, a node drain): the
+worker steps no more and its group hands its requests over (docs/operations.md, elastic rollout workers)."""
+
+
+@dataclass(frozen=True)
+class TokenDelta:
+    """Tokens a request in flight gained since the last report: `token_ids` start at response position `start`."""
+
+    request_id: str
+    start: int
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    weight_versions: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """One `step_streamed` call: what finished, what the rest gained, and whether the worker is leaving."""
+
+    finished: list[FinishedAt]
+    progress: list[TokenDelta]
+    num_tokens: int
+    """Tokens this call generated (finished and in flight)."""
+    is_leaving: bool = False
+
+
 class RolloutWorker:
     def __init__(self, model_path: str, num_slots: int, max_seq_len: int, seed: int = 0,
                  num_threads: int = 1, device: str = "cpu", engine: str = "native", sleep_mode: bool = False) -> None:
@@ -57,6 +91,38 @@ class RolloutWorker:
         """Request id -> (worker 0, step of this round it finished at), for traces (read in-process)."""
         self.round_start_step = 0
         """The engine's step count when this round began: finish steps count from it."""
+        self.reported: dict[str, int] = {}
+        """Request id -> response tokens already reported by `step_streamed` (a prefix counts as reported)."""
+        self.is_leaving = False
+        try:  # an actor's methods run on its main thread, where a handler can be set; in-process it may not
+            signal.signal(PREEMPTION_SIGNAL, self._on_notice)
+        except ValueError:
+            pass
+
+    def _on_notice(self, signum, frame) -> None:
+        self.is_leaving = True
+
+    def notice(self) -> None:
+        """Told it will be preempted (as the signal does): finish nothing new."""
+        self.is_leaving = True
+
+    def step_streamed(self, max_steps: int) -> StepReport:
+        """As `step_many_tagged`, plus each request's tokens since the last call. A worker under notice runs
+        no step and reports `is_leaving`: its group aborts its requests (whole partials) and moves them."""
+        if self.is_leaving:
+            return StepReport([], [], 0, is_leaving=True)
+        before = self.engine.stats().tokens_generated
+        finished = self.step_many_tagged(max_steps)
+        for f in finished:
+            self.reported.pop(f.completion.request_id, None)
+        progress = []
+        for request_id, token_ids, logprobs, versions in in_flight_tokens(self.engine):
+            start = self.reported.get(request_id, 0)
+            if len(token_ids) > start:
+                progress.append(TokenDelta(request_id, start, tuple(token_ids[start:]), tuple(logprobs[start:]),
+                                           tuple(versions[start:])))
+                self.reported[request_id] = len(token_ids)
+        return StepReport(finished, progress, self.engine.stats().tokens_generated - before)
 
     def step_many(self, max_steps: int) -> list[Completion]:
         """Up to `max_steps` steps (fewer if the engine goes idle); finished completions in order.
@@ -96,13 +162,20 @@ class RolloutWorker:
         if not self.engine.has_unfinished():
             self._start_round()
         self.engine.submit(requests)
+        self.reported.update((r.request_id, len(r.prefix.token_ids) if r.prefix else 0) for r in requests)
 
     def _start_round(self) -> None:
         self.finish_steps.clear()
         self.round_start_step = self.engine.num_steps
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
+        for request_id in request_ids:
+            self.reported.pop(request_id, None)
         return self.engine.abort(request_ids)
+
+    def abort_all(self) -> list[Completion]:
+        """Every request in flight, aborted: whole partial completions to hand over before leaving."""
+        return self.abort(list(self.reported))
 
     def has_unfinished(self) -> bool:
         return self.engine.has_unfinished()
@@ -128,3 +201,14 @@ class RolloutWorker:
 
     def weight_version(self) -> int:
         return self.engine.weight_version
+
+
+def in_flight_tokens(engine) -> list[tuple[str, list[int], list[float], list[int]]]:
+    """(request id, response tokens, log-probs, weight versions) of each request the engine holds, running first.
+    The native engine's sequences; an engine without a `scheduler` reports none, so a request it loses without
+    notice restarts from the tokens it was submitted with (and, seeded, samples the same ones again)."""
+    scheduler = getattr(engine, "scheduler", None)
+    if scheduler is None:
+        return []
+    return [(seq.request_id, seq.token_ids, seq.logprobs, seq.weight_versions)
+            for seq in [*scheduler.running, *scheduler.waiting]]
