@@ -51,17 +51,16 @@ BUSY_CORES = 0.3
 """A group of actors counts as working in a sample when it used more than this many cores."""
 
 ASYNC_LOSS = "decoupled_ppo"
+SYNC_STEP = {"rollout.async_ratio": 0, "train.loss": "ppo_clip"}
+ASYNC_STEP = {"train.loss": ASYNC_LOSS, "rollout.async_steps_per_train": 0}
 SETTINGS: dict[str, dict[str, Any]] = {
-    "sync": {"tail.enabled": False, "train.skip_zero_advantage": False},
-    "tail": {"tail.enabled": True, "train.skip_zero_advantage": False},
-    "tail+skip": {"tail.enabled": True, "train.skip_zero_advantage": True},
-    "tail+skip+stream": {"tail.enabled": True, "train.skip_zero_advantage": True, "train.stream": True},
-    "async1": {"tail.enabled": False, "train.skip_zero_advantage": False, "rollout.async_ratio": 1,
-               "train.loss": ASYNC_LOSS},
-    "async2": {"tail.enabled": False, "train.skip_zero_advantage": False, "rollout.async_ratio": 2,
-               "train.loss": ASYNC_LOSS},
-    "tail+async": {"tail.enabled": True, "train.skip_zero_advantage": False, "rollout.async_ratio": 1,
-                   "train.loss": ASYNC_LOSS},
+    "sync": SYNC_STEP | {"tail.enabled": False, "train.skip_zero_advantage": False},
+    "tail": SYNC_STEP | {"tail.enabled": True, "train.skip_zero_advantage": False},
+    "tail+skip": SYNC_STEP | {"tail.enabled": True, "train.skip_zero_advantage": True},
+    "tail+skip+stream": SYNC_STEP | {"tail.enabled": True, "train.skip_zero_advantage": True, "train.stream": True},
+    "async1": ASYNC_STEP | {"tail.enabled": False, "train.skip_zero_advantage": False, "rollout.async_ratio": 1},
+    "async2": ASYNC_STEP | {"tail.enabled": False, "train.skip_zero_advantage": False, "rollout.async_ratio": 2},
+    "tail+async": ASYNC_STEP | {"tail.enabled": True, "train.skip_zero_advantage": False, "rollout.async_ratio": 1},
 }
 
 

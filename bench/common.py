@@ -37,10 +37,17 @@ if str(BENCH_DIR) not in sys.path:  # bench/ is not a package: engine.py is impo
     sys.path.insert(0, str(BENCH_DIR))
 
 
-def default_config_tree(overrides: dict[str, Any]) -> dict[str, Any]:
-    """configs/default.yaml as a dict, with dotted-key overrides applied (values as Python objects)."""
+SYNCHRONOUS = {"rollout.async_ratio": 0, "train.loss": "ppo_clip"}
+"""The default config trains asynchronously (the quick start's choice, bench/async.py); the benchmarks of the
+synchronous step (tail batching against its baseline, the sensitivity grid, the simulator's CPU checks) pin it
+back to what they have always measured."""
+
+
+def default_config_tree(overrides: dict[str, Any], synchronous: bool = True) -> dict[str, Any]:
+    """configs/default.yaml as a dict, with dotted-key overrides applied (values as Python objects); with
+    `synchronous`, SYNCHRONOUS first."""
     tree = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    for dotted, value in overrides.items():
+    for dotted, value in ({**SYNCHRONOUS, **overrides} if synchronous else overrides).items():
         *sections, key = dotted.split(".")
         node = tree
         for section in sections:
