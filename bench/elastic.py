@@ -122,15 +122,12 @@ def reprefill_seconds_per_token(model_dir: Path, length: int) -> float:
 
 
 def simulator_prediction(schedule: list[int]) -> str:
-    """HOOK for the simulator's predicted numbers (spot workers are someone else's part of issue 17): when
-    `tailflow.engines.sim.spot_workers` exists, FluidRL's setting (qwen2.5-7b, 8 x H100 per worker, 8k cap)
-    priced by the simulator's rollout model: tokens/s per worker count this bench's schedule visited, and the
-    seconds one migration's re-prefill costs there (an upper bound: a full KV cache). Measured numbers above
-    are this CPU's; these are the cluster's, predicted, never measured here."""
-    try:
-        from tailflow.engines.sim.spot_workers import simulated_workers
-    except ImportError:
-        return "sim: no spot-worker model in tailflow.engines.sim yet (hook: bench/elastic.py simulator_prediction)"
+    """The simulator's predicted numbers (`engines/sim/spot_workers.py`) for FluidRL's setting (qwen2.5-7b,
+    8 x H100 per worker, 8k cap), priced by the simulator's rollout model: tokens/s per worker count this bench's
+    schedule visited, and the seconds one migration's re-prefill costs there (an upper bound: a full KV cache).
+    Measured numbers above are this CPU's; these are the cluster's, predicted, never measured here."""
+    from tailflow.engines.sim.spot_workers import simulated_workers
+
     model = simulated_workers("qwen2.5-7b", max(schedule), min_rounds=2, max_new_tokens=8192)
     rates = "  ".join(f"{k} workers: {model.throughput[k]:,.0f} tokens/s" for k in sorted(set(schedule)))
     return (f"sim (predicted, {model.source}): {rates}; re-prefill per migration <= {model.reprefill_s:.1f} s")
