@@ -38,9 +38,9 @@ def test_a_sigkilled_async_run_resumes_to_exactly_the_uninterrupted_result(tmp_p
         storage.mkdir()
         (storage / "run.yaml").write_text(yaml.safe_dump(async_config(storage)))
 
-    result = run_cli(["train", "-c", str(reference_dir / "run.yaml"), "--run-id", "clean"], cli_env)
+    result = run_cli(["train", "-c", str(reference_dir / "run.yaml"), "--run-id", "async-clean"], cli_env)
     assert result.returncode == 0, result.stdout[-4000:]
-    expected_state, expected_rows = outcome(reference_dir, "clean")
+    expected_state, expected_rows = outcome(reference_dir, "async-clean")
     assert expected_state.pipeline is not None and expected_state.pipeline.in_flight  # work really was in flight
     assert max(row["async/staleness_max"] for row in expected_rows) == 1
     assert any(row["async/mixed_version_responses"] for row in expected_rows)
@@ -51,26 +51,26 @@ def test_a_sigkilled_async_run_resumes_to_exactly_the_uninterrupted_result(tmp_p
 
     with get_client(sync_client=True) as client:
         subflows = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["iter-0001"])))
-    states = [run.parameters["state"] for run in subflows if run.parameters["state"]["run_id"] == "clean"]
+    states = [run.parameters["state"] for run in subflows if run.parameters["state"]["run_id"] == "async-clean"]
     assert states and all(state["pipeline"] is None for state in states)
 
-    train = ["train", "-c", str(crashy_dir / "run.yaml"), "--run-id", "crashy"]
+    train = ["train", "-c", str(crashy_dir / "run.yaml"), "--run-id", "async-crashy"]
     store = LocalStore(crashy_dir)
     # killed while training, the next round rolling meanwhile
     result = run_cli(train, cli_env, "crash-train@1")
     assert result.returncode == -signal.SIGKILL, f"exit {result.returncode}\n{result.stdout[-3000:]}"
-    state = read_committed_state(store, "crashy")
+    state = read_committed_state(store, "async-crashy")
     assert state.iteration == 1
     assert state.pipeline.rounds and state.pipeline.in_flight, "the commit holds the rounds running ahead"
     # going synchronous would drop the rounds running ahead: refused, and the commit is untouched
     refused = run_cli([*train, "--set", "rollout.async_ratio=0", "--allow-change", "rollout.async_ratio"], cli_env)
     assert refused.returncode != 0 and "resume with rollout.async_ratio >= 1" in refused.stdout
-    assert read_committed_state(store, "crashy") == state
+    assert read_committed_state(store, "async-crashy") == state
 
     result = run_cli(train, cli_env)
     assert result.returncode == 0, result.stdout[-4000:]
 
-    state, rows = outcome(crashy_dir, "crashy")
+    state, rows = outcome(crashy_dir, "async-crashy")
     assert rows == expected_rows
     assert state.weights_sha256 == expected_state.weights_sha256
     assert state.tail == expected_state.tail and state.pipeline == expected_state.pipeline

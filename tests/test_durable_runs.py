@@ -189,6 +189,7 @@ def s3_endpoint():
     server.stop()
 
 
+@pytest.mark.long
 def test_a_run_on_s3_through_transient_faults_matches_the_local_run(tmp_path, cli_env, reference, s3_endpoint,
                                                                     monkeypatch):
     """Every 5th S3 request fails (503 Slow Down, or the connection reset); the run rides through on retries,

@@ -174,6 +174,7 @@ def test_join_notice_remove_and_zero_workers(ray_session, model_dir, tmp_path):
 
 
 @pytest.mark.slow  # its own Ray, five workers started: ~1-2 min on 2 cores
+@pytest.mark.long
 def test_the_elastic_bench_smoke():
     import subprocess
     import sys

@@ -95,6 +95,7 @@ def test_without_the_token_the_run_is_refused_in_one_line_before_writing(ray_hea
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.long
 def test_with_the_token_the_run_attaches_and_trains(ray_head, tmp_path):
     env = dict(clean_env(tmp_path), RAY_AUTH_TOKEN=ray_head["token"])  # no RAY_AUTH_MODE: tailflow turns it on
     result = train(ray_head["address"], tmp_path / "runs", "attached", env)

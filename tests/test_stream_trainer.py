@@ -262,6 +262,7 @@ def test_two_ranks_streamed_and_started_steps_match_one_process(model_path, ray_
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_a_streamed_run_with_tail_batching(prefect_api, tmp_path):
     from tailflow.engines.runs.commit import read_committed_state
     from tailflow.engines.store import LocalStore
