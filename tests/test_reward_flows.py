@@ -16,6 +16,7 @@ def rows_of(storage, run_id):
     return [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.long
 def test_judge_reward_run(prefect_api, tmp_path):
     """The tiny judge is the policy's own warm start; its vocabulary has no letters, so yes/no are '1'/'0'."""
     from tailflow.flows.training import rl_training
@@ -42,6 +43,7 @@ def test_judge_reward_run(prefect_api, tmp_path):
     assert read_committed_state(LocalStore(tmp_path), "judged").iteration == 2
 
 
+@pytest.mark.long
 def test_code_reward_run(prefect_api, tmp_path, random_code_model_dir):
     """The built-in code task; the policy is a random printable-ASCII tiny model, so its programs fail, but
     every one of them runs in the sandbox on the reward workers, streamed."""

@@ -92,6 +92,7 @@ def test_a_run_without_resumable_commits_is_not_overwritten(tiny_model_dir, tmp_
     assert (tmp_path / "taken" / "state.json").read_text() == "{}"
 
 
+@pytest.mark.long
 def test_seeded_run_repeats_bit_for_bit(prefect_api, tiny_model_dir, tmp_path):
     """One rollout worker, same seed: same rewards, lengths, losses and final weights."""
     import hashlib
