@@ -53,3 +53,22 @@ def ray_session():
         ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_path(random_tiny_model_dir):
+    """The random tiny model's directory as a string (what trainers and workers take)."""
+    return str(random_tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A 2-CPU local Ray for one module (FSDP2 rank tests), shut down after it unless it was already running."""
+    import ray
+
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    if started_here:
+        ray.shutdown()

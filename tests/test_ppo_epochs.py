@@ -3,7 +3,6 @@ the start of the step (so the clip acts), and the one-update default left exactl
 import random
 
 import pytest
-import ray
 import torch
 
 from tailflow.config import ConfigError, load_config
@@ -13,11 +12,6 @@ from tailflow.engines.train.trainer import PolicyTrainer
 from tailflow.engines.train.updates import Update, equal_parts, plan_updates
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def model_path(random_tiny_model_dir):
-    return str(random_tiny_model_dir)
 
 
 def make_samples(count: int, seed: int, advantages=(-1.0, 0.5, 1.0)) -> list[TrainSample]:
@@ -152,16 +146,6 @@ def test_later_updates_clip_against_the_weights_at_the_start_of_the_step(model_p
 
 
 # ---- FSDP2 on Ray ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    if started_here:
-        ray.shutdown()
 
 
 @pytest.mark.slow

@@ -5,7 +5,6 @@ import json
 import random
 
 import pytest
-import ray
 import torch
 
 from tailflow.config import ConfigError, load_config
@@ -23,11 +22,6 @@ from tailflow.engines.train.stream import StreamedStep
 from tailflow.engines.train.trainer import PolicyTrainer
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def model_path(random_tiny_model_dir):
-    return str(random_tiny_model_dir)
 
 
 def make_samples(count: int, seed: int) -> list[TrainSample]:
@@ -218,16 +212,6 @@ def test_config_refuses_streaming_where_it_cannot_be_exact():
 
 
 # ---- FSDP2 on Ray ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    if started_here:
-        ray.shutdown()
 
 
 @pytest.mark.slow

@@ -2,7 +2,6 @@
 import random
 
 import pytest
-import ray
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -18,21 +17,6 @@ from tailflow.engines.train.losses import token_logprobs
 from tailflow.engines.train.trainer import PolicyTrainer
 
 torch.set_num_threads(1)
-
-
-@pytest.fixture(scope="module")
-def model_path(random_tiny_model_dir):
-    return str(random_tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    if started_here:
-        ray.shutdown()
 
 
 def make_samples(count: int, seed: int, with_rollout_logprobs: bool = False) -> list[TrainSample]:
