@@ -13,7 +13,7 @@ from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.tail.pipeline import OverlapStats, TakenRound
 from tailflow.engines.tail.pipeline_state import PipelineState
-from tailflow.engines.train.samples import samples_from_groups
+from tailflow.tasks.train import start_step
 from tailflow.engines.train.trainer import TrainStepStats
 
 
@@ -46,12 +46,7 @@ def train_while_rolling(ctx: RunContext, scored: ScoredRound, iteration: int, we
     """One optimizer step on round `iteration` while the rollout runs on: as long as the step takes, or exactly
     `rollout.async_steps_per_train` engine steps (the deterministic mode)."""
     ctx.fault_point("train", iteration)
-    train = ctx.config.train
-    samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version,
-                                  max_staleness=ctx.pipeline.max_staleness)
-    pending = ctx.trainer.start_train_step(samples, skip_zero_advantage=train.skip_zero_advantage and train.kl_coef == 0,
-                                           ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches,
-                                           seed=train.seed)
+    pending = start_step(ctx, scored, weight_version, max_staleness=ctx.pipeline.max_staleness)
     overlap = ctx.pipeline.roll_while(pending.ready, ctx.config.rollout.async_steps_per_train)
     return OverlappedTrainStep(pending.result(), overlap)
 

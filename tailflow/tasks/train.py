@@ -1,6 +1,8 @@
 """The policy's optimizer step on the scored groups: after scoring, or streamed during rollout (train.stream)."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
@@ -10,6 +12,9 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.train.samples import samples_from_groups
 from tailflow.engines.train.stream import StreamedStep
 from tailflow.engines.train.trainer import TrainStepStats
+
+if TYPE_CHECKING:
+    from tailflow.engines.cluster.trainer_group import PendingTrainStep
 
 
 def start_training(ctx: RunContext, scorer: StreamingScorer, weight_version: int) -> StreamedStep | None:
@@ -30,7 +35,14 @@ def train_policy(ctx: RunContext, scored: ScoredRound, iteration: int, weight_ve
     ctx.fault_point("train", iteration)
     if stream is not None:
         return stream.finish(scored)
+    return start_step(ctx, scored, weight_version).result()
+
+
+def start_step(ctx: RunContext, scored: ScoredRound, weight_version: int, max_staleness: int = 0) -> PendingTrainStep:
+    """The step on `scored`'s groups as `train.*` configures it, issued on the ranks without waiting (the
+    synchronous task waits at once; the asynchronous one drives the rollout meanwhile)."""
     train = ctx.config.train
-    samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version)
-    return ctx.trainer.train_step(samples, skip_zero_advantage=train.skip_zero_advantage and train.kl_coef == 0,
-                                  ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, seed=train.seed)
+    samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version,
+                                  max_staleness=max_staleness)
+    return ctx.trainer.start_train_step(samples, skip_zero_advantage=train.skip_zero_advantage and train.kl_coef == 0,
+                                        ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, seed=train.seed)
