@@ -43,7 +43,8 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
     train = SimpleNamespace(advantage="grpo", skip_zero_advantage=True, kl_coef=0.0, ppo_epochs=1, mini_batches=1,
                             seed=0)
     ctx = SimpleNamespace(config=SimpleNamespace(train=train),
-                          trainer=SimpleNamespace(train_step=lambda samples, **options: calls.append((samples, options))),
+                          trainer=SimpleNamespace(start_train_step=lambda samples, **options: (
+                              calls.append((samples, options)) or SimpleNamespace(result=lambda: "stats"))),
                           fault_point=lambda phase, iteration: None)
 
     def scored(versions):
@@ -52,7 +53,7 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
     with pytest.raises(ValueError, match="a#1 \\(version 4\\)"):
         train_policy.fn(ctx, scored([5, 4]), iteration=5, weight_version=5)
     assert calls == []
-    train_policy.fn(ctx, scored([5, 5]), iteration=5, weight_version=5)
+    assert train_policy.fn(ctx, scored([5, 5]), iteration=5, weight_version=5) == "stats"
     assert len(calls) == 1 and len(calls[0][0]) == 2
     assert calls[0][1] == dict(skip_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0)
 
