@@ -8,7 +8,7 @@ engine step (the i-th step of every worker before any worker's next). Nothing de
 run is reproducible bit for bit.
 
 The group is elastic (issue 17): workers join (`add_workers`) and leave
-(`remove_worker`, a preemption notice, or death) at any moment, and the
+(`remove_worker`, a preemption notice: a signal or a Ray drain of its node; or death) at any moment, and the
 callers (`tail/driver.py`, `tail/pipeline.py`) see only timing. The driver
 keeps every request in flight and the tokens each has streamed back so far
 (`step_streamed` reports them with each poll); a worker that leaves with
@@ -31,6 +31,7 @@ from typing import Any, Callable, Sequence
 from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.cluster.in_flight import InFlight
 from tailflow.engines.cluster.membership import EventKind, Membership, MembershipReport
+from tailflow.engines.cluster.node_drain import DrainWatch
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 
 JOIN_HEADROOM = 8
@@ -120,6 +121,9 @@ class RolloutGroup:
         replaced by a new one, which joins when Ray can place it (a pause meanwhile if none is left)."""
         self.joining: list[Joining] = []
         """Started workers still loading the current weights: they get no request until they hold them."""
+        self.node_of: dict[int, str] = {}
+        """Live worker id -> the Ray node it runs on: a worker on a node Ray drains leaves as if told."""
+        self.drain_watch = DrainWatch(say=lambda line: self.say(line))
         for rank in range(num_workers):
             self._spawn(options[rank])
         self._admit_joiners(wait=True, announce=False)
@@ -156,6 +160,7 @@ class RolloutGroup:
         for joining in sorted(admitted, key=lambda j: j.worker_id):
             try:
                 ray.get(joining.ready)
+                node_id = ray.get(joining.worker.node_id.remote())
             except ACTOR_FAILURES as error:
                 if wait:
                     raise
@@ -166,6 +171,7 @@ class RolloutGroup:
             version = self.weights[1] if self.weights is not None else 0
             self.workers.append(joining.worker)
             self.worker_ids.append(joining.worker_id)
+            self.node_of[joining.worker_id] = node_id
             if announce:
                 self.membership.record(EventKind.JOIN, joining.worker_id, weight_version=version)
                 self.say(f"[tailflow] rollout worker {joining.worker_id} joined with weights v{version}; "
@@ -229,6 +235,7 @@ class RolloutGroup:
         import ray
 
         worker, worker_id = self.workers.pop(rank), self.worker_ids.pop(rank)
+        self.node_of.pop(worker_id, None)
         moved = [rid for rid, r in self.worker_of.items() if r == rank]
         self.worker_of = {rid: (r - 1 if r > rank else r) for rid, r in self.worker_of.items() if r != rank}
         ray.kill(worker)
@@ -332,6 +339,7 @@ class RolloutGroup:
         changes (control commands, notices, deaths) are applied here, between engine steps."""
         self.apply_control()
         self._admit_joiners()
+        self._leave_draining_nodes()
         if not self.workers:
             self._wait_for_workers(len(self.orphans))
             return []
@@ -358,6 +366,15 @@ class RolloutGroup:
             if worker_id in self.worker_ids:
                 self._hand_over(worker_id, "preemption notice")
         return [f.completion for *_, f in tagged]
+
+    def _leave_draining_nodes(self) -> None:
+        """Workers on a node Ray is draining hand their requests over and leave, as with a preemption notice;
+        their replacements go where Ray places them (never on a draining node)."""
+        if not self.is_elastic:
+            return
+        for notice in self.drain_watch.notices(self.node_of):
+            if notice.worker_id in self.worker_ids:
+                self._hand_over(notice.worker_id, notice.detail(time.time()))
 
     def _forget(self, request_id: str) -> None:
         self.worker_of.pop(request_id, None)
@@ -457,6 +474,7 @@ class RolloutGroup:
         for worker in [*self.workers, *(joining.worker for joining in self.joining)]:
             ray.kill(worker)
         self.workers, self.worker_ids, self.joining = [], [], []
+        self.node_of.clear()
         self.worker_of.clear()
         self.in_flight = InFlight()
         self.orphans = []

@@ -51,8 +51,9 @@ def build_engine(engine: str, model_path: str, num_slots: int, max_seq_len: int,
 
 
 PREEMPTION_SIGNAL = signal.SIGUSR1
-"""Sent to a worker's process by whatever learns of a preemption (the instance's notice, a node drain): the
-worker steps no more and its group hands its requests over (docs/operations.md, elastic rollout workers)."""
+"""Sent to a worker's process by whatever learns of a preemption (the instance's notice): the worker steps no
+more and its group hands its requests over (docs/operations.md, elastic rollout workers). A Ray node drain needs
+no signal: the group watches drains itself (`cluster/node_drain.py`)."""
 
 
 @dataclass(frozen=True)
@@ -201,6 +202,12 @@ class RolloutWorker:
 
     def weight_version(self) -> int:
         return self.engine.weight_version
+
+    def node_id(self) -> str:
+        """The Ray node this worker runs on (hex), for drain notices (`cluster/node_drain.py`)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
 
 def in_flight_tokens(engine) -> list[tuple[str, list[int], list[float], list[int]]]:
