@@ -110,6 +110,26 @@ def test_a_worker_sigkilled_mid_round_is_migrated_not_restarted(group3, kind):
     assert all(c.finish_reason != FinishReason.ABORT for _, kept in result.completed for c in kept)
 
 
+def test_a_resumed_group_keeps_the_workers_added_or_removed_at_runtime(group3):
+    """`keep_added(k)`: what a resumed or restarted run does with the committed `rollout_workers_added`."""
+    group3.wait_for_joins()  # a replacement for a worker an earlier test killed
+    group3.take_membership()
+    assert (len(group3.workers), group3.workers_added()) == (3, 0)
+    group3.keep_added(1)
+    group3.wait_for_joins()
+    assert (len(group3.workers), group3.workers_added()) == (4, 1)
+    before = sorted(group3.worker_ids)
+    group3.keep_added(-1)  # two fewer: the two newest go
+    assert group3.worker_ids == before[:2] and group3.workers_added() == -1
+    group3.keep_added(-10)  # never fewer than none
+    assert group3.workers == [] and group3.workers_added() == -3
+    group3.keep_added(0)
+    group3.wait_for_joins()
+    assert (len(group3.workers), group3.workers_added()) == (3, 0)
+    leaves = [e for e in group3.membership.events if e.kind is EventKind.LEAVE]
+    assert [e.worker_id for e in leaves] == sorted(before, reverse=True)  # the newest first, each once
+
+
 def poll_until(group: RolloutGroup, done, finished: list, limit_s: float = 60) -> None:
     """Poll until `done()` (joins happen between polls, once a started worker holds the weights)."""
     deadline = time.monotonic() + limit_s

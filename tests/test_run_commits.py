@@ -142,3 +142,14 @@ def test_a_resume_with_a_changed_config_is_refused_unless_the_keys_are_named(tmp
     check_config_for_resume(store, "r", longer, allow_change=["train.iterations", "train.lr"])
     assert saved_config(store, "r") == longer  # the run now records what it continues with
     check_config_for_resume(store, "r", longer, allow_change=[])  # the same config needs no permission
+
+
+def test_the_rollout_workers_added_at_runtime_are_committed_and_older_states_read_as_none(tmp_path):
+    store = LocalStore(tmp_path)
+    state = committed("r", 1).model_copy(update={"rollout_workers_added": 2})
+    commit_state(store, state)
+    assert read_committed_state(store, "r").rollout_workers_added == 2
+    assert state.committed("r/ckpt", "abc", RngState.capture(0)).rollout_workers_added == 2
+    older = committed("r", 1).model_dump(mode="json")
+    del older["rollout_workers_added"]  # a state committed before the field existed
+    assert RunState.model_validate(older).rollout_workers_added == 0

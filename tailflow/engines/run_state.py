@@ -79,6 +79,9 @@ class RunState(BaseModel):
     pipeline: PipelineState | None = None
     """Asynchronous runs (`rollout.async_ratio` > 0): the rounds launched ahead of training and the requests in
     flight, with every token they have (engines/tail/pipeline_state.py); None in synchronous runs."""
+    rollout_workers_added: int = 0
+    """Rollout workers added at runtime minus those removed (`tailflow workers add/remove`), as of this commit: a
+    resumed run starts `rollout.num_workers` plus these (`RolloutGroup.keep_added`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -89,16 +92,18 @@ class RunState(BaseModel):
             data["tail"] = {"queue": data.pop("long_queue", []), "cursor": data.pop("cursor", {})}
         return data
 
-    def advance(self, outcome: IterationOutcome, pipeline: PipelineState | None = None) -> "RunState":
+    def advance(self, outcome: IterationOutcome, pipeline: PipelineState | None = None,
+                rollout_workers_added: int = 0) -> "RunState":
         """The state after `outcome`'s iteration, before its commit names a checkpoint; `pipeline`: an
-        asynchronous run's rounds and requests in flight at that point."""
+        asynchronous run's rounds and requests in flight at that point; `rollout_workers_added`: the rollout
+        group's `workers_added()` then."""
         evaluated = outcome.evaluated.accuracy if outcome.evaluated is not None else self.last_eval_accuracy
         return RunState(
             run_id=self.run_id, iteration=outcome.iteration + 1, weight_version=self.weight_version + 1,
             tail=outcome.tail, latest_checkpoint=self.latest_checkpoint, weights_sha256=self.weights_sha256,
             rng=self.rng, round_history=[*self.round_history, outcome.planned.plan.round_metric],
             reward_anchors=outcome.anchors, initial_eval_accuracy=self.initial_eval_accuracy,
-            last_eval_accuracy=evaluated, pipeline=pipeline,
+            last_eval_accuracy=evaluated, pipeline=pipeline, rollout_workers_added=rollout_workers_added,
         )
 
     def without_pipeline(self) -> "RunState":
@@ -108,10 +113,4 @@ class RunState(BaseModel):
 
     def committed(self, checkpoint_key: str, weights_sha256: str, rng: RngState) -> "RunState":
         """This state as committed: with the checkpoint that holds its weights and the driver's RNG."""
-        return RunState(
-            run_id=self.run_id, iteration=self.iteration, weight_version=self.weight_version, tail=self.tail,
-            latest_checkpoint=checkpoint_key, weights_sha256=weights_sha256, rng=rng,
-            round_history=self.round_history, reward_anchors=self.reward_anchors,
-            initial_eval_accuracy=self.initial_eval_accuracy, last_eval_accuracy=self.last_eval_accuracy,
-            pipeline=self.pipeline,
-        )
+        return self.model_copy(update=dict(latest_checkpoint=checkpoint_key, weights_sha256=weights_sha256, rng=rng))

@@ -41,7 +41,8 @@ def async_iteration(ctx: RunContext, state: RunState, iteration: int, attempt: i
     workers = ctx.rollout.take_membership()  # joins, leaves, migrations (elastic rollout workers)
     row = metrics_row(outcome, state.initial_eval_accuracy) | async_metrics(taken, step.overlap, stopped) \
         | workers.metrics()
-    next_state = commit(ctx, state.advance(outcome, pipeline=in_flight), row)
+    next_state = commit(ctx, state.advance(outcome, pipeline=in_flight,
+                                                rollout_workers_added=ctx.rollout.workers_added()), row)
     publish_iteration_summary(row, next_state)
     publish_rollout_membership(ctx.run_id, iteration, workers)
     return next_state

@@ -46,7 +46,7 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
     )
     workers = ctx.rollout.take_membership()  # joins, leaves, migrations (elastic rollout workers)
     row = metrics_row(outcome, state.initial_eval_accuracy) | workers.metrics()
-    next_state = commit(ctx, state.advance(outcome), row)
+    next_state = commit(ctx, state.advance(outcome, rollout_workers_added=ctx.rollout.workers_added()), row)
     publish_iteration_summary(row, next_state)
     publish_rollout_membership(ctx.run_id, iteration, workers)
     return next_state

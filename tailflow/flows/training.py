@@ -107,7 +107,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
     else:
         prepare_run_dir(store, run_config, run_id)
     ctx = build_context(run_config, run_id, store)
-    steer_rollout(ctx)
+    steer_rollout(ctx, committed.rollout_workers_added if committed is not None else 0)
     try:
         if committed is not None:
             restore_commit(ctx, committed)
@@ -167,15 +167,17 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
                 raise
             say(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
                 f"from the last commit and running the iteration again (attempt {attempt + 2})")
+            added = ctx.rollout.workers_added()
             ctx = restart_workers(ctx)
-            steer_rollout(ctx)
+            steer_rollout(ctx, added)
             restore_weights(ctx, state)
     raise AssertionError("unreachable")
 
 
-def steer_rollout(ctx: RunContext) -> None:
+def steer_rollout(ctx: RunContext, added: int = 0) -> None:
     """The rollout group follows `rollout.elastic`, reads `tailflow workers add/remove` commands from the run's
-    store between polls, and says what changes in the run's log."""
+    store between polls, and says what changes in the run's log. `added`: workers added at runtime (minus those
+    removed) before a resume or an iteration restart, started again."""
     group = ctx.rollout
     if not isinstance(group, RolloutGroup):
         return
@@ -183,6 +185,10 @@ def steer_rollout(ctx: RunContext) -> None:
     group.say = say
     if group.is_elastic:
         group.control = WorkerControl(ctx.store, ctx.run_id, ctx.config.cluster.worker_control_interval_s)
+        if added:
+            say(f"[tailflow] keeping the rollout workers added at runtime: {ctx.config.rollout.num_workers} "
+                f"(rollout.num_workers) {added:+d}")
+            group.keep_added(added)
 
 
 def resolve_config(config_path: str | None, overrides: list[str], config: RunConfig | dict | None) -> RunConfig:

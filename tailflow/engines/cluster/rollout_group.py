@@ -116,6 +116,8 @@ class RolloutGroup:
         self.is_paused = False
         self.is_elastic = True
         """False: a dead worker fails the call with `ACTOR_FAILURES` (the flow then restarts the iteration)."""
+        self.num_started = num_workers
+        """Workers the group was built with (`rollout.num_workers` in a run)."""
         self.num_wanted = num_workers
         """Workers the group keeps: `add_workers` / `remove_worker` move it; a worker lost or preempted is
         replaced by a new one, which joins when Ray can place it (a pause meanwhile if none is left)."""
@@ -193,6 +195,22 @@ class RolloutGroup:
         added = [self._spawn({}) for _ in range(count)]
         self._admit_joiners(wait)
         return added
+
+    def workers_added(self) -> int:
+        """Workers added since the group was built minus those removed (a lost or preempted one is replaced, so
+        it does not count): what a run commits so that a resume keeps them (`keep_added`)."""
+        return self.num_wanted - self.num_started
+
+    def keep_added(self, added: int) -> None:
+        """Start `added` more workers than the group was built with (fewer if negative, removing the newest):
+        a resumed or restarted run keeps the workers added or removed while it ran. New ones take requests once
+        Ray places them and they hold the current weights."""
+        change = max(added, -self.num_started) - self.workers_added()
+        if change > 0:
+            self.add_workers(change)
+        newest_first = sorted([*self.worker_ids, *(j.worker_id for j in self.joining)], reverse=True)
+        for worker_id in newest_first[:max(0, -change)]:
+            self.remove_worker(worker_id)
 
     def wait_for_joins(self) -> None:
         """Block until every started worker holds the current weights and takes requests."""
