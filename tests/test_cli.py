@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tailflow.cli import main
 
 
@@ -32,6 +34,8 @@ def test_custom_dataset_errors_name_the_file(tmp_path, capsys):
     assert "train.jsonl" in err and "prompt" in err
 
 
+@pytest.mark.slow
+@pytest.mark.long  # 200 greedy evals through the CLI: ~45 s
 def test_eval_reports_the_shipped_warm_start_accuracy():
     """The shipped checkpoint is what its RECIPE.md says it is: the same greedy accuracy on the 200 default
     eval problems, through the CLI (engine, tokenizer, reward and eval set together)."""

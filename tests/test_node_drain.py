@@ -60,7 +60,8 @@ def test_a_ray_without_the_call_turns_the_watch_off_saying_so():
     assert asked == [1] and len(said) == 1 and "moved only when the node dies" in said[0]
 
 
-@pytest.mark.slow  # its own two-node Ray (two raylets) and three workers: ~40 s on 2 cores
+@pytest.mark.slow
+@pytest.mark.long  # its own two-node Ray (two raylets) and three workers: ~30 s on 2 cores
 def test_a_worker_on_a_drained_node_hands_over_and_its_replacement_lands_elsewhere(tmp_path):
     tokenizer = build_char_tokenizer()
     build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=1).save_pretrained(tmp_path)

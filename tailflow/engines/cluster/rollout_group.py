@@ -31,7 +31,7 @@ from typing import Any, Callable, Sequence
 from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.cluster.in_flight import InFlight
 from tailflow.engines.cluster.membership import EventKind, Membership, MembershipReport
-from tailflow.engines.cluster.node_drain import DrainWatch
+from tailflow.engines.cluster.node_drain import DrainWatch, node_of_actor
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 
 JOIN_HEADROOM = 8
@@ -162,7 +162,7 @@ class RolloutGroup:
         for joining in sorted(admitted, key=lambda j: j.worker_id):
             try:
                 ray.get(joining.ready)
-                node_id = ray.get(joining.worker.node_id.remote())
+                node_id = ray.get(node_of_actor(joining.worker))
             except ACTOR_FAILURES as error:
                 if wait:
                     raise

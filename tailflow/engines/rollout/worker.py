@@ -203,12 +203,6 @@ class RolloutWorker:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
-    def node_id(self) -> str:
-        """The Ray node this worker runs on (hex), for drain notices (`cluster/node_drain.py`)."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
 
 def in_flight_tokens(engine) -> list[tuple[str, list[int], list[float], list[int]]]:
     """(request id, response tokens, log-probs, weight versions) of each request the engine holds, running first.
