@@ -226,3 +226,37 @@ def test_a_run_on_s3_through_transient_faults_matches_the_local_run(tmp_path, cl
     expected_state, expected_rows = reference
     assert [without_timing(row) for row in rows] == expected_rows
     assert state.weights_sha256 == expected_state.weights_sha256
+
+
+@pytest.mark.long
+def test_rollout_workers_added_at_runtime_survive_an_iteration_restart_and_a_resume(tmp_path, cli_env):
+    """A run with one rollout worker is told to add one (`send_worker_command`, as `tailflow workers add`); a
+    trainer death then restarts an iteration and a SIGKILL ends the run: the restart and the resume each start
+    the added worker again, and every commit from then on records it."""
+    from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
+
+    config = run_config(tmp_path)
+    config["train"].update(iterations=1, num_workers=1)
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    store = LocalStore(tmp_path)
+    first = run_cli(["train", "-c", str(config_path), "--run-id", "grown"], cli_env)
+    assert first.returncode == 0, first.stdout[-4000:]
+    assert read_committed_state(store, "grown").rollout_workers_added == 0
+
+    send_worker_command(store, "grown", WorkerCommand(add=1))  # taken at the next run's first poll
+    more = ["resume", "grown", "--set", f"storage.uri={tmp_path}", "--set", "train.iterations=4",
+            "--allow-change", "train.iterations"]
+    second = run_cli(more, cli_env, fault="kill-trainer@2,crash-train@3")
+    assert second.returncode == -signal.SIGKILL, second.stdout[-4000:]
+    assert second.stdout.count("an actor died") == 1
+    assert second.stdout.count("keeping the rollout workers added at runtime: 1 (rollout.num_workers) +1") == 1
+    assert read_committed_state(store, "grown").iteration == 3
+    assert read_committed_state(store, "grown").rollout_workers_added == 1
+
+    third = run_cli(more, cli_env)
+    assert third.returncode == 0, third.stdout[-4000:]
+    assert "keeping the rollout workers added at runtime: 1 (rollout.num_workers) +1" in third.stdout
+    state, rows = outcome(tmp_path, "grown")
+    assert state.iteration == 4 and state.rollout_workers_added == 1
+    assert len(rows) == 4
