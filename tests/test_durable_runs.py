@@ -85,33 +85,50 @@ def reference(tmp_path_factory, cli_env):
     return state, rows
 
 
+EVERY_PHASE = [("crash-rollout@1", 1), ("crash-reward@1", 1), ("crash-train@1", 1), ("crash-sync@1", 1),
+               ("crash-checkpoint@1", 1), ("crash-commit@2", 2)]
+"""(fault, iterations committed after the kill): a SIGKILL in each phase of an iteration."""
+
+AROUND_THE_COMMIT = [("crash-checkpoint@1", 1), ("crash-commit@2", 2)]
+"""The two kills the commit protocol exists for: a checkpoint stored but not committed, a commit cut short."""
+
+
+def test_sigkill_around_the_commit_then_resume_ends_exactly_where_a_clean_run_does(tmp_path, cli_env, reference):
+    kill_then_resume(tmp_path, cli_env, reference, "crashy", AROUND_THE_COMMIT)
+
+
+@pytest.mark.long  # seven runs: ~4.5 min
 def test_sigkill_in_every_phase_then_resume_ends_exactly_where_a_clean_run_does(tmp_path, cli_env, reference):
+    kill_then_resume(tmp_path, cli_env, reference, "crashy-every", EVERY_PHASE)
+
+
+def kill_then_resume(tmp_path, cli_env, reference, run_id: str, faults: list[tuple[str, int]]) -> None:
+    """Run `run_id` once per fault, each SIGKILLed there, then resume it: it must end with the clean run's
+    weights, queue and metrics rows, every killed flow run marked Crashed."""
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump(run_config(tmp_path)))
-    train = ["train", "-c", str(config_path), "--run-id", "crashy"]
+    train = ["train", "-c", str(config_path), "--run-id", run_id]
     store = LocalStore(tmp_path)
 
-    # (fault, iterations committed after the kill)
-    for fault, committed in [("crash-rollout@1", 1), ("crash-reward@1", 1), ("crash-train@1", 1),
-                             ("crash-sync@1", 1), ("crash-checkpoint@1", 1), ("crash-commit@2", 2)]:
+    for fault, committed in faults:
         result = run_cli(train, cli_env, fault)
         assert result.returncode == -signal.SIGKILL, f"{fault}: exit {result.returncode}\n{result.stdout[-3000:]}"
         assert "fault injection: SIGKILL" in result.stdout
-        state = read_committed_state(store, "crashy")
+        state = read_committed_state(store, run_id)
         assert state.iteration == committed, fault
         if fault == "crash-checkpoint@1":
             # iteration 1's checkpoint is stored but was never committed: the previous one is what counts
-            assert store.has_dir("crashy/checkpoints/iter-0001")
-            assert state.latest_checkpoint == "crashy/checkpoints/iter-0000"
+            assert store.has_dir(f"{run_id}/checkpoints/iter-0001")
+            assert state.latest_checkpoint == f"{run_id}/checkpoints/iter-0000"
             assert weights_sha256(tmp_path / state.latest_checkpoint) == state.weights_sha256
 
     # the last resume by `tailflow resume` with the run's own saved config
-    result = run_cli(["resume", "crashy", "--set", f"storage.uri={tmp_path}"], cli_env)
+    result = run_cli(["resume", run_id, "--set", f"storage.uri={tmp_path}"], cli_env)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "resuming after iteration 0001" in result.stdout
 
     expected_state, expected_rows = reference
-    state, rows = outcome(tmp_path, "crashy")
+    state, rows = outcome(tmp_path, run_id)
     assert rows == expected_rows  # one row per iteration, none duplicated by the re-runs
     assert state.weights_sha256 == expected_state.weights_sha256
     assert state.tail == expected_state.tail
@@ -122,11 +139,11 @@ def test_sigkill_in_every_phase_then_resume_ends_exactly_where_a_clean_run_does(
     from prefect.client.schemas.sorting import FlowRunSort
 
     with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=["crashy"])),
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(name=FlowRunFilterName(any_=[run_id])),
                                      sort=FlowRunSort.START_TIME_ASC)
-    assert [run.state.type.value for run in runs] == ["CRASHED"] * 6 + ["COMPLETED"]
-    assert all("stopped without reporting" in run.state.message for run in runs[:6])
-    assert not (tmp_path / ".leases" / "crashy.json").exists()
+    assert [run.state.type.value for run in runs] == ["CRASHED"] * len(faults) + ["COMPLETED"]
+    assert all("stopped without reporting" in run.state.message for run in runs[:len(faults)])
+    assert not (tmp_path / ".leases" / f"{run_id}.json").exists()
 
 
 def test_a_dead_trainer_or_reward_actor_costs_a_retry_and_a_dead_rollout_worker_nothing(tmp_path, cli_env, reference):
