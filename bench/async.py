@@ -42,7 +42,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from common import WARMSTART, default_config_tree
+from common import SYNCHRONOUS, WARMSTART, default_config_tree
 
 SKIP_STREAM_TARGET = 1.3
 ACCURACY_TOLERANCE = 2.0
@@ -51,13 +51,12 @@ BUSY_CORES = 0.3
 """A group of actors counts as working in a sample when it used more than this many cores."""
 
 ASYNC_LOSS = "decoupled_ppo"
-SYNC_STEP = {"rollout.async_ratio": 0, "train.loss": "ppo_clip"}
 ASYNC_STEP = {"train.loss": ASYNC_LOSS, "rollout.async_steps_per_train": 0}
 SETTINGS: dict[str, dict[str, Any]] = {
-    "sync": SYNC_STEP | {"tail.enabled": False, "train.skip_zero_advantage": False},
-    "tail": SYNC_STEP | {"tail.enabled": True, "train.skip_zero_advantage": False},
-    "tail+skip": SYNC_STEP | {"tail.enabled": True, "train.skip_zero_advantage": True},
-    "tail+skip+stream": SYNC_STEP | {"tail.enabled": True, "train.skip_zero_advantage": True, "train.stream": True},
+    "sync": SYNCHRONOUS | {"tail.enabled": False, "train.skip_zero_advantage": False},
+    "tail": SYNCHRONOUS | {"tail.enabled": True, "train.skip_zero_advantage": False},
+    "tail+skip": SYNCHRONOUS | {"tail.enabled": True, "train.skip_zero_advantage": True},
+    "tail+skip+stream": SYNCHRONOUS | {"tail.enabled": True, "train.skip_zero_advantage": True, "train.stream": True},
     "async1": ASYNC_STEP | {"tail.enabled": False, "train.skip_zero_advantage": False, "rollout.async_ratio": 1},
     "async2": ASYNC_STEP | {"tail.enabled": False, "train.skip_zero_advantage": False, "rollout.async_ratio": 2},
     "tail+async": ASYNC_STEP | {"tail.enabled": True, "train.skip_zero_advantage": False, "rollout.async_ratio": 1},
