@@ -24,7 +24,7 @@ def start_training(ctx: RunContext, scorer: StreamingScorer, weight_version: int
     if not train.stream:
         return None
     return StreamedStep(ctx.trainer, scorer, train.advantage, weight_version=weight_version,
-                        skip_zero_advantage=train.skip_zero_advantage and train.kl_coef == 0)
+                        skip_zero_advantage=skips_zero_advantage(train))
 
 
 @task(cache_policy=NO_CACHE)
@@ -44,5 +44,11 @@ def start_step(ctx: RunContext, scored: ScoredRound, weight_version: int, max_st
     train = ctx.config.train
     samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version,
                                   max_staleness=max_staleness)
-    return ctx.trainer.start_train_step(samples, skip_zero_advantage=train.skip_zero_advantage and train.kl_coef == 0,
+    return ctx.trainer.start_train_step(samples, skip_zero_advantage=skips_zero_advantage(train),
                                         ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, seed=train.seed)
+
+
+def skips_zero_advantage(train) -> bool:
+    """Whether the step may leave out zero-advantage groups: asked for, and no KL term (which gives them a
+    gradient)."""
+    return train.skip_zero_advantage and train.kl_coef == 0
