@@ -11,8 +11,7 @@ import pytest
 from tailflow.engines.cluster.membership import EventKind
 from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command
-from tailflow.engines.data.tokenizer import build_char_tokenizer
-from tailflow.engines.models import build_tiny_model
+from tailflow.engines.models import write_random_tiny_model
 from tailflow.engines.reward.scoring import problem_id_of
 from tailflow.engines.rollout.native import NativeEngine
 from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
@@ -24,12 +23,8 @@ from tailflow.engines.tail.driver import run_round
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("elastic-model")
-    tokenizer = build_char_tokenizer()
     # No EOS in reach of a random model's first tokens is not guaranteed: lengths vary, which is the point.
-    build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=1).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return write_random_tiny_model(tmp_path_factory.mktemp("elastic-model"), seed=1)
 
 
 def round_requests(num_prompts: int, per_prompt: int, max_new_tokens: int) -> list[Request]:

@@ -11,8 +11,7 @@ import pytest
 from ray._common.utils import get_ray_address_file
 
 from tailflow.engines.cluster.node_drain import DrainNotice, DrainWatch, notices_for
-from tailflow.engines.data.tokenizer import build_char_tokenizer
-from tailflow.engines.models import build_tiny_model
+from tailflow.engines.models import write_random_tiny_model
 
 
 def test_notices_name_the_workers_on_draining_nodes_only():
@@ -63,9 +62,7 @@ def test_a_ray_without_the_call_turns_the_watch_off_saying_so():
 @pytest.mark.slow
 @pytest.mark.long  # its own two-node Ray (two raylets) and three workers: ~30 s on 2 cores
 def test_a_worker_on_a_drained_node_hands_over_and_its_replacement_lands_elsewhere(tmp_path):
-    tokenizer = build_char_tokenizer()
-    build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=1).save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
+    write_random_tiny_model(tmp_path, seed=1)
     scenario = Path(__file__).with_name("node_drain_scenario.py")
     # The scenario's Ray records itself as this machine's current cluster (as `ray start` does) and forgets it on
     # shutdown; should it die first, the record must not outlive it, or every later ray.init() would join it.
