@@ -124,13 +124,22 @@ def reprefill_seconds_per_token(model_dir: Path, length: int) -> float:
 def simulator_prediction(schedule: list[int]) -> str:
     """The simulator's predicted numbers (`engines/sim/spot_workers.py`) for FluidRL's setting (qwen2.5-7b,
     8 x H100 per worker, 8k cap), priced by the simulator's rollout model: tokens/s per worker count this bench's
-    schedule visited, and the seconds one migration's re-prefill costs there (an upper bound: a full KV cache).
-    Measured numbers above are this CPU's; these are the cluster's, predicted, never measured here."""
+    schedule visited, the seconds one migration's re-prefill costs there (an upper bound: a full KV cache), and
+    tokens per dollar of those worker counts a quarter hour each at FluidRL's prices, on demand and on spot
+    (0.1 preemptions a worker-hour; `bench/sim_spot.py` varies all of it). Measured numbers above are this CPU's;
+    these are the cluster's, predicted, never measured here."""
+    from tailflow.engines.sim.spot import (FLUIDRL_ON_DEMAND_PER_HOUR, FLUIDRL_SPOT_PER_HOUR, Interval, SpotTerms,
+                                           schedule_cost)
     from tailflow.engines.sim.spot_workers import simulated_workers
 
     model = simulated_workers("qwen2.5-7b", max(schedule), min_rounds=2, max_new_tokens=8192)
-    rates = "  ".join(f"{k} workers: {model.throughput[k]:,.0f} tokens/s" for k in sorted(set(schedule)))
-    return (f"sim (predicted, {model.source}): {rates}; re-prefill per migration <= {model.reprefill_s:.1f} s")
+    counts = sorted(set(schedule))
+    rates = "  ".join(f"{k} workers: {model.throughput[k]:,.0f} tokens/s" for k in counts)
+    cost = schedule_cost([Interval(0.25, k) for k in counts], model,
+                         SpotTerms(FLUIDRL_ON_DEMAND_PER_HOUR, FLUIDRL_SPOT_PER_HOUR, preemptions_per_hour=0.1))
+    return (f"sim (predicted, {model.source}): {rates}; re-prefill per migration <= {model.reprefill_s:.1f} s; "
+            f"{', '.join(map(str, counts))} workers a quarter hour each: {cost.tokens_per_dollar_on_demand:,.0f} "
+            f"tokens/$ on demand, {cost.tokens_per_dollar_spot:,.0f} on spot (0.1 preemptions/h)")
 
 
 def main() -> int:

@@ -22,7 +22,8 @@ import argparse
 
 import common  # noqa: F401  (puts bench/ on sys.path, as the other benches)
 
-from tailflow.engines.sim.spot import Interval, ScheduleCost, SpotTerms, WorkerModel, schedule_cost
+from tailflow.engines.sim.spot import (FLUIDRL_ON_DEMAND_PER_HOUR, FLUIDRL_SPOT_PER_HOUR, Interval, ScheduleCost,
+                                       SpotTerms, WorkerModel, schedule_cost)
 from tailflow.engines.sim.spot_workers import reported_workers, simulated_workers
 
 FLUIDRL_THROUGHPUT = {1: 12_000.0, 4: 18_000.0}
@@ -55,8 +56,8 @@ def print_costs(workers: WorkerModel, schedule: list[Interval], args) -> dict[fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--on-demand", type=float, default=83.79, help="$ per worker-hour on demand")
-    parser.add_argument("--spot", type=float, default=21.28, help="$ per worker-hour on spot")
+    parser.add_argument("--on-demand", type=float, default=FLUIDRL_ON_DEMAND_PER_HOUR, help="$ per worker-hour on demand")
+    parser.add_argument("--spot", type=float, default=FLUIDRL_SPOT_PER_HOUR, help="$ per worker-hour on spot")
     parser.add_argument("--preemptions-per-hour", type=float, default=0.1, help="per spot worker (for RESULT)")
     parser.add_argument("--replacement-s", type=float, default=300.0, help="preemption -> replacement joined")
     parser.add_argument("--poll-interval-s", type=float, default=1.0, help="most generation lost at a preemption")

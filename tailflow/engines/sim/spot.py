@@ -23,6 +23,10 @@ import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+FLUIDRL_ON_DEMAND_PER_HOUR = 83.79
+FLUIDRL_SPOT_PER_HOUR = 21.28
+"""FluidRL's reproduce guide's prices for one H100 x 8 worker an hour, on demand and spot."""
+
 
 @dataclass(frozen=True)
 class Interval:
