@@ -15,7 +15,7 @@ Selecting buckets and padding is plain Python and runs on CPU too
 (`capture=False`: the padded step runs eagerly there, which is how the tests
 check that padding changes nothing). Only `capture=True` on a CUDA device uses
 `torch.cuda.CUDAGraph`; graphs are captured lazily, on a shape's first use,
-into one shared memory pool, and dropped when the weights change.
+into one shared memory pool, and dropped when the weights change or the engine sleeps.
 """
 from __future__ import annotations
 
@@ -74,7 +74,10 @@ class DecodeGraphs:
         self.pool = None
 
     def clear(self) -> None:
+        """Drop every captured graph and their memory pool (freed once no graph uses it); the next capture
+        starts a new pool. Called when the weights change (graphs read the old fused tensors) and on sleep."""
         self.captured.clear()
+        self.pool = None
 
     def padded(self, token_ids: torch.Tensor, positions: torch.Tensor, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows padded to `bucket`: token 0 at the scratch position."""

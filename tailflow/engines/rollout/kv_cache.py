@@ -16,7 +16,8 @@ class SlotKVCache:
 
     def __init__(self, num_layers: int, num_slots: int, num_kv_heads: int, max_seq_len: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu") -> None:
-        """Allocated once, up front, on `device`: nothing is allocated per step."""
+        """Allocated once, up front, on `device`: nothing is allocated per step (a sleeping engine drops the
+        whole cache and allocates a new one when it wakes)."""
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

@@ -16,6 +16,10 @@ fp32 on CPU, bf16 on CUDA); norms are computed in fp32 and rounded back, as
 Hugging Face's RMSNorm does. On CUDA, decode attention is PyTorch SDPA and the
 decode step runs from captured CUDA graphs (`decode_graphs.py`); on CPU it stays
 eager with plain matmuls.
+
+`release_memory()` / `restore_memory()` let a colocated trainer have the GPU between phases (as vLLM's
+level-1 sleep does): everything the runner allocated is dropped, and the model's weights wait in host
+memory, where new weights can still be loaded.
 """
 from __future__ import annotations
 
@@ -152,16 +156,49 @@ class ModelRunner:
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.eps = config.rms_norm_eps
         self.act = F.silu if config.hidden_act == "silu" else ACT2FN[config.hidden_act]
-        self.cache = SlotKVCache(config.num_hidden_layers, num_slots, self.num_kv_heads, max_seq_len, self.head_dim,
-                                 dtype=self.dtype, device=self.device)
+        self.num_slots = num_slots
         self.max_seq_len = max_seq_len
-        self.positions = torch.arange(max_seq_len, device=self.device)
-        self.rows = torch.arange(num_slots, device=self.device)
-        self.cos, self.sin = self._rope_table(max_seq_len)
         self.attention = sdpa_decode_attention if self.is_cuda else decode_attention
         bucketed = self.is_cuda if bucketed_decode is None else bucketed_decode
         self.graphs = DecodeGraphs(self, num_slots, max_seq_len, capture=cuda_graphs and self.is_cuda) \
             if bucketed else None
+        self.cache: SlotKVCache | None = None
+        self.restore_memory()
+
+    @property
+    def is_released(self) -> bool:
+        """True between `release_memory()` and `restore_memory()`."""
+        return self.cache is None
+
+    def release_memory(self) -> None:
+        """Drop the KV cache, fused weights, rope tables and captured graphs; move the model to host memory.
+
+        Every device tensor the runner made is unreferenced first, so moving the model really frees the
+        weights' device memory (the fused copies' views would keep it). Idempotent."""
+        if self.is_released:
+            return
+        self.cache = None
+        self.embed = self.final_norm = self.lm_head = None
+        self.layers = []
+        self.positions = self.rows = self.cos = self.sin = None
+        if self.graphs is not None:
+            self.graphs.clear()
+        self.model.to("cpu")
+        if self.is_cuda:
+            torch.cuda.empty_cache()
+
+    def restore_memory(self) -> None:
+        """Undo `release_memory()`: the model back on the runner's device and dtype, a fresh (zeroed) KV cache
+        of the same shape, rope tables and fused weights rebuilt from the model as it is now. Idempotent."""
+        if not self.is_released:
+            return
+        config = self.model.config
+        self.model.to(device=self.device, dtype=self.dtype)
+        self.positions = torch.arange(self.max_seq_len, device=self.device)
+        self.rows = torch.arange(self.num_slots, device=self.device)
+        self.cos, self.sin = self._rope_table(self.max_seq_len)
+        self.cache = SlotKVCache(config.num_hidden_layers, self.num_slots, self.num_kv_heads, self.max_seq_len,
+                                 self.head_dim, dtype=self.dtype, device=self.device)
         self.refresh_weights()
 
     def _rope_table(self, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:

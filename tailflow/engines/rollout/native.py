@@ -10,6 +10,11 @@ an engine produces bit-for-bit the same completions (on one device).
 
 Device and dtype: fp32 on CPU, bf16 on CUDA (`default_dtype`); the engine
 moves the model there. Logprobs are always computed in fp32 from the logits.
+
+Sleep mode (for a GPU shared with a trainer rank): `sleep()` frees the KV
+cache, fused weights and decode graphs and keeps the weights in host memory
+(vLLM's level-1 sleep); `wake_up()` puts everything back. Asleep, the engine
+only takes new weights (into the host copy) and answers `stats()`.
 """
 from __future__ import annotations
 
@@ -98,6 +103,7 @@ class NativeEngine:
 
     def submit(self, requests: Seq[Request]) -> None:
         """Queue requests FIFO; all are validated before any is queued."""
+        self._check_awake("submit")
         self.scheduler.check_new(requests, self._validate)
         for request in requests:
             self.scheduler.add(Sequence(request, self.num_arrived, self.seed))
@@ -129,6 +135,7 @@ class NativeEngine:
 
     def step(self) -> list[Completion]:
         """Admit + prefill, decode one token per running row, return what finished in this step."""
+        self._check_awake("step")
         admitted = self.scheduler.admit()
         if admitted:
             self._prefill(admitted)
@@ -186,6 +193,7 @@ class NativeEngine:
 
     def generate(self, requests: Seq[Request]) -> list[Completion]:
         """Submit and step until idle; every completion finished meanwhile, in finish order."""
+        self._check_awake("generate")
         self.submit(requests)
         completions = []
         while self.has_unfinished():
@@ -200,6 +208,7 @@ class NativeEngine:
         `SamplingParams(max_tokens=1, logprobs=k)`). It runs outside the slot cache, so it may interleave
         with generation.
         """
+        self._check_awake("next_token_logprobs")
         if not prompt_token_ids:
             raise ValueError("next_token_logprobs: empty prompt")
         if len(prompt_token_ids) > self.max_seq_len:
@@ -232,7 +241,9 @@ class NativeEngine:
         return self.scheduler.has_unfinished()
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Replace all weights (a tied lm_head may be absent); refused while requests are in flight."""
+        """Replace all weights (a tied lm_head may be absent); refused while requests are in flight.
+
+        Asleep, they load into the host copy (a colocated sync lands before the wake) and are fused at wake."""
         if self.has_unfinished():
             raise RuntimeError(
                 f"load_weights(version={version}) refused: {len(self.scheduler.running)} running and "
@@ -241,8 +252,36 @@ class NativeEngine:
             )
         check_state_dict(self.runner.model, state_dict, version)
         self.runner.model.load_state_dict(dict(state_dict), strict=False)
-        self.runner.refresh_weights()
+        if not self.is_asleep:
+            self.runner.refresh_weights()
         self.weight_version = version
+
+    @property
+    def is_asleep(self) -> bool:
+        return self.runner.is_released
+
+    def sleep(self) -> None:
+        """Give the device memory to a colocated trainer: KV cache, fused weights, rope tables and decode graphs
+        are freed, the weights wait in host memory. Refused with requests in flight (their keys and values
+        live in the cache). Idempotent."""
+        if self.has_unfinished():
+            raise RuntimeError(
+                f"sleep refused: {len(self.scheduler.running)} running and {len(self.scheduler.waiting)} waiting "
+                "requests are in flight; finish or abort them first"
+            )
+        self.runner.release_memory()
+
+    def wake_up(self, tags: Seq[str] | None = None) -> None:
+        """Back on the device after `sleep()`, with whatever weights were loaded meanwhile; a seeded request
+        then gives exactly what it would have without the sleep. Idempotent.
+
+        `tags` is vLLM's `wake_up(tags)` argument (wake only "weights" or "kv_cache"), accepted so callers
+        can treat both engines alike; this engine always wakes everything at once and ignores it."""
+        self.runner.restore_memory()
+
+    def _check_awake(self, what: str) -> None:
+        if self.is_asleep:
+            raise RuntimeError(f"{what} refused: engine is asleep: call wake_up() first")
 
     def stats(self) -> EngineStats:
         return EngineStats(

@@ -5,9 +5,10 @@ nothing here imports Ray, so the same class runs in-process in tests. Requests
 and completions are frozen dataclasses, which Ray pickles as they are.
 
 Colocated on a GPU, `sleep` frees the engine's GPU memory while the trainer
-runs and `wake_up` takes it back after weight sync. Only the vLLM engine can
-(vLLM's sleep mode); the native engine has no offload, so for it both are
-no-ops and it keeps its weights and KV cache on the device throughout.
+runs and `wake_up` takes it back after weight sync. The vLLM engine discards
+its weights and KV cache (level-2 sleep: the sync brings the weights back);
+the native engine frees its KV cache, fused weights and decode graphs and
+keeps its weights in host memory, where the sync loads the new ones.
 
 For an elastic group (`cluster/rollout_group.py`) `step_streamed` also reports
 the tokens each request in flight gained since the last call, so the driver
@@ -188,12 +189,13 @@ class RolloutWorker:
         return self.engine.stats()
 
     def sleep(self) -> None:
-        """Free the engine's GPU memory between phases (vLLM); the native engine keeps it (no offload)."""
+        """Free the engine's GPU memory between phases (both engines sleep; an engine brought without a
+        `sleep`, such as a test's stand-in, keeps its memory)."""
         if hasattr(self.engine, "sleep"):
             self.engine.sleep()
 
     def wake_up(self) -> None:
-        """Take the memory back after `sleep` (and after `load_weights`); a no-op for the native engine."""
+        """Take the memory back after `sleep` (and after `load_weights`); a no-op for an awake engine."""
         if hasattr(self.engine, "wake_up"):
             self.engine.wake_up()
 
