@@ -56,6 +56,9 @@ class EngineCase:
     argmax_margin: float = 0.25
     logprob_atol: float = 0.15
     logprob_mean_atol: float = 0.03
+    head_dim: int | None = None
+    """Head size of the contract's models; None: 12 (Llama, Qwen2: 48 hidden / 4 heads) and 16 (Qwen3). vLLM's
+    attention backends refuse head sizes below 32 (Triton) or not a multiple of 8 (FlashAttention)."""
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -74,10 +77,13 @@ def perturb(model: torch.nn.Module, seed: int, scale: float = 0.2) -> None:
             param.add_(torch.randn(param.shape, generator=generator) * scale)
 
 
-def random_model(architecture: str, seed: int = 0) -> torch.nn.Module:
-    """A tiny random model: GQA everywhere, Qwen2's q/k/v biases, Qwen3's q/k norms and explicit head_dim."""
+def random_model(architecture: str, seed: int = 0, head_dim: int | None = None) -> torch.nn.Module:
+    """A tiny random model: GQA everywhere, Qwen2's q/k/v biases, Qwen3's q/k norms and explicit head_dim.
+    `head_dim`: 4 heads of that size (None: 48 hidden, Qwen3's heads 16)."""
     torch.manual_seed(seed)
-    common = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    hidden = 4 * head_dim if head_dim else 48
+    common = dict(vocab_size=VOCAB, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
+                  num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=512, eos_token_id=EOS, pad_token_id=0,
                   bos_token_id=None, rms_norm_eps=1e-6)
     if architecture == "llama":
@@ -85,15 +91,15 @@ def random_model(architecture: str, seed: int = 0) -> torch.nn.Module:
     elif architecture == "qwen2":
         model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=True))
     elif architecture == "qwen3":
-        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=16, tie_word_embeddings=False))
+        model = Qwen3ForCausalLM(Qwen3Config(**common, head_dim=head_dim or 16, tie_word_embeddings=False))
     else:
         raise ValueError(architecture)
     perturb(model.eval(), seed)
     return model
 
 
-def write_model(directory: Path, architecture: str, seed: int = 0) -> Path:
-    random_model(architecture, seed).save_pretrained(directory)
+def write_model(directory: Path, architecture: str, seed: int = 0, head_dim: int | None = None) -> Path:
+    random_model(architecture, seed, head_dim).save_pretrained(directory)
     return directory
 
 
@@ -140,8 +146,8 @@ class EngineContract:
     """The contract; subclasses provide the `engine_case` fixture."""
 
     @pytest.fixture(params=ARCHITECTURES)
-    def model_dir(self, request, tmp_path_factory) -> Path:
-        return write_model(tmp_path_factory.mktemp(request.param), request.param)
+    def model_dir(self, request, tmp_path_factory, engine_case: EngineCase) -> Path:
+        return write_model(tmp_path_factory.mktemp(request.param), request.param, head_dim=engine_case.head_dim)
 
     def test_greedy_matches_transformers_generate(self, engine_case: EngineCase, model_dir: Path):
         """Continuous batching (3 slots, 5 requests of mixed lengths) changes no greedy token."""
@@ -200,7 +206,7 @@ class EngineContract:
         (prompt,) = prompts([8], seed=3)
         before = run_all(engine, [Request("v0", prompt, greedy(12))])["v0"]
         assert before.weight_version == 0 and engine.stats().weight_version == 0
-        other = random_model(architecture_of(model_dir), seed=11)
+        other = random_model(architecture_of(model_dir), seed=11, head_dim=engine_case.head_dim)
         engine.submit([Request("busy", prompt, greedy(5))])
         with pytest.raises(RuntimeError):
             engine.load_weights(other.state_dict(), version=1)
@@ -208,7 +214,7 @@ class EngineContract:
         engine.load_weights(other.state_dict(), version=1)
         after = run_all(engine, [Request("v1", prompt, greedy(12))])["v1"]
         assert after.weight_version == 1 and engine.stats().weight_version == 1
-        fresh_dir = write_model(tmp_path / "other", architecture_of(model_dir), seed=11)
+        fresh_dir = write_model(tmp_path / "other", architecture_of(model_dir), seed=11, head_dim=engine_case.head_dim)
         fresh = run_all(engine_case.make(fresh_dir, num_slots=2, max_seq_len=96), [Request("v1", prompt, greedy(12))])
         assert after.token_ids == fresh["v1"].token_ids != before.token_ids
 

@@ -8,6 +8,8 @@ lent GPU. Another engine joins by adding a class with its own `engine_case`
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -38,6 +40,15 @@ class TestNativeEngineBucketedOnCPU(EngineContract):
     @pytest.fixture
     def engine_case(self) -> EngineCase:
         return native_case("cpu", bucketed_decode=True)
+
+
+class TestNativeEngineOnVllmShapesOnCPU(EngineContract):
+    """The head size the vLLM contract uses (32: its attention backends refuse the default models' 12), so the
+    contract is known to hold on those models before vLLM first runs it."""
+
+    @pytest.fixture
+    def engine_case(self) -> EngineCase:
+        return dataclasses.replace(native_case("cpu"), head_dim=32)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="torch sees no CUDA device here")

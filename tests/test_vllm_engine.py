@@ -41,7 +41,7 @@ class TestVllmEngineContract(EngineContract):
         def make(model_dir, num_slots, max_seq_len, seed=0):
             return VllmEngine.from_pretrained(model_dir, num_slots, max_seq_len, seed=seed, gpu_memory_utilization=0.3)
 
-        return EngineCase(name="vllm-cuda", device="cuda", make=make, dtype=torch.bfloat16, exact=False)
+        return EngineCase(name="vllm-cuda", device="cuda", make=make, dtype=torch.bfloat16, exact=False, head_dim=32)
 
 
 # ---- stand-ins of vLLM 0.33.0's records (field names and order as in vllm/logprobs.py, vllm/outputs.py) ------
