@@ -179,16 +179,22 @@ def test_a_taken_rendezvous_port_is_retried_not_waited_on(model_path, ray_cluste
     port instead of leaving rank 1 waiting for a rank 0 that died."""
     import socket
 
+    import ray
+
     from tailflow.engines.cluster import trainer_group
 
     taken = socket.socket()
-    taken.bind(("127.0.0.1", 0))
+    taken.bind((ray.util.get_node_ip_address(), 0))  # the node rank 0 runs on (this one)
     taken.listen()
-    ports = iter([taken.getsockname()[1]])
-    real = trainer_group.find_free_port
-    monkeypatch.setattr(trainer_group, "find_free_port", lambda: next(ports, None) or real())
+    ports = iter([taken.getsockname()])
+    real = trainer_group.rendezvous_address
+    asked = []
+    monkeypatch.setattr(trainer_group, "rendezvous_address", lambda rank0: asked.append(1) or next(ports, None)
+                        or real(rank0))
     try:
         group = TrainerGroup(model_path, world_size=2, trainer_kwargs={"lr": 1e-3})
+        assert len(asked) == 2 and group.master_port != taken.getsockname()[1]
+        assert group.master_addr == ray.util.get_node_ip_address()
         assert group.train_step(make_samples(4, seed=1)).grad_norm > 0
         group.shutdown()
     finally:

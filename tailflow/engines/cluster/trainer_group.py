@@ -11,6 +11,13 @@ sync, rank 0's full state dict stays in the object store (`state_dict_ref`,
 used by `weight_sync.py`), so rollout workers read it without a copy through
 the driver; everything else this group returns is plain data.
 
+The ranks rendezvous at rank 0's node (its IP, a port free there), asked
+inside rank 0's actor once Ray has placed it, so a group spread over nodes
+(`cluster.spread_trainer_ranks`) finds its rank 0. Colocated on GPUs the
+group parks between phases (`park`: the full state into the object store,
+each rank's weights and optimizer into host memory); the parked copy serves
+weight sync and checkpoints until the next train call brings the state back.
+
 The caller owns `ray.init`.
 """
 from __future__ import annotations
@@ -30,14 +37,18 @@ from tailflow.engines.train.updates import plan_updates
 from tailflow.engines.train.worker import TrainerWorker
 
 START_ATTEMPTS = 3
-MASTER_ADDR = "127.0.0.1"
-"""Single-node for now; a multi-node group needs rank 0's node IP here."""
 
 
-def find_free_port() -> int:
+def rendezvous_address(rank0) -> tuple[str, int]:
+    """Rank 0's node IP and a port free on that node (rank 0 binds it a moment later), asked inside its actor."""
+    return ray.get(rank0.__ray_call__.remote(_free_port_on_this_node))
+
+
+def _free_port_on_this_node(_actor) -> tuple[str, int]:
+    address = ray.util.get_node_ip_address()
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((MASTER_ADDR, 0))
-        return sock.getsockname()[1]
+        sock.bind((address, 0))
+        return address, sock.getsockname()[1]
 
 
 class PendingTrainStep:
@@ -72,32 +83,43 @@ class TrainerGroup:
         num_cpus_per_worker: float = 1,
         num_gpus_per_worker: float = 0,
         num_threads: int = 1,
+        actor_options: list[dict] | None = None,
+        reservation: Any = None,
     ) -> None:
-        """Start `world_size` actors and wait until their process group is up.
+        """Start `world_size` actors and wait until their process group is up. `actor_options[r]`, when given,
+        places rank r (its placement-group bundle and share: `placement.actor_options`) instead of the
+        per-worker asks; `reservation` (a `placement.GpuReservation`) is held until `shutdown`.
 
-        The rendezvous port is picked free here, then bound by rank 0 a moment later: another process can take
-        it in between (seen in CI: EADDRINUSE, and the other ranks waited forever for rank 0). So a failed
-        start kills every actor of the attempt and tries again on a new port.
+        The rendezvous port is picked free on rank 0's node, then bound by rank 0 a moment later: another
+        process can take it in between (seen in CI: EADDRINUSE, and the other ranks waited forever for rank 0).
+        So a failed start kills every actor of the attempt and tries again on a new port.
         """
         self.world_size = world_size
+        self.reservation = None
+        self._parked: tuple[ray.ObjectRef, ray.ObjectRef] | None = None
+        """While parked: refs to rank 0's full model and optimizer state, taken just before it left the GPU."""
+        options = list(actor_options) if actor_options is not None else [{}] * world_size
+        if len(options) != world_size:
+            raise ValueError(f"{len(options)} actor options for {world_size} trainer ranks")
         actor_class = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, max_restarts=0)(
             TrainerWorker
         )
         for attempt in range(START_ATTEMPTS):
-            master_port = find_free_port()
             self.workers = [
-                actor_class.remote(model_path, rank, world_size, MASTER_ADDR, master_port, num_threads,
-                                   dict(trainer_kwargs or {}))
+                actor_class.options(**options[rank]).remote(model_path, rank, world_size, num_threads,
+                                                            dict(trainer_kwargs or {}))
                 for rank in range(world_size)
             ]
             self._accumulating: list[ray.ObjectRef] = []
             try:
-                get_all([worker.is_ready.remote() for worker in self.workers])
-                return
-            except ray.exceptions.RayActorError:
+                self.master_addr, self.master_port = rendezvous_address(self.workers[0])
+                get_all([worker.connect.remote(self.master_addr, self.master_port) for worker in self.workers])
+                break
+            except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
                 self.shutdown()
                 if attempt == START_ATTEMPTS - 1:
                     raise
+        self.reservation = reservation.hold() if reservation is not None else None
 
     def train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False, ppo_epochs: int = 1,
                    mini_batches: int = 1, seed: int = 0) -> TrainStepStats:
@@ -118,6 +140,7 @@ class TrainerGroup:
         `seed`); the weight version still counts one per step.
         """
         started = time.perf_counter()
+        self._parked = None  # the weights are about to change: the parked copy would be stale
         num_tokens_total = count_response_tokens(samples)
         if num_tokens_total == 0:
             raise ValueError("train_step needs at least one response token")
@@ -142,6 +165,7 @@ class TrainerGroup:
         return at once; each call is a collective, so every rank gets one (an empty shard runs a filler)."""
         if not samples:
             return
+        self._parked = None
         shards = shard_across_ranks(samples, self.world_size)
         self._accumulating += [worker.accumulate.remote(shard) for worker, shard in zip(self.workers, shards)]
 
@@ -155,7 +179,9 @@ class TrainerGroup:
 
     def state_dict_ref(self) -> ray.ObjectRef:
         """All ranks gather; the ref to rank 0's full CPU state dict (HF names), left in the object store for
-        the rollout workers to read (`weight_sync.py`)."""
+        the rollout workers to read (`weight_sync.py`). Parked: the copy taken when it parked."""
+        if self._parked is not None:
+            return self._parked[0]
         return self._rank0_ref([worker.full_state_dict.remote() for worker in self.workers])
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -163,13 +189,40 @@ class TrainerGroup:
         return ray.get(self.state_dict_ref())
 
     def checkpoint(self) -> dict:
-        """Rank 0's {"model": ..., "optimizer": ...} full state, for exact resume."""
+        """Rank 0's {"model": ..., "optimizer": ...} full state, for exact resume (parked: the parked copy, so
+        a commit does not bring the state back to the GPU the engines are using)."""
+        if self._parked is not None:
+            model, optimizer = ray.get(list(self._parked))
+            return {"model": model, "optimizer": optimizer}
         return ray.get(self._rank0_ref([worker.state_for_checkpoint.remote() for worker in self.workers]))
 
     def load_checkpoint(self, state: dict) -> None:
         """Every rank reads the same full state (one object-store copy)."""
+        self._parked = None
         ref = ray.put(state)
         get_all([worker.load_checkpoint.remote(ref) for worker in self.workers])
+
+    # ---- taking turns with the rollout on shared GPUs ------------------------------------------------
+
+    def park(self) -> ray.ObjectRef:
+        """Every rank hands its full state to rank 0's copy in the object store, then moves its weights and
+        optimizer to host memory (`PolicyTrainer.offload`); the ref to the parked weights (what weight sync
+        loads). The next train call or `load_checkpoint` brings the state back to the device."""
+        if self._parked is None:
+            calls = [worker.park.options(num_returns=2).remote() for worker in self.workers]
+            get_all([ref for pair in calls[1:] for ref in pair])  # the collective; raises its errors
+            ray.wait(list(calls[0]), num_returns=2, fetch_local=False)
+            self._parked = (calls[0][0], calls[0][1])
+        return self._parked[0]
+
+    def offload(self) -> None:
+        """Every rank's weights and optimizer to host memory, without a parked copy (at start-up, before the
+        first rollout); the next call that needs them brings them back."""
+        get_all([worker.offload.remote() for worker in self.workers])
+
+    def is_offloaded(self) -> list[bool]:
+        """Per rank, whether its state is in host memory now."""
+        return ray.get([worker.is_offloaded.remote() for worker in self.workers])
 
     def worker_pid(self, rank: int = 0) -> int:
         """The OS process of `rank` (fault-injection tests kill it)."""
@@ -179,6 +232,10 @@ class TrainerGroup:
         for worker in self.workers:
             ray.kill(worker)
         self.workers = []
+        self._parked = None
+        if self.reservation is not None:
+            self.reservation.drop()
+            self.reservation = None
 
     @staticmethod
     def _rank0_ref(refs: list[ray.ObjectRef]) -> ray.ObjectRef:

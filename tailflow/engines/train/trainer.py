@@ -22,6 +22,11 @@ accumulated gradients by the loss denominator before clipping and the
 optimizer step. The gradient is linear in the loss, so this is the
 non-streamed step's gradient up to float summation order.
 
+Colocated placement (one GPU shared by a rollout engine and this rank, the phases taking turns): `offload`
+moves the weights and AdamW's state to host memory so the engine gets the GPU memory while it rolls out;
+every public method that uses them brings them back first (`_ensure_on_device`), so offloading only saves
+memory and no caller's order can break a step.
+
 With world_size == 1 no process group is made and the model is not sharded:
 plain single-process training, the reference the FSDP path is tested against.
 Plain Python: Ray wraps it in `engines/cluster/trainer_group.py`.
@@ -186,6 +191,8 @@ class PolicyTrainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self._streamed: dict[str, float] | None = None
         """A streamed step's summed stats so far (None: no streamed step open)."""
+        self.is_offloaded = False
+        """The weights and AdamW's state are in host memory (`offload`); the next use moves them back."""
 
     # ---- setup ---------------------------------------------------------------------------------
 
@@ -226,6 +233,7 @@ class PolicyTrainer:
         on ALL ranks: the loss divides by them. `num_metric_tokens` (None: num_tokens_total) divides the token
         means reported (entropy, clip fraction, approx KL): the response tokens trained, when samples with no
         gradient were left out of `samples`."""
+        self._ensure_on_device()
         if num_tokens_total < 1:
             raise ValueError(f"num_tokens_total must be >= 1, got {num_tokens_total}")
         num_sequences = len(samples) if num_sequences_total is None else num_sequences_total
@@ -242,6 +250,7 @@ class PolicyTrainer:
         update, and only where the loss clips against them (ppo_clip, decoupled_ppo); one update is `train_step`,
         with no such pass. Reported: means over the updates (the grad norm too); `num_tokens_total` is the
         whole batch's."""
+        self._ensure_on_device()
         if len(updates) == 1:
             update = updates[0]
             return self.train_step([samples[i] for i in update.indices], update.num_tokens, update.num_sequences,
@@ -265,6 +274,7 @@ class PolicyTrainer:
     def accumulate(self, samples: list[TrainSample]) -> None:
         """Forward and backward of a piece of a streamed step, the loss NOT divided (divisor 1): gradients of the
         sums accumulate until `finish_step`. Every rank calls it the same number of times ([] runs a filler)."""
+        self._ensure_on_device()
         totals = self._backward(samples, 1, 1, allow_empty=True)
         self._streamed = {name: (self._streamed or {}).get(name, 0.0) + totals[name] for name in SUMMED_STATS}
 
@@ -273,6 +283,7 @@ class PolicyTrainer:
         """Close a streamed step: divide the accumulated gradients by the loss denominator of the whole batch
         (its counts as in `train_step`, known only now), clip, one AdamW step. Exactly `train_step` on all the
         pieces at once, up to float summation order: the loss is a sum divided by a constant."""
+        self._ensure_on_device()
         if self._streamed is None:
             raise RuntimeError("finish_step without accumulate: no streamed step is open")
         denominator = loss_denominator(self.loss_agg, num_tokens_total, num_sequences_total, self.max_new_tokens)
@@ -444,6 +455,7 @@ class PolicyTrainer:
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full CPU state dict with HF names on rank 0 ({} on the other ranks); never aliases live weights."""
+        self._ensure_on_device()
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state_dict = get_model_state_dict(self.model, options=options)
         # Unsharded, torch returns the live parameters themselves (FSDP gathers into fresh tensors).
@@ -455,6 +467,7 @@ class PolicyTrainer:
         None before the first step because torch's helper would initialise Adam's
         state with a zero-gradient step, changing the run it checkpoints.
         """
+        self._ensure_on_device()
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         optimizer_state = None
         if self.optimizer.state:  # the same on every rank: all have stepped, or none has
@@ -464,10 +477,62 @@ class PolicyTrainer:
 
     def load_checkpoint(self, state: dict) -> None:
         """Load `state_for_checkpoint()`'s output; every rank passes the same full dict and keeps its shard."""
+        self._ensure_on_device()
         options = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, state["model"], options=options)
         if state["optimizer"] is not None:
             set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+
+    # ---- sharing the GPU with a rollout engine (colocated placement) -----------------------------
+
+    def offload(self) -> None:
+        """Move the policy's and the reference model's parameters and every AdamW state tensor to host memory,
+        drop the gradients, and (CUDA) release the freed blocks, so the colocated rollout engine gets the GPU
+        memory while it rolls out. Every public method that uses the weights or the optimizer moves them back
+        first, so nothing depends on the caller remembering to; offloading only saves memory. Idempotent.
+
+        Refused during a streamed step (`accumulate` ... `finish_step`): its accumulated gradients live on the
+        device and are half of that step.
+
+        On this CPU-only machine the device IS host memory: every move returns the tensor itself, so the tests
+        here check only the bookkeeping and that nothing is lost; the CUDA path has not run.
+        """
+        if self._streamed is not None:
+            raise RuntimeError("offload() while a streamed step is open: its gradients live on the device; "
+                               "call finish_step first")
+        if self.is_offloaded:
+            return
+        self.optimizer.zero_grad(set_to_none=True)  # None between steps already; nothing of a step is dropped
+        self._move_state(torch.device("cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.is_offloaded = True
+
+    def _ensure_on_device(self) -> None:
+        """Bring the offloaded state back to `self.device`: the first line of every public method using it."""
+        if self.is_offloaded:
+            self._move_state(self.device)
+            self.is_offloaded = False
+
+    @torch.no_grad()
+    def _move_state(self, device: torch.device) -> None:
+        """Models with `module.to` (buffers too); AdamW's tensors one by one, its `step` left where torch keeps it.
+
+        Under FSDP2, `FSDPModule._apply` (behind `.to`) first reshards (a root left all-gathered by a no-grad
+        forward, as the reference model's is, registers its shards again), moves each sharded DTensor, swaps it
+        into the same Parameter object (torch.utils.swap_tensors: the optimizer's state, keyed by parameter,
+        stays valid) and re-points FSDP's shard buffer (`reset_sharded_param`). AdamW's `exp_avg` /
+        `exp_avg_sq` are DTensors sharded like their parameter: `.to` moves the local shard and keeps the
+        mesh. Unsharded, `.to` sets `param.data`, the same Parameter object again. Blocking copies: a
+        non_blocking device-to-host copy may still be in flight when the memory is handed over.
+        """
+        for model in (self.model, self.ref_model):
+            if model is not None:
+                model.to(device)
+        for state in self.optimizer.state.values():
+            for key, value in state.items():
+                if key != "step" and isinstance(value, torch.Tensor):
+                    state[key] = value.to(device)
 
 
 def _replace_with_copies(tree):

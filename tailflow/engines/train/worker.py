@@ -17,16 +17,21 @@ from tailflow.engines.train.updates import Update
 
 
 class TrainerWorker:
-    def __init__(self, model_path: str, rank: int, world_size: int, master_addr: str, master_port: int,
-                 num_threads: int, trainer_kwargs: dict) -> None:
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    def __init__(self, model_path: str, rank: int, world_size: int, num_threads: int, trainer_kwargs: dict) -> None:
+        """Nothing is loaded yet: the ranks meet at rank 0's node, which is known only once Ray has placed rank 0
+        (`TrainerGroup` asks it, then calls `connect` on every rank)."""
         torch.set_num_threads(num_threads)
-        self.rank = rank
-        self.trainer = PolicyTrainer(model_path, rank=rank, world_size=world_size, **trainer_kwargs)
+        self.model_path, self.rank, self.world_size = model_path, rank, world_size
+        self.trainer_kwargs = trainer_kwargs
+        self.trainer: PolicyTrainer | None = None
 
-    def is_ready(self) -> bool:
-        return True
+    def connect(self, master_addr: str, master_port: int) -> None:
+        """Join the process group at rank 0's address and build this rank's trainer (a collective: every rank
+        calls it)."""
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
+                          WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.rank))
+        self.trainer = PolicyTrainer(self.model_path, rank=self.rank, world_size=self.world_size,
+                                     **self.trainer_kwargs)
 
     def pid(self) -> int:
         return os.getpid()
@@ -53,3 +58,19 @@ class TrainerWorker:
 
     def load_checkpoint(self, state: dict) -> None:
         self.trainer.load_checkpoint(state)
+
+    def offload(self) -> None:
+        """Weights and optimizer state to host memory while the colocated rollout engine uses the GPU; the next
+        call that needs them moves them back (`PolicyTrainer.offload`)."""
+        self.trainer.offload()
+
+    def park(self) -> tuple[dict, dict | None]:
+        """The two parts of `state_for_checkpoint` (rank 0: full dicts; other ranks: what it gives there), taken
+        before offloading, then offload: one call saves what a checkpoint needs and frees the GPU for the
+        rollout. The caller uses `.options(num_returns=2)`, so the parts land as two objects."""
+        state = self.trainer.state_for_checkpoint()
+        self.trainer.offload()
+        return state["model"], state["optimizer"]
+
+    def is_offloaded(self) -> bool:
+        return self.trainer.is_offloaded
