@@ -264,18 +264,6 @@ class TailConfig(Section):
     """Engine steps between looks at what finished: aborts land at most this many steps late."""
 
 
-GPU_MISSING = (  # why cluster.device gpu is refused; lift it when the GPU path is wired and has run end to end
-    "gpu is not supported yet, use cpu. What exists: GPU placement (one placement-group bundle per trainer rank, "
-    "its colocated rollout worker in the same bundle), the native engine's CUDA path, a vLLM engine with sleep and "
-    "wake for colocated mode, and weight sync that wakes the engines. What is missing: flows/setup.py does not pass "
-    "the engine, the device or the placement groups to the actor groups (rollout workers would still be built on "
-    "the CPU); nothing puts the rollout engines to sleep before training; the trainer keeps its weights, gradients "
-    "and optimizer state on the GPU during rollout (no offload); a trainer spread over nodes "
-    "(cluster.spread_trainer_ranks) would rendezvous at 127.0.0.1, not rank 0's node; and none of it has run on a GPU "
-    "(docs/gpu.md says what has run where)"
-)
-
-
 class ClusterConfig(Section):
     address: str | None = None
     """Existing Ray cluster to attach to (`ray://host:10001` or `auto`); None starts a local Ray."""
@@ -286,13 +274,18 @@ class ClusterConfig(Section):
     rollout_threads: int = Field(2, ge=1)
     """torch threads in each rollout actor."""
     device: Literal["cpu", "gpu"] = "cpu"
-    """What actors ask Ray for. Only `cpu` runs today: `gpu` is refused (the message says what is missing) until
-    the GPU path is wired into the run and has run end to end; its placement is computed in
-    engines/cluster/placement.py (one placement-group bundle, one GPU, per trainer rank)."""
+    """What actors ask Ray for and compute on. `gpu`: every trainer rank and rollout worker gets a GPU through
+    Ray placement groups (engines/cluster/placement.py) and runs on CUDA (bf16 engines, NCCL trainer). Written
+    and tested on CPU only (Ray's logical GPUs, tensors on the CPU): it has never run on a real GPU
+    (docs/gpu.md says what has run where)."""
+    num_gpus: int | None = Field(None, ge=0)
+    """GPUs a local Ray may use (cluster.address unset); None: those Ray detects. Ignored when attaching."""
     placement: Literal["colocated", "disaggregated"] = "colocated"
     """colocated: a rollout worker and a trainer rank share a device (on GPUs: one bundle, one GPU, half asked by
-    each; the phases take turns); disaggregated: every actor has a whole device. Checked against the Ray cluster
-    before any actor starts."""
+    each); disaggregated: every actor has a whole device. Checked against the Ray cluster before any actor
+    starts. Colocated on GPUs a synchronous, unstreamed step takes turns: the engines sleep (free their KV cache
+    and weights) before the trainer trains, the trainer parks its weights and optimizer in host memory before
+    the engines wake. With rollout.async_ratio > 0 or train.stream both phases run at once, so neither sleeps."""
     spread_trainer_ranks: bool = False
     """gpu: put every trainer rank (and its colocated rollout worker) on a node of its own (Ray placement group
     STRICT_SPREAD, one node per rank); False: PACK, as few nodes as fit."""
@@ -300,13 +293,6 @@ class ClusterConfig(Section):
     worker_control_interval_s: float = Field(1.0, gt=0)
     """How often, at most, a running run reads `tailflow workers add/remove` commands (files under
     `<run>/control/workers/` in its store) between rollout polls."""
-
-    @field_validator("device")
-    @classmethod
-    def _refuse_gpu(cls, device: str) -> str:
-        if device == "gpu":
-            raise ValueError(GPU_MISSING)
-        return device
 
 
 class StorageConfig(Section):

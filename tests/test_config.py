@@ -81,8 +81,7 @@ def test_the_rollout_engine_is_native_unless_vllm_is_asked_for_on_gpus():
         load_config(None, ["rollout.engine=vllm"])
     with pytest.raises(ConfigError, match=r"rollout\.engine"):
         load_config(None, ["rollout.engine=sglang"])
-    with pytest.raises(ConfigError, match=r"cluster\.device: .*gpu is not supported yet"):  # what is missing: test_placement
-        load_config(None, ["rollout.engine=vllm", "cluster.device=gpu"])
+    assert load_config(None, ["rollout.engine=vllm", "cluster.device=gpu"]).rollout.engine == "vllm"
 
 
 def test_async_training_needs_an_importance_corrected_loss_and_a_ratio_of_at_least_one():

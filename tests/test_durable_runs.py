@@ -165,6 +165,32 @@ def test_a_dead_trainer_or_reward_actor_costs_a_retry_and_a_dead_rollout_worker_
     assert state.weights_sha256 == expected_state.weights_sha256
 
 
+def test_a_gpu_run_on_logical_gpus_ends_bit_for_bit_where_the_cpu_run_does(tmp_path, cli_env, reference):
+    """`cluster.device: gpu` end to end on Ray's logical GPUs, tensors on the CPU (`TAILFLOW_CUDA_STAND_IN`, the
+    named stand-in for the GPU this machine lacks): placement groups, the trainer ranks' rendezvous, the phases
+    taking turns (engines asleep for each step, the trainer parked for each rollout and commit), and a trainer
+    death mid-run (iteration 1 restarts: the reservation is released and made again). None of it may change a
+    bit: the clean CPU run's weights and metrics rows."""
+    config = run_config(tmp_path)
+    config["cluster"] = {"device": "gpu", "num_gpus": 2}
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(yaml.safe_dump(config))
+    result = run_cli(["train", "-c", str(config_path), "--run-id", "gpus"], dict(cli_env, TAILFLOW_CUDA_STAND_IN="cpu"),
+                     fault="kill-trainer@1")
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert result.stdout.count("an actor died") == 1
+    for line in ("trainer rank 0: GPU ", "trainer rank 1: GPU ", "rollout worker 0: GPU "):
+        assert result.stdout.count(line) == 2, line  # seated at start and again after the restart
+    seats = {line.split(": GPU ")[0].split("] ")[-1]: line.split(": GPU ")[1].split()[0]
+             for line in result.stdout.splitlines() if ": GPU " in line}
+    assert seats["rollout worker 0"] == seats["trainer rank 0"] != seats["trainer rank 1"]
+
+    state, rows = outcome(tmp_path, "gpus", ignore=("iteration/attempt",))
+    expected_state, expected_rows = reference
+    assert rows == [{k: v for k, v in row.items() if k != "iteration/attempt"} for row in expected_rows]
+    assert state.weights_sha256 == expected_state.weights_sha256
+
+
 def test_a_retried_flow_run_resumes_from_its_last_commit(tmp_path, prefect_api, reference, monkeypatch):
     """The parent flow's own retry (as the UI's Retry button does): same flow run, same run id, no lost or
     repeated iteration. The driver raises in iteration 2's train phase on the first attempt only."""

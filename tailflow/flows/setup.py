@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import sys
 import time
 from dataclasses import dataclass
 from importlib import resources
@@ -14,7 +15,15 @@ from pathlib import Path
 from transformers import AutoConfig, AutoTokenizer
 
 from tailflow.config import ConfigError, RunConfig, config_to_yaml
-from tailflow.engines.cluster.placement import check_cluster_fits, placement_of
+from tailflow.engines.cluster.placement import (
+    GpuReservation,
+    check_cluster_fits,
+    describe_gpu_seats,
+    gpu_layout,
+    placement_of,
+    reserve_layout,
+    torch_device,
+)
 from tailflow.engines.cluster.reward_pool import RewardPool
 from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.runtime import start_ray
@@ -126,7 +135,8 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunCo
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     reward = reward_spec(config.reward, model_path)
     datasets, max_seq_len = load_for_model(config, model_path, tokenizer, reward.runs_code)
-    start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + config.rollout.num_workers)
+    start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + config.rollout.num_workers,
+              config.cluster.num_gpus)
     check_cluster_fits(config)
     tracking = config.tracking
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
@@ -143,6 +153,12 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunCo
         max_seq_len=max_seq_len, num_skipped_rows=datasets.num_skipped,
     )
     return ctx.with_pipeline(async_pipeline(ctx)) if config.rollout.async_ratio > 0 else ctx
+
+
+def say_gpu_seats(trainer_workers: list, rollout_workers: list) -> None:
+    """Where Ray put each actor (a seat it cannot place fails before this, in `reserve`)."""
+    for line in describe_gpu_seats(trainer_workers, rollout_workers):
+        print(f"[tailflow] {line}", file=sys.stderr, flush=True)
 
 
 def async_pipeline(ctx: RunContext) -> RolloutPipeline:
@@ -178,35 +194,69 @@ def sampling_params(config: RunConfig) -> SamplingParams:
                           max_new_tokens=rollout.max_new_tokens)
 
 
-def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int
-                             ) -> tuple[RolloutGroup, RewardPool]:
-    """The actors that generate and score: enough for evaluation, and the first part of a run's workers."""
+def reserve_gpus(config: RunConfig, with_trainer: bool = True) -> GpuReservation | None:
+    """On GPUs, the run's placement groups (waited for; refused with the numbers when Ray cannot place them);
+    None on CPUs. Without the trainer (`tailflow evaluate`) only the rollout workers' bundles."""
+    if config.cluster.device != "gpu":
+        return None
+    cluster = config.cluster
+    return reserve_layout(gpu_layout(cluster.placement, config.rollout.num_workers,
+                                     config.train.num_workers if with_trainer else 0, cluster.spread_trainer_ranks))
+
+
+def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int,
+                             reservation: GpuReservation | None = None) -> tuple[RolloutGroup, RewardPool]:
+    """The actors that generate and score: enough for evaluation, and the first part of a run's workers.
+    `reservation`: on GPUs, the placement groups the rollout workers sit in (the group holds it)."""
     reward = config.reward
     pool = RewardPool(reward_spec(reward, model_path), reward.min_workers, reward.max_workers,
                       reward.backlog_per_worker)
     try:
-        placement = placement_of(config)
         rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len,
-                               config.train.seed, config.cluster.rollout_threads,
-                               placement.rollout.num_cpus, placement.rollout.num_gpus)
+                               config.train.seed, config.cluster.rollout_threads, **rollout_resources(config),
+                               engine=config.rollout.engine, device=torch_device(config.cluster.device),
+                               sleep_mode=config.cluster.placement == "colocated" and config.cluster.device == "gpu",
+                               actor_options=reservation.rollout_options() if reservation else None,
+                               reservation=reservation)
     except BaseException:
         pool.shutdown()  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
         raise
     return rollout, pool
 
 
+def rollout_resources(config: RunConfig) -> dict[str, float]:
+    """What a rollout worker asks Ray for outside any placement group: every worker on CPUs; on GPUs only the
+    workers added at runtime (`tailflow workers add`), which get a whole GPU of their own (no trainer rank
+    shares it)."""
+    if config.cluster.device == "gpu":
+        return {"num_cpus": 1, "num_gpus": 1}
+    placement = placement_of(config)
+    return {"num_cpus": placement.rollout.num_cpus, "num_gpus": placement.rollout.num_gpus}
+
+
 def start_workers(config: RunConfig, model_path: str, max_seq_len: int
                   ) -> tuple[RolloutGroup, TrainerGroup, RewardPool]:
-    """The run's Ray actors: rollout and trainer holding `model_path`'s weights, and the reward pool."""
-    rollout, pool = start_rollout_and_reward(config, model_path, max_seq_len)
+    """The run's Ray actors: rollout and trainer holding `model_path`'s weights, and the reward pool. On GPUs
+    both groups sit in one reservation and hold it; the last to shut down releases it."""
+    reservation = reserve_gpus(config)
+    try:
+        rollout, pool = start_rollout_and_reward(config, model_path, max_seq_len, reservation)
+    except BaseException:
+        if reservation is not None:
+            reservation.drop()
+        raise
     placement = placement_of(config)
     try:
         trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
                                num_cpus_per_worker=placement.trainer.num_cpus,
                                num_gpus_per_worker=placement.trainer.num_gpus,
-                               num_threads=config.cluster.threads_per_worker)
+                               num_threads=config.cluster.threads_per_worker,
+                               actor_options=reservation.trainer_options() if reservation else None,
+                               reservation=reservation)
         try:
             pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
+            if reservation is not None:
+                say_gpu_seats(trainer.workers, rollout.workers)
         except BaseException:
             trainer.shutdown()
             raise
@@ -236,6 +286,7 @@ def trainer_kwargs(config: RunConfig) -> dict:
         max_tokens_per_micro_batch=train.max_tokens_per_micro_batch, seed=train.seed,
         loss_agg=train.loss_agg, max_new_tokens=config.rollout.max_new_tokens, loss=train.loss, is_cap=train.is_cap,
         temperature=config.rollout.temperature or 1.0,
+        backend="nccl" if torch_device(config.cluster.device) == "cuda" else "gloo",
     )
 
 

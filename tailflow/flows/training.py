@@ -12,6 +12,7 @@ from tailflow.engines.run_state import RunState
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
+from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command
 from tailflow.flows.artifacts import RunArtifacts
@@ -116,6 +117,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
         else:
             state = commit_initial_state(ctx, evaluate_policy(ctx).accuracy)
             print_start(ctx, state)
+        rollout_first(ctx)
         artifacts = RunArtifacts(run_id, run_config.train.iterations)
         artifacts.progress(state.iteration)
         if ctx.metrics.wandb_run is not None:
@@ -171,7 +173,15 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
             ctx = restart_workers(ctx)
             steer_rollout(ctx, added)
             restore_weights(ctx, state)
+            rollout_first(ctx)
     raise AssertionError("unreachable")
+
+
+def rollout_first(ctx: RunContext) -> None:
+    """An iteration starts with its rollout: where the phases take turns on shared GPUs, the trainer's state
+    waits in host memory until the step (`placement.takes_turns`)."""
+    if takes_turns(ctx.config):
+        ctx.trainer.offload()
 
 
 def steer_rollout(ctx: RunContext, added: int = 0) -> None:

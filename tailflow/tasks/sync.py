@@ -6,6 +6,7 @@ import time
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.weight_sync import push_weights
 from tailflow.engines.outcome import WeightSync
 from tailflow.engines.run_context import RunContext
@@ -13,8 +14,9 @@ from tailflow.engines.run_context import RunContext
 
 @task(cache_policy=NO_CACHE)
 def sync_weights(ctx: RunContext, version: int, iteration: int) -> WeightSync:
-    """Engines refuse new weights while a request is in flight, so no response ever mixes two versions."""
+    """Engines refuse new weights while a request is in flight, so no response ever mixes two versions. Colocated
+    on GPUs the trainer parks first, so the engines wake into the GPU memory it held."""
     ctx.fault_point("sync", iteration)
     started = time.perf_counter()
-    push_weights(ctx.trainer, ctx.rollout, version)
+    push_weights(ctx.trainer, ctx.rollout, version, take_turns=takes_turns(ctx.config))
     return WeightSync(version, time.perf_counter() - started)

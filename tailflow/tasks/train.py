@@ -6,6 +6,8 @@ from typing import TYPE_CHECKING
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tailflow.engines.cluster.placement import takes_turns
+from tailflow.engines.cluster.weight_sync import offload_rollout
 from tailflow.engines.reward.scoring import ScoredRound
 from tailflow.engines.reward.streaming import StreamingScorer
 from tailflow.engines.run_context import RunContext
@@ -35,6 +37,8 @@ def train_policy(ctx: RunContext, scored: ScoredRound, iteration: int, weight_ve
     ctx.fault_point("train", iteration)
     if stream is not None:
         return stream.finish(scored)
+    if takes_turns(ctx.config):  # colocated on GPUs: the engines free the GPU memory the trainer is about to use
+        offload_rollout(ctx.rollout)
     return start_step(ctx, scored, weight_version).result()
 
 

@@ -44,6 +44,9 @@ class ElasticMembership:
         """Start a worker and have it load the current weights; it joins (`_admit_joiners`) once it has them."""
         model_path, num_slots, max_seq_len, seed, num_threads, device, engine, sleep_mode = self.worker_args
         worker_id, self.next_id = self.next_id, self.next_id + 1
+        if not options and self.free_seats:  # a replacement takes the seat (placement-group bundle) left free
+            options = self.free_seats.pop(0)
+        self.seat_of[worker_id] = options
         worker = self.actor_class.options(**options).remote(model_path, num_slots, max_seq_len,
                                                             seed + worker_id * 1_000_003, num_threads, device,
                                                             engine, sleep_mode)
@@ -75,6 +78,7 @@ class ElasticMembership:
                 if wait:
                     raise
                 self.num_wanted -= 1
+                self._free_seat(joining.worker_id)
                 self.membership.record(EventKind.LOST, joining.worker_id, detail=f"before joining: {error}")
                 self.say(f"[tailflow] rollout worker {joining.worker_id} died before joining: {error}")
                 continue
@@ -133,6 +137,7 @@ class ElasticMembership:
         if joining:
             self.joining.remove(joining[0])
             ray.kill(joining[0].worker)
+            self._free_seat(worker_id)
             self.num_wanted -= 1
             self.membership.record(EventKind.LEAVE, worker_id, detail="removed before joining")
             return
@@ -165,11 +170,19 @@ class ElasticMembership:
         moved = [rid for rid, r in self.worker_of.items() if r == rank]
         self.worker_of = {rid: (r - 1 if r > rank else r) for rid, r in self.worker_of.items() if r != rank}
         ray.kill(worker)
+        self._free_seat(worker_id)
         self.membership.record(kind, worker_id, num_requests=len(moved), detail=detail)
         self.say(f"[tailflow] rollout worker {worker_id} {'left' if kind is EventKind.LEAVE else 'was lost'} "
                  f"({detail}); {len(moved)} requests move to the {len(self.workers)} others")
         self._top_up()
         self._migrate(worker_id, moved)
+
+    def _free_seat(self, worker_id: int) -> None:
+        """A gone worker's placement-group seat (on GPUs: its share of a reserved GPU) goes to the next worker
+        started; a worker started outside any placement group leaves none."""
+        seat = self.seat_of.pop(worker_id, None)
+        if seat:
+            self.free_seats.append(seat)
 
     def _migrate(self, worker_id: int, request_ids: list[str]) -> None:
         continued = self.in_flight.continued(request_ids)

@@ -16,15 +16,41 @@ one node per trainer rank (STRICT_SPREAD).
 
 `check_fits` compares what the actors ask for with what the Ray cluster has,
 before any actor starts, and names the numbers when it cannot fit; otherwise
-Ray would leave the actors pending forever. No run reaches the GPU layout yet:
-config validation refuses `cluster.device: gpu` (config.GPU_MISSING says what
-is missing), and it has never run on a GPU.
+Ray would leave the actors pending forever. `cluster.device: gpu` runs reserve
+the layout (`GpuReservation`) in `flows/setup.py`; that path has run on Ray's
+logical GPUs with tensors on the CPU (tests/test_gpu_wiring.py), never on a
+real GPU.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from tailflow.config import ConfigError, RunConfig
+
+CUDA_STAND_IN = "TAILFLOW_CUDA_STAND_IN"
+"""Set to `cpu` on a machine without a GPU (tests): a `cluster.device: gpu` run still reserves Ray's (logical)
+GPUs, seats every actor in its bundle and takes turns between phases, but the actors compute on the CPU. A
+stand-in for what cannot exist here, named as such; unset, GPU actors compute on `cuda`."""
+
+
+def torch_device(cluster_device: str) -> str:
+    """The torch device a run's actors compute on: `cpu`, or `cuda` for `cluster.device: gpu` (each GPU actor
+    sees only the GPU Ray gave it, so `cuda` is that one)."""
+    if cluster_device != "gpu":
+        return "cpu"
+    stand_in = os.environ.get(CUDA_STAND_IN, "")
+    if stand_in not in ("", "cpu"):
+        raise ConfigError(f"{CUDA_STAND_IN}={stand_in!r}: only 'cpu' (or unset) is understood")
+    return stand_in or "cuda"
+
+
+def takes_turns(config: RunConfig) -> bool:
+    """Whether rollout and training take turns on shared GPUs: colocated on GPUs, with a synchronous, unstreamed
+    step. Then the engines sleep before the trainer trains and the trainer parks before the engines wake
+    (`weight_sync.py`); with async or streamed training both phases run at once, so neither can sleep."""
+    return (config.cluster.device == "gpu" and config.cluster.placement == "colocated"
+            and config.rollout.async_ratio == 0 and not config.train.stream)
 
 
 @dataclass(frozen=True)
@@ -167,6 +193,39 @@ def reserve(layout: GpuLayout, timeout_s: float = 120.0) -> list:
     return groups
 
 
+class GpuReservation:
+    """A run's reserved placement groups and the actors' seats in them; released (Ray frees the GPUs and stops
+    anything left in them) when the last group holding it shuts down."""
+
+    def __init__(self, layout: GpuLayout, groups: list) -> None:
+        self.layout, self.groups = layout, groups
+        self.holders = 0
+
+    def rollout_options(self) -> list[dict]:
+        return [actor_options(seat, self.groups) for seat in self.layout.rollout]
+
+    def trainer_options(self) -> list[dict]:
+        return [actor_options(seat, self.groups) for seat in self.layout.trainer]
+
+    def hold(self) -> "GpuReservation":
+        self.holders += 1
+        return self
+
+    def drop(self) -> None:
+        """One holder is done; the last one releases the placement groups (idempotent past zero)."""
+        self.holders -= 1
+        if self.holders <= 0 and self.groups:
+            from ray.util.placement_group import remove_placement_group
+
+            for group in self.groups:
+                remove_placement_group(group)
+            self.groups = []
+
+
+def reserve_layout(layout: GpuLayout, timeout_s: float = 120.0) -> GpuReservation:
+    return GpuReservation(layout, reserve(layout, timeout_s))
+
+
 def actor_options(seat: Seat, groups: list) -> dict:
     """`ActorClass.options(**...)` for an actor in its seat."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -174,3 +233,24 @@ def actor_options(seat: Seat, groups: list) -> dict:
     strategy = PlacementGroupSchedulingStrategy(placement_group=groups[seat.group],
                                                 placement_group_bundle_index=seat.bundle)
     return dict(num_cpus=seat.num_cpus, num_gpus=seat.num_gpus, scheduling_strategy=strategy)
+
+
+def gpu_seat(actor) -> "ray.ObjectRef":
+    """A ref to (node id, GPU ids) of `actor`, asked inside its process: where Ray really put it."""
+    return actor.__ray_call__.remote(_where_am_i)
+
+
+def _where_am_i(_actor) -> tuple[str, tuple[str, ...]]:
+    import ray
+
+    return ray.get_runtime_context().get_node_id(), tuple(str(gpu) for gpu in ray.get_gpu_ids())
+
+
+def describe_gpu_seats(trainer_workers: list, rollout_workers: list) -> list[str]:
+    """One line per actor for the run's log: which GPU of which node each trainer rank and rollout worker got."""
+    import ray
+
+    seats = ray.get([gpu_seat(actor) for actor in [*trainer_workers, *rollout_workers]])
+    names = ([f"trainer rank {r}" for r in range(len(trainer_workers))]
+             + [f"rollout worker {w}" for w in range(len(rollout_workers))])
+    return [f"{name}: GPU {','.join(gpus) or '-'} on node {node[:8]}" for name, (node, gpus) in zip(names, seats)]

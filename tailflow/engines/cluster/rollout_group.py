@@ -66,10 +66,13 @@ def take_by_worker(request_ids: Sequence[str], worker_of: dict[str, int]) -> lis
 class RolloutGroup(ElasticMembership):
     def __init__(self, model_path: str, num_workers: int, num_slots: int, max_seq_len: int, seed: int, num_threads: int,
                  num_cpus: float = 1, num_gpus: float = 0, engine: str = "native", device: str = "cpu",
-                 sleep_mode: bool = False, actor_options: Sequence[dict] | None = None):
+                 sleep_mode: bool = False, actor_options: Sequence[dict] | None = None,
+                 reservation: Any = None):
         """`actor_options[w]`, when given, places worker w (`placement.actor_options`: its placement-group bundle
         and share of it) instead of `num_cpus` / `num_gpus`; `engine`, `device` and `sleep_mode` (vLLM's, for
-        colocated GPUs) reach each worker's `build_engine`. Workers added later get `num_cpus` / `num_gpus`."""
+        colocated GPUs) reach each worker's `build_engine`. Workers added later get `num_cpus` / `num_gpus`.
+        `reservation` (a `placement.GpuReservation`): the placement groups the workers sit in, held until
+        `shutdown`."""
         import ray
 
         from tailflow.engines.rollout.worker import RolloutWorker
@@ -113,9 +116,15 @@ class RolloutGroup(ElasticMembership):
         self.node_of: dict[int, str] = {}
         """Live worker id -> the Ray node it runs on: a worker on a node Ray drains leaves as if told."""
         self.drain_watch = DrainWatch(say=lambda line: self.say(line))
+        self.reservation = None
+        self.seat_of: dict[int, dict] = {}
+        """Worker id -> the actor options it was started with (its placement-group seat, or {})."""
+        self.free_seats: list[dict] = []
+        """Seats of workers gone: a replacement or an added worker takes one before asking Ray for new resources."""
         for rank in range(num_workers):
             self._spawn(options[rank])
         self._admit_joiners(wait=True, announce=False)
+        self.reservation = reservation.hold() if reservation is not None else None
 
     # ---- placing requests on the workers ---------------------------------------------------
 
@@ -298,3 +307,6 @@ class RolloutGroup(ElasticMembership):
         self.worker_of.clear()
         self.in_flight = InFlight()
         self.orphans = []
+        if self.reservation is not None:
+            self.reservation.drop()
+            self.reservation = None

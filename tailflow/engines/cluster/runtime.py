@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 
 
-def start_ray(address: str | None, num_cpus: int | None, min_cpus: int) -> None:
-    """Attach to `address`, or start a local Ray with at least `min_cpus` logical CPUs.
+def start_ray(address: str | None, num_cpus: int | None, min_cpus: int, num_gpus: int | None = None) -> None:
+    """Attach to `address`, or start a local Ray with at least `min_cpus` logical CPUs (and `num_gpus` GPUs;
+    None: those Ray detects).
 
     Locally the phases of a synchronous step take turns (rollout, then train), so
     the actors may ask for more logical CPUs than the machine has cores.
@@ -21,5 +22,6 @@ def start_ray(address: str | None, num_cpus: int | None, min_cpus: int) -> None:
         ray.init(address=address, **quiet)
         return
     cpus = max(num_cpus or os.cpu_count() or 1, min_cpus)
-    ray.init(num_cpus=cpus, **quiet)
+    gpus = {} if num_gpus is None else {"num_gpus": num_gpus}
+    ray.init(num_cpus=cpus, **gpus, **quiet)
 

@@ -4,12 +4,14 @@ Rank 0 gathers the policy into one object-store copy; every rollout worker
 reads that copy. Engines refuse new weights while a request is in flight, so
 no response ever mixes two versions.
 
-Colocated on GPUs the engines sleep while the trainer runs (`offload_rollout`,
-vLLM's level-2 sleep, which discards their weights): the sync loads the new
-weights into them and then wakes them (KV cache back), so after `push_weights`
-every engine serves the new version. For awake engines, and for the native
-engine (which never sleeps), the wake is a no-op. Nothing calls
-`offload_rollout` yet (config.GPU_MISSING).
+Colocated on GPUs with a synchronous step the phases take turns on each GPU
+(`placement.takes_turns`): `offload_rollout` puts the engines to sleep before
+the trainer trains (their KV cache and weights leave the GPU), and
+`push_weights(..., take_turns=True)` parks the trainer (its full state goes to
+the object store, its weights and optimizer to host memory) before the
+engines load the new weights and wake. The parked copy is also what the
+iteration's commit checkpoints, so nothing brings the trainer back to the GPU
+until it trains again. Without turns the wake is a no-op for awake engines.
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ def offload_rollout(rollout: RolloutGroup) -> None:
     rollout.sleep()
 
 
-def push_weights(trainer: TrainerGroup, rollout: RolloutGroup, version: int) -> None:
-    rollout.load_weights_ref(trainer.state_dict_ref(), version)
+def push_weights(trainer: TrainerGroup, rollout: RolloutGroup, version: int, take_turns: bool = False) -> None:
+    """Every engine serves `version` afterwards, awake. `take_turns`: the trainer leaves the GPU first."""
+    weights = trainer.park() if take_turns else trainer.state_dict_ref()
+    rollout.load_weights_ref(weights, version)
     rollout.wake_up()
