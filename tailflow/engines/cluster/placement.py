@@ -8,8 +8,9 @@ On CPUs each actor asks Ray for half a CPU (colocated) or one (disaggregated).
 On GPUs fractional asks alone would let Ray put two trainer ranks on one GPU,
 so `gpu_layout` reserves Ray placement-group bundles of one GPU each:
 colocated, bundle i holds trainer rank i and rollout worker i (each asks half
-of the bundle's GPU, so both see the same device; the vLLM engine sleeps while
-the trainer runs, the native engine keeps its memory: `rollout/worker.py`);
+of the bundle's GPU, so both see the same device; where the phases take turns
+the engines sleep while the trainer runs and the trainer parks while they roll
+out: `takes_turns`, `weight_sync.py`);
 disaggregated, trainer ranks and rollout workers get bundles of their own, in
 two groups. Bundles are PACKed unless `cluster.spread_trainer_ranks` asks for
 one node per trainer rank (STRICT_SPREAD).

@@ -30,7 +30,9 @@ from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishedA
 
 COLOCATED_VLLM_MEMORY = 0.45
 """Share of the GPU a vLLM engine takes when it shares it with a trainer rank (sleep_mode): a guess, never
-measured; the trainer keeps its state on the GPU during rollout (no trainer offload yet)."""
+measured. Where the phases take turns the trainer is parked in host memory during rollout, so more would fit
+then; but the trainer ranks load their weights onto the GPU at start-up while the engines are awake, and
+asynchronous colocated runs keep both resident, so half the GPU stays the trainer's."""
 
 
 def build_engine(engine: str, model_path: str, num_slots: int, max_seq_len: int, seed: int, device: str,
