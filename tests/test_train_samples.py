@@ -39,10 +39,15 @@ def test_completions_of_other_weights_are_refused_naming_requests_and_versions()
 
 
 def test_the_train_task_refuses_before_the_trainer_is_called():
+    """Also before the engines are put to sleep (colocated on GPUs the phases take turns): a refused step leaves
+    the engines serving; an accepted one puts them to sleep first, then trains."""
     calls = []
     train = SimpleNamespace(advantage="grpo", skip_zero_advantage=True, kl_coef=0.0, ppo_epochs=1, mini_batches=1,
-                            seed=0)
-    ctx = SimpleNamespace(config=SimpleNamespace(train=train),
+                            seed=0, stream=False)
+    config = SimpleNamespace(train=train, cluster=SimpleNamespace(device="gpu", placement="colocated"),
+                             rollout=SimpleNamespace(async_ratio=0))
+    ctx = SimpleNamespace(config=config,
+                          rollout=SimpleNamespace(sleep=lambda: calls.append("sleep")),
                           trainer=SimpleNamespace(start_train_step=lambda samples, **options: (
                               calls.append((samples, options)) or SimpleNamespace(result=lambda: "stats"))),
                           fault_point=lambda phase, iteration: None)
@@ -54,8 +59,8 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
         train_policy.fn(ctx, scored([5, 4]), iteration=5, weight_version=5)
     assert calls == []
     assert train_policy.fn(ctx, scored([5, 5]), iteration=5, weight_version=5) == "stats"
-    assert len(calls) == 1 and len(calls[0][0]) == 2
-    assert calls[0][1] == dict(skip_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0)
+    assert calls[0] == "sleep" and len(calls) == 2 and len(calls[1][0]) == 2
+    assert calls[1][1] == dict(skip_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0)
 
 
 def spanning(request_id: str, versions: tuple[int, ...], reward: float) -> ScoredResponse:

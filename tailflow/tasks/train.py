@@ -37,8 +37,6 @@ def train_policy(ctx: RunContext, scored: ScoredRound, iteration: int, weight_ve
     ctx.fault_point("train", iteration)
     if stream is not None:
         return stream.finish(scored)
-    if takes_turns(ctx.config):  # colocated on GPUs: the engines free the GPU memory the trainer is about to use
-        offload_rollout(ctx.rollout)
     return start_step(ctx, scored, weight_version).result()
 
 
@@ -48,6 +46,8 @@ def start_step(ctx: RunContext, scored: ScoredRound, weight_version: int, max_st
     train = ctx.config.train
     samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version,
                                   max_staleness=max_staleness)
+    if takes_turns(ctx.config):  # colocated on GPUs: the engines free the GPU memory the trainer is about to use
+        offload_rollout(ctx.rollout)
     return ctx.trainer.start_train_step(samples, skip_zero_advantage=skips_zero_advantage(train),
                                         ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, seed=train.seed)
 

@@ -273,7 +273,7 @@ class RolloutGroup(ElasticMembership):
                                                                                                   version))
 
     def sleep(self) -> None:
-        """Every engine frees its GPU memory for the trainer (vLLM's sleep; the native engine keeps it)."""
+        """Every engine frees its GPU memory for the trainer (vLLM's level-2 sleep; the native engine keeps its weights in host memory)."""
         self._each(range(len(self.workers)), lambda rank: self.workers[rank].sleep.remote())
 
     def wake_up(self) -> None:
