@@ -1,14 +1,17 @@
 """The GPU evidence kit: everything a lent GPU should prove about tailflow's rollout, in one command.
 
-    python bench/gpu_evidence.py [--stages contract,calibrate,throughput,rounds] [--dry-run] [--out DIR]
+    python bench/gpu_evidence.py [--stages contract,calibrate,throughput,rounds,turns] [--dry-run] [--out DIR]
 
 Stages (each prints its own table; run them one per device call if a call's 10 minutes are tight):
-  contract    the engine contract suite (tests/test_engine_contract.py, tests/test_decode_graphs.py) on CUDA
+  contract    the engine contract suite (tests/test_engine_contract.py, tests/test_decode_graphs.py) on CUDA,
+              and engine sleep / trainer offload (tests/test_engine_sleep.py, tests/test_trainer_offload.py)
   calibrate   decode/prefill step time of the native engine, rows x context, for Qwen2.5-0.5B/1.5B/7B shapes
               with random weights; writes gpu_calibration_<gpu>_<model>.json, the simulator's `measured` format
   throughput  our engine's useful tokens/s against transformers' generate() (Qwen2.5-0.5B shape, same lengths)
   rounds      tailflow's real tail-batching rounds on the GPU, lengths forced from the paper-like trace:
               synchronous rounds vs short + long rounds; prints RESULT rollout_speedup=<x>
+  turns       colocated turns on one GPU (Qwen2.5-0.5B shape): memory the engine's sleep and the trainer's
+              offload give back, what each move costs, and that a woken engine decodes as before
 
 Needs torch and transformers, plus pydantic (tail state) and pytest (contract); never Ray, Prefect or a
 network. `--dry-run` runs every stage on tiny shapes on the CPU (a test does, so the kit cannot rot).
@@ -33,7 +36,7 @@ import torch  # noqa: E402
 
 from gpu_calibration import QWEN25, TINY, build_model, calibrate_model, synchronize  # noqa: E402
 
-STAGES = ("contract", "calibrate", "throughput", "rounds")
+STAGES = ("contract", "calibrate", "throughput", "rounds", "turns")
 
 
 @dataclass(frozen=True)
@@ -59,17 +62,28 @@ class Sizes:
     rounds_slots: int
     num_rounds: int
     contract_filter: str
+    turns_model: str
+    turns_slots: int
+    turns_max_seq_len: int
+    turns_requests: int
+    turns_tokens: int
 
 
 FULL = Sizes(models=tuple(QWEN25), rows=(1, 4, 16, 64, 256), context=(512, 1024, 2048, 4096, 8192), steps=10,
              max_prefill_tokens=65536, throughput_model="qwen2.5-0.5b", throughput_requests=128,
              throughput_prompt=256, throughput_cap=2048, throughput_slots=64, rounds_model="qwen2.5-0.5b",
              prompts_per_step=8, responses_kept=8, responses_launched=10, prompt_ratio=1.25, rounds_cap=4096,
-             rounds_slots=128, num_rounds=5, contract_filter="")
+             rounds_slots=128, num_rounds=5, turns_model="qwen2.5-0.5b", turns_slots=64,
+             # Two trainers stepping alike are bit-equal on a CPU, not on CUDA (atomic adds in the embedding's
+             # backward): that case is left to the CPU; `turns` measures the CUDA offload itself.
+             contract_filter="not offloading_between_steps_changes_nothing",
+             turns_max_seq_len=2048, turns_requests=16, turns_tokens=64)
 DRY = Sizes(models=("tiny",), rows=(1, 2), context=(16, 32), steps=3, max_prefill_tokens=32,
             throughput_model="tiny", throughput_requests=6, throughput_prompt=8, throughput_cap=64, throughput_slots=4,
             rounds_model="tiny", prompts_per_step=2, responses_kept=2, responses_launched=3, prompt_ratio=1.5,
-            rounds_cap=24, rounds_slots=16, num_rounds=3, contract_filter="OnCPU and qwen3 and greedy")
+            rounds_cap=24, rounds_slots=16, num_rounds=3, turns_model="tiny", turns_slots=4, turns_max_seq_len=64,
+            turns_requests=3, turns_tokens=8,
+            contract_filter="(OnCPU and qwen3 and greedy) or (test_engine_sleep and woke and qwen3) or park")
 
 
 def gpu_slug(device: str, dry_run: bool) -> str:
@@ -84,7 +98,8 @@ def shape_of(name: str) -> dict:
 
 def run_contract(sizes: Sizes) -> dict:
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_engine_contract.py",
-               "tests/test_decode_graphs.py"] + (["-k", sizes.contract_filter] if sizes.contract_filter else [])
+               "tests/test_decode_graphs.py", "tests/test_engine_sleep.py", "tests/test_trainer_offload.py"
+               ] + (["-k", sizes.contract_filter] if sizes.contract_filter else [])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
     print(done.stdout[-6000:], done.stderr[-2000:], sep="\n")
@@ -137,6 +152,17 @@ def run_rounds(sizes: Sizes, device: str) -> dict:
             "sync": [asdict(r) for r in comparison.sync], "tail": [asdict(r) for r in comparison.tail]}
 
 
+def run_turns(sizes: Sizes, device: str) -> dict:
+    from gpu_turns import measure_turns
+
+    model = build_model(shape_of(sizes.turns_model), "cpu", torch.float32)
+    result = measure_turns(model, device, sizes.turns_slots, sizes.turns_max_seq_len, sizes.turns_requests,
+                           sizes.turns_tokens, lambda: synchronize(device))
+    print(f"\n{sizes.turns_model}, colocated turns on one {device}:")
+    print("\n".join(result.describe()))
+    return {"model": sizes.turns_model, **asdict(result)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
@@ -166,8 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             record[stage] = run_calibrate(sizes, device, args.out, slug)
         elif stage == "throughput":
             record[stage] = run_throughput(sizes, device)
-        else:
+        elif stage == "rounds":
             record[stage] = run_rounds(sizes, device)
+        else:
+            record[stage] = run_turns(sizes, device)
         print(f"[{stage}] {time.perf_counter() - started:.1f} s", flush=True)
     path = args.out / f"gpu_evidence_{slug}_{'-'.join(stages)}.json"
     path.write_text(json.dumps(record, indent=1) + "\n")

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU evidence kit, as run on a lent GPU machine (docs/gpu.md):
 #   scripts/gpu_evidence.sh [STAGES] [more bench/gpu_evidence.py arguments]
-# STAGES: comma-separated of contract,calibrate,throughput,rounds (default: all four; each prints its own table).
+# STAGES: comma-separated of contract,calibrate,throughput,rounds,turns (default: all five; each prints its own table).
 # Installs the carried wheels from .whl/ (scripts/gpu_wheels.sh fetches them) into /tmp/site, never over the
 # machine's own packages. Results go to $OUT (the device tool's folder that comes back) if set, else
 # bench/results/; the whole printout is also written there as gpu_evidence_<stages>.log.
@@ -13,7 +13,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
-stages="${1:-contract,calibrate,throughput,rounds}"
+stages="${1:-contract,calibrate,throughput,rounds,turns}"
 out="${OUT:-bench/results}"
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"

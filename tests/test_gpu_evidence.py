@@ -50,9 +50,16 @@ def test_dry_run_writes_a_calibration_the_simulator_reads(tmp_path):
     assert cost.table.rows == (1, 2) and cost.table.context == (16, 32)
     assert cost.decode_s(2, 40, 20) > 0 and cost.prefill_s(32, 2) > 0
 
-    record = json.loads((tmp_path / "gpu_evidence_dryrun-cpu_contract-calibrate-throughput-rounds.json").read_text())
+    record = json.loads((tmp_path / "gpu_evidence_dryrun-cpu_contract-calibrate-throughput-rounds-turns.json"
+                         ).read_text())
     assert record["dry_run"] is True and record["contract"]["returncode"] == 0
     assert " passed" in record["contract"]["summary"]
     assert record["throughput"]["useful_tokens"] > 0
     assert {r["kind"] for r in record["rounds"]["sync"]} == {"sync"}
     assert {r["kind"] for r in record["rounds"]["tail"]} == {"short", "long"}
+    turns = record["turns"]
+    assert turns["same_tokens_after_wake"] is True
+    assert list(turns["allocated_mib"]) == ["start", "engine built", "trainer built", "generate", "engine sleep",
+                                            "trainer step", "trainer offload", "engine wake", "trainer back, stepped"]
+    assert set(turns["allocated_mib"].values()) == {None}  # a CPU has no device memory to give back
+    assert "engine sleep" in turns["seconds"] and "trainer step from host" in turns["seconds"]
