@@ -49,7 +49,7 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
     from tailflow.engines.cluster.weight_sync import offload_rollout, push_weights
     from tailflow.engines.rollout.protocol import Request, SamplingParams
     from tailflow.engines.train.batch import TrainSample
-    from tailflow.flows.setup import start_workers
+    from tailflow.flows.setup import reserve_gpus, start_workers
 
     config = load_config(None, ["cluster.device=gpu", "rollout.num_workers=2", "train.num_workers=2",
                                 f"model.path={model_dir}", "train.lr=1e-3"])
@@ -97,6 +97,11 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
         trainer.shutdown()
         pool.shutdown()
     result["groups_after"] = sorted({entry["state"] for entry in ray.util.placement_group_table().values()})
+
+    evaluation = reserve_gpus(config, with_trainer=False)  # `tailflow evaluate`: the rollout workers' bundles only
+    result["evaluate_seats"] = [len(evaluation.layout.trainer), len(evaluation.layout.rollout)]
+    result["evaluate_gpus_reserved"] = ray.available_resources().get("GPU", 0.0)
+    evaluation.drop()
     return result
 
 

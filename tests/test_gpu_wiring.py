@@ -71,3 +71,4 @@ def test_on_logical_gpus_actors_sit_where_the_layout_says_and_the_phases_take_tu
 
     assert seen["added_worker"] == 2 and seen["added_gpu"] == trainer[1]  # worker 1's seat went to worker 2
     assert seen["groups_after"] == ["REMOVED"]
+    assert seen["evaluate_seats"] == [0, 2] and seen["evaluate_gpus_reserved"] == 0.0  # two workers, two GPUs
