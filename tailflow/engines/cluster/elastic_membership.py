@@ -46,7 +46,8 @@ class ElasticMembership:
         worker_id, self.next_id = self.next_id, self.next_id + 1
         if not options and self.free_seats:  # a replacement takes the seat (placement-group bundle) left free
             options = self.free_seats.pop(0)
-        self.seat_of[worker_id] = options
+        if "scheduling_strategy" in options:  # a reserved seat; other options (a node's resource) are not seats
+            self.seat_of[worker_id] = options
         worker = self.actor_class.options(**options).remote(model_path, num_slots, max_seq_len,
                                                             seed + worker_id * 1_000_003, num_threads, device,
                                                             engine, sleep_mode)
@@ -146,7 +147,9 @@ class ElasticMembership:
         self.num_wanted -= 1
         self._hand_over(worker_id, "removed")
 
-    def _hand_over(self, worker_id: int, detail: str) -> None:
+    def _hand_over(self, worker_id: int, detail: str, node_leaves: bool = False) -> None:
+        """`node_leaves`: the worker goes because its node does (preemption notice, drain), so its seat there is
+        not given to the next worker."""
         import ray
 
         if worker_id not in self.worker_ids:
@@ -155,12 +158,12 @@ class ElasticMembership:
         try:
             partials = ray.get(self.workers[rank].abort_all.remote())
         except ACTOR_FAILURES as error:
-            self._retire(rank, EventKind.LOST, type(error).__name__)
+            self._retire(rank, EventKind.LOST, type(error).__name__, node_leaves)
             return
         self.in_flight.hand_over(partials)
-        self._retire(rank, EventKind.LEAVE, detail)
+        self._retire(rank, EventKind.LEAVE, detail, node_leaves)
 
-    def _retire(self, rank: int, kind: EventKind, detail: str) -> None:
+    def _retire(self, rank: int, kind: EventKind, detail: str, node_leaves: bool = False) -> None:
         """Drop worker `rank`, move its requests to the others (from the tokens streamed so far), and start a
         replacement unless the group was asked for fewer workers."""
         import ray
@@ -170,7 +173,10 @@ class ElasticMembership:
         moved = [rid for rid, r in self.worker_of.items() if r == rank]
         self.worker_of = {rid: (r - 1 if r > rank else r) for rid, r in self.worker_of.items() if r != rank}
         ray.kill(worker)
-        self._free_seat(worker_id)
+        if node_leaves:
+            self.seat_of.pop(worker_id, None)
+        else:
+            self._free_seat(worker_id)
         self.membership.record(kind, worker_id, num_requests=len(moved), detail=detail)
         self.say(f"[tailflow] rollout worker {worker_id} {'left' if kind is EventKind.LEAVE else 'was lost'} "
                  f"({detail}); {len(moved)} requests move to the {len(self.workers)} others")
@@ -179,7 +185,8 @@ class ElasticMembership:
 
     def _free_seat(self, worker_id: int) -> None:
         """A gone worker's placement-group seat (on GPUs: its share of a reserved GPU) goes to the next worker
-        started; a worker started outside any placement group leaves none."""
+        started; a worker started outside any placement group leaves none. (A lost worker's seat is reused too:
+        if its node died, Ray moves the bundle to another node and the replacement waits for it there.)"""
         seat = self.seat_of.pop(worker_id, None)
         if seat:
             self.free_seats.append(seat)
@@ -224,7 +231,7 @@ class ElasticMembership:
             return
         for notice in self.drain_watch.notices(self.node_of):
             if notice.worker_id in self.worker_ids:
-                self._hand_over(notice.worker_id, notice.detail(time.time()))
+                self._hand_over(notice.worker_id, notice.detail(time.time()), node_leaves=True)
 
     def _wait_for_workers(self, num_waiting: int) -> None:
         """No worker: say so (once per pause), then wait up to PAUSED_WAIT_S for one to join."""

@@ -118,7 +118,7 @@ class RolloutGroup(ElasticMembership):
         self.drain_watch = DrainWatch(say=lambda line: self.say(line))
         self.reservation = None
         self.seat_of: dict[int, dict] = {}
-        """Worker id -> the actor options it was started with (its placement-group seat, or {})."""
+        """Worker id -> the actor options of its placement-group seat (workers started outside one: absent)."""
         self.free_seats: list[dict] = []
         """Seats of workers gone: a replacement or an added worker takes one before asking Ray for new resources."""
         for rank in range(num_workers):
@@ -214,7 +214,7 @@ class RolloutGroup(ElasticMembership):
             self.finish_steps[f.completion.request_id] = (rank, f.step)
         for worker_id in leaving:
             if worker_id in self.worker_ids:
-                self._hand_over(worker_id, "preemption notice")
+                self._hand_over(worker_id, "preemption notice", node_leaves=True)
         return [f.completion for *_, f in tagged]
 
     def _forget(self, request_id: str) -> None:
