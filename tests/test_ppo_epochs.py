@@ -1,10 +1,10 @@
 """train.ppo_epochs / train.mini_batches: the plan of optimizer updates, the proximal log-probs of the weights at
 the start of the step (so the clip acts), and the one-update default left exactly as it was."""
-import random
 
 import pytest
 import torch
 
+from random_samples import make_samples
 from tailflow.config import ConfigError, load_config
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
@@ -12,16 +12,6 @@ from tailflow.engines.train.trainer import PolicyTrainer
 from tailflow.engines.train.updates import Update, equal_parts, plan_updates
 
 torch.set_num_threads(1)
-
-
-def make_samples(count: int, seed: int, advantages=(-1.0, 0.5, 1.0)) -> list[TrainSample]:
-    rng = random.Random(seed)
-    samples = []
-    for _ in range(count):
-        prompt = tuple(rng.randrange(3, 22) for _ in range(rng.randint(3, 10)))
-        response = tuple(rng.randrange(3, 22) for _ in range(rng.randint(1, 20)))
-        samples.append(TrainSample(prompt, response, rng.choice(advantages), tuple(-3.0 for _ in response)))
-    return samples
 
 
 def response(length: int, advantage: float = 1.0) -> TrainSample:

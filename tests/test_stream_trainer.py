@@ -7,6 +7,7 @@ import random
 import pytest
 import torch
 
+from random_samples import make_samples
 from tailflow.config import ConfigError, load_config
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.data.problem import Problem
@@ -16,22 +17,12 @@ from tailflow.engines.reward.worker import ScoreOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason
 from tailflow.engines.tail.completion import CompletionRule
 from tailflow.engines.tail.roll_out import notify_completed
-from tailflow.engines.train.batch import TrainSample, count_response_tokens
+from tailflow.engines.train.batch import count_response_tokens
 from tailflow.engines.train.samples import samples_from_groups
 from tailflow.engines.train.stream import StreamedStep
 from tailflow.engines.train.trainer import PolicyTrainer
 
 torch.set_num_threads(1)
-
-
-def make_samples(count: int, seed: int) -> list[TrainSample]:
-    rng = random.Random(seed)
-    samples = []
-    for _ in range(count):
-        prompt = tuple(rng.randrange(3, 22) for _ in range(rng.randint(3, 10)))
-        response = tuple(rng.randrange(3, 22) for _ in range(rng.randint(1, 20)))
-        samples.append(TrainSample(prompt, response, rng.choice([-1.0, 0.5, 1.0]), tuple(-3.0 for _ in response)))
-    return samples
 
 
 def max_weight_diff(a: dict, b: dict) -> float:

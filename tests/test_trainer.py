@@ -1,10 +1,10 @@
 """The policy trainer: batching helpers, single-process steps, and FSDP2 on 2 Ray actors vs one process."""
-import random
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from random_samples import make_samples as random_samples
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.train.batch import (
     TrainSample,
@@ -20,14 +20,7 @@ torch.set_num_threads(1)
 
 
 def make_samples(count: int, seed: int, with_rollout_logprobs: bool = False) -> list[TrainSample]:
-    rng = random.Random(seed)
-    samples = []
-    for _ in range(count):
-        prompt = tuple(rng.randrange(3, 22) for _ in range(rng.randint(3, 10)))
-        response = tuple(rng.randrange(3, 22) for _ in range(rng.randint(1, 20)))
-        rollout = tuple(-3.0 for _ in response) if with_rollout_logprobs else None
-        samples.append(TrainSample(prompt, response, rng.choice([-1.0, 0.5, 1.0]), rollout))
-    return samples
+    return random_samples(count, seed, with_rollout_logprobs=with_rollout_logprobs)
 
 
 def max_abs_diff(a: dict, b: dict) -> float:

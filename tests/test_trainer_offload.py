@@ -5,12 +5,12 @@ what can be checked here: the bookkeeping (`is_offloaded`, the refusal during a 
 back before every use) and that an offloaded trainer loses nothing (bit-for-bit the same run). The CUDA move
 itself has not run here. Single process, world_size 1, no Ray.
 """
-import random
 
 import pytest
 import torch
 
-from tailflow.engines.train.batch import TrainSample, count_response_tokens
+from random_samples import make_samples
+from tailflow.engines.train.batch import count_response_tokens
 from tailflow.engines.train.trainer import PolicyTrainer, TrainStepStats
 from tailflow.engines.train.updates import plan_updates
 from tailflow.engines.train.worker import TrainerWorker
@@ -19,16 +19,6 @@ torch.set_num_threads(1)
 
 KWARGS = dict(lr=1e-3, kl_coef=0.1, max_tokens_per_micro_batch=64, seed=3)
 """kl_coef > 0: the reference model is loaded, and offloaded with the policy."""
-
-
-def make_samples(count: int, seed: int) -> list[TrainSample]:
-    rng = random.Random(seed)
-    samples = []
-    for _ in range(count):
-        prompt = tuple(rng.randrange(3, 22) for _ in range(rng.randint(3, 10)))
-        response = tuple(rng.randrange(3, 22) for _ in range(rng.randint(1, 20)))
-        samples.append(TrainSample(prompt, response, rng.choice([-1.0, 0.5, 1.0]), tuple(-3.0 for _ in response)))
-    return samples
 
 
 def assert_identical(a, b) -> None:
