@@ -13,7 +13,7 @@ from tailflow.engines.cluster.runtime import start_ray
 from tailflow.engines.evaluation import held_out_accuracy
 from tailflow.engines.reward.spec import reward_spec
 from tailflow.engines.store import open_store
-from tailflow.flows.setup import load_for_model, reserve_gpus, resolve_model_path, start_rollout_and_reward
+from tailflow.flows.setup import load_for_model, resolve_model_path, start_rollout_and_reward
 
 
 @flow(name="evaluate")
@@ -24,13 +24,7 @@ def evaluate_model(config_path: str | None = None, overrides: list[str] | None =
     reward = reward_spec(config.reward, model_path)
     datasets, max_seq_len = load_for_model(config, model_path, tokenizer, reward.runs_code)
     start_ray(config.cluster.address, config.cluster.num_cpus, config.rollout.num_workers, config.cluster.num_gpus)
-    reservation = reserve_gpus(config, with_trainer=False)
-    try:
-        rollout, pool = start_rollout_and_reward(config, model_path, max_seq_len, reservation)
-    except BaseException:
-        if reservation is not None:
-            reservation.drop()
-        raise
+    rollout, pool, _ = start_rollout_and_reward(config, model_path, max_seq_len)
     try:
         return held_out_accuracy(rollout, pool, tokenizer, datasets.eval, config.data.prompt_template,
                                  config.rollout.max_new_tokens,

@@ -204,24 +204,31 @@ def reserve_gpus(config: RunConfig, with_trainer: bool = True) -> GpuReservation
                                      config.train.num_workers if with_trainer else 0, cluster.spread_trainer_ranks))
 
 
-def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int,
-                             reservation: GpuReservation | None = None) -> tuple[RolloutGroup, RewardPool]:
-    """The actors that generate and score: enough for evaluation, and the first part of a run's workers.
-    `reservation`: on GPUs, the placement groups the rollout workers sit in (the group holds it)."""
+def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int, with_trainer: bool = False
+                             ) -> tuple[RolloutGroup, RewardPool, GpuReservation | None]:
+    """The actors that generate and score: enough for evaluation, and the first part of a run's workers. On
+    GPUs the run's placement groups are reserved first (`with_trainer`: the trainer ranks' bundles too, for
+    `start_workers` to seat them) and held by the rollout group; released here if the actors cannot start."""
+    reservation = reserve_gpus(config, with_trainer)
     reward = config.reward
-    pool = RewardPool(reward_spec(reward, model_path), reward.min_workers, reward.max_workers,
-                      reward.backlog_per_worker)
     try:
-        rollout = RolloutGroup(model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len,
-                               config.train.seed, config.cluster.rollout_threads, **rollout_resources(config),
-                               engine=config.rollout.engine, device=torch_device(config.cluster.device),
-                               sleep_mode=config.cluster.placement == "colocated" and config.cluster.device == "gpu",
-                               actor_options=reservation.rollout_options() if reservation else None,
-                               reservation=reservation)
+        pool = RewardPool(reward_spec(reward, model_path), reward.min_workers, reward.max_workers,
+                          reward.backlog_per_worker)
+        try:
+            rollout = RolloutGroup(
+                model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len, config.train.seed,
+                config.cluster.rollout_threads, **rollout_resources(config), engine=config.rollout.engine,
+                device=torch_device(config.cluster.device),
+                sleep_mode=config.cluster.placement == "colocated" and config.cluster.device == "gpu",
+                actor_options=reservation.rollout_options() if reservation else None, reservation=reservation)
+        except BaseException:
+            pool.shutdown()  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
+            raise
     except BaseException:
-        pool.shutdown()  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
+        if reservation is not None:
+            reservation.drop()
         raise
-    return rollout, pool
+    return rollout, pool, reservation
 
 
 def rollout_resources(config: RunConfig) -> dict[str, float]:
@@ -238,13 +245,7 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int
                   ) -> tuple[RolloutGroup, TrainerGroup, RewardPool]:
     """The run's Ray actors: rollout and trainer holding `model_path`'s weights, and the reward pool. On GPUs
     both groups sit in one reservation and hold it; the last to shut down releases it."""
-    reservation = reserve_gpus(config)
-    try:
-        rollout, pool = start_rollout_and_reward(config, model_path, max_seq_len, reservation)
-    except BaseException:
-        if reservation is not None:
-            reservation.drop()
-        raise
+    rollout, pool, reservation = start_rollout_and_reward(config, model_path, max_seq_len, with_trainer=True)
     placement = placement_of(config)
     try:
         trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),

@@ -173,22 +173,20 @@ class ElasticMembership:
         moved = [rid for rid, r in self.worker_of.items() if r == rank]
         self.worker_of = {rid: (r - 1 if r > rank else r) for rid, r in self.worker_of.items() if r != rank}
         ray.kill(worker)
-        if node_leaves:
-            self.seat_of.pop(worker_id, None)
-        else:
-            self._free_seat(worker_id)
+        self._free_seat(worker_id, reusable=not node_leaves)
         self.membership.record(kind, worker_id, num_requests=len(moved), detail=detail)
         self.say(f"[tailflow] rollout worker {worker_id} {'left' if kind is EventKind.LEAVE else 'was lost'} "
                  f"({detail}); {len(moved)} requests move to the {len(self.workers)} others")
         self._top_up()
         self._migrate(worker_id, moved)
 
-    def _free_seat(self, worker_id: int) -> None:
+    def _free_seat(self, worker_id: int, reusable: bool = True) -> None:
         """A gone worker's placement-group seat (on GPUs: its share of a reserved GPU) goes to the next worker
-        started; a worker started outside any placement group leaves none. (A lost worker's seat is reused too:
-        if its node died, Ray moves the bundle to another node and the replacement waits for it there.)"""
+        started, unless not `reusable` (its node is leaving); a worker started outside any placement group
+        leaves none. (A lost worker's seat is reused too: if its node died, Ray moves the bundle to another
+        node and the replacement waits for it there.)"""
         seat = self.seat_of.pop(worker_id, None)
-        if seat:
+        if seat and reusable:
             self.free_seats.append(seat)
 
     def _migrate(self, worker_id: int, request_ids: list[str]) -> None:
