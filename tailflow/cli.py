@@ -217,7 +217,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tailflow.engines.runs.commit import CommitError
     from tailflow.engines.store import StoreError
     from tailflow.engines.sim.costs import CostModelError
-    from tailflow.engines.sim.trace import TraceError
+    from tailflow.engines.track.rollout_trace import TraceError
     from tailflow.runs_report import RunError
 
     return (ConfigError, DatasetError, UnsupportedModelError, StoreError, FileNotFoundError, RunError, CommitError,

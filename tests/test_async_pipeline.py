@@ -71,8 +71,9 @@ BY_ID = {p.problem_id: p for p in PROBLEMS}
 
 
 def make_requests(planned):
-    return [Request(f"{p.problem_id}#{k}", (2 + int(p.problem_id[1:]) % 30, 5, 7),
-                    SamplingParams(max_new_tokens=20, seed=request_seed(0, planned.plan.iteration, p.problem_id, k)))
+    return [Request.for_problem(p.problem_id, k, (2 + int(p.problem_id[1:]) % 30, 5, 7),
+                                SamplingParams(max_new_tokens=20,
+                                               seed=request_seed(0, planned.plan.iteration, p.problem_id, k)))
             for p, k in launch_order(planned.problems, planned.plan.responses_per_prompt)]
 
 
@@ -113,12 +114,12 @@ def test_rounds_run_ahead_within_the_staleness_bound_and_lose_no_prompt(alpha):
     assert max(t.rounds_ahead for t in taken) == alpha  # it really runs ahead, as far as allowed
     trained: list[str] = []
     for i, round_ in enumerate(taken):
-        assert len(round_.rollout.problems) == P0
-        assert all(len(c.token_ids) > 0 for c in round_.rollout.completions)
+        assert len(round_.problems) == P0
+        assert all(len(c.token_ids) > 0 for c in round_.completions)
         assert max(round_.staleness) <= alpha  # versions between the trained weights (i) and the oldest token
-        for completion in round_.rollout.completions:
+        for completion in round_.completions:
             assert i - completion.oldest_weight_version <= alpha and completion.weight_version <= i
-        trained += [p.problem_id for p in round_.rollout.problems]
+        trained += [p.problem_id for p in round_.problems]
     assert any(lag > 0 for t in taken for lag in t.staleness)  # some responses really were stale
     assert any(t.mixed_version_responses for t in taken)  # and some were continued across a sync
     assert len(trained) == len(set(trained))  # nothing trained twice
@@ -143,7 +144,7 @@ def test_without_partial_rollout_a_stopped_request_starts_over_under_the_new_wei
     pipe = fresh(1, partial=False)
     taken, _ = run(pipe, range(4))
     for i, round_ in enumerate(taken):
-        for completion in round_.rollout.completions:
+        for completion in round_.completions:
             assert completion.token_weight_versions == ()  # one version sampled every token
             assert i - completion.weight_version <= 1
 
@@ -163,13 +164,13 @@ def test_a_pipeline_restored_from_its_snapshot_continues_exactly(partial):
     after, _ = run(second, range(2, 5))
 
     for expected, got in zip(whole, before + after):
-        assert [c.request_id for c in got.rollout.completions] == [c.request_id for c in expected.rollout.completions]
-        assert [c.token_ids for c in got.rollout.completions] == [c.token_ids for c in expected.rollout.completions]
-        assert [c.logprobs for c in got.rollout.completions] == [c.logprobs for c in expected.rollout.completions]
+        assert [c.request_id for c in got.completions] == [c.request_id for c in expected.completions]
+        assert [c.token_ids for c in got.completions] == [c.token_ids for c in expected.completions]
+        assert [c.logprobs for c in got.completions] == [c.logprobs for c in expected.completions]
         assert got.staleness == expected.staleness
-        assert got.rollout.stats.tokens_generated == expected.rollout.stats.tokens_generated
-        assert got.rollout.stats.bubble_ratio == expected.rollout.stats.bubble_ratio
-        assert got.rollout.result.deferred_problem_ids == expected.rollout.result.deferred_problem_ids
+        assert got.stats.tokens_generated == expected.stats.tokens_generated
+        assert got.stats.bubble_ratio == expected.stats.bubble_ratio
+        assert got.result.deferred_problem_ids == expected.result.deferred_problem_ids
     assert second.tail == uninterrupted.tail
     assert second.snapshot() == uninterrupted.snapshot()
 
@@ -200,11 +201,11 @@ def test_any_async_run_loses_nothing_trains_nothing_twice_and_resumes_exactly(
     second.restore(PipelineState.model_validate_json(snapshots[-1].model_dump_json()), first.tail, stop_after,
                    stop_after)
     resumed, _ = run(second, range(stop_after, 5), steps_during_train)
-    assert [[c.token_ids for c in t.rollout.completions] for t in resumed] == \
-        [[c.token_ids for c in t.rollout.completions] for t in whole[stop_after:]]
+    assert [[c.token_ids for c in t.completions] for t in resumed] == \
+        [[c.token_ids for c in t.completions] for t in whole[stop_after:]]
     assert second.snapshot() == uninterrupted.snapshot() and second.tail == uninterrupted.tail
 
-    trained = [p.problem_id for t in whole for p in t.rollout.problems]
+    trained = [p.problem_id for t in whole for p in t.problems]
     assert len(trained) == len(set(trained)) == 5 * P0
     assert all(max(t.staleness) <= alpha for t in whole)
     live = {p for saved in uninterrupted.snapshot().rounds for p in saved.problem_ids}

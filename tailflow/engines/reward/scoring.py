@@ -50,21 +50,16 @@ class ScoredRound:
                 for response in group.responses]
 
 
-def problem_id_of(request_id: str) -> str:
-    """Request ids are `<problem_id>#<k>`; the problem id is everything before the last '#'."""
-    return request_id.rpartition("#")[0]
-
-
 def group_completions(problems: Sequence[Problem], completions: Sequence[Completion]) -> dict[str, list[Completion]]:
     """Completions by problem id, in the order of `problems`; each list in response-index order."""
     by_problem: dict[str, list[Completion]] = {problem.problem_id: [] for problem in problems}
     for completion in completions:
-        problem_id = problem_id_of(completion.request_id)
+        problem_id = completion.problem_id
         if problem_id not in by_problem:
             raise KeyError(f"completion {completion.request_id} belongs to no problem of this round")
         by_problem[problem_id].append(completion)
     for group in by_problem.values():
-        group.sort(key=lambda c: int(c.request_id.rpartition("#")[2]))
+        group.sort(key=lambda c: c.index)
     return by_problem
 
 
