@@ -171,7 +171,9 @@ class RewardConfig(Section):
 
 
 OFF_POLICY_LOSSES = ("ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr")
-"""train.loss values that correct for the behaviour policy (engines/train/losses.py has the same list)."""
+"""The train.loss values that correct for the behaviour (rollout) policy with its log-probs: they allow responses
+sampled by other weights (async training) or by a truncated distribution (top-p, top-k). The one list
+(engines/train/losses.py and the trainer import it)."""
 
 
 class TrainConfig(Section):

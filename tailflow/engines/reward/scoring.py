@@ -6,13 +6,10 @@ within a group, so grouping happens here, once, by problem id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion
-
-if TYPE_CHECKING:
-    from tailflow.engines.reward.streaming import ScoringStats
 
 
 @dataclass(frozen=True)
@@ -36,12 +33,42 @@ class ScoredGroup:
 
 
 @dataclass(frozen=True)
+class ScoringStats:
+    exposed_s: float
+    """Wall time from the end of rollout until every kept response was scored: the step's reward time."""
+    busy_s: float
+    """Scoring time summed over responses (worker wall clock)."""
+    hidden_s: float
+    """The part of busy_s that ran before rollout ended."""
+    num_scored: int
+    num_unused: int
+    """Scored responses the round did not keep (their prompt was deferred, or they raced an abort)."""
+    num_timeouts: int
+    """Code executions that timed out, in kept responses."""
+    workers: int
+    """Most reward workers alive during the round."""
+
+    @property
+    def overlap_ratio(self) -> float:
+        return self.hidden_s / self.busy_s if self.busy_s > 0 else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "time/reward_overlap_ratio": self.overlap_ratio,
+            "reward/timeouts": self.num_timeouts,
+            "time/reward_workers": self.workers,
+            "time/reward_busy": self.busy_s,
+            "reward/unused_scores": self.num_unused,
+        }
+
+
+@dataclass(frozen=True)
 class ScoredRound:
     """A round's scored groups (launch order) and how its scoring went; `seconds` is the scoring phase's wall
     time after rollout (`time/step_reward`)."""
 
     groups: list[ScoredGroup]
-    stats: "ScoringStats"
+    stats: ScoringStats
     seconds: float
 
     def observed_times(self) -> list[tuple[Problem, bool, float | None]]:

@@ -19,42 +19,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.reward.scoring import ScoredGroup, ScoredRound, groups_from_outcomes
+from tailflow.engines.reward.scoring import ScoredGroup, ScoredRound, ScoringStats, groups_from_outcomes
 from tailflow.engines.reward.worker import ScoreItem, ScoreOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason
 
 if TYPE_CHECKING:
     from tailflow.engines.cluster.reward_pool import RewardPool
-
-
-@dataclass(frozen=True)
-class ScoringStats:
-    exposed_s: float
-    """Wall time from the end of rollout until every kept response was scored: the step's reward time."""
-    busy_s: float
-    """Scoring time summed over responses (worker wall clock)."""
-    hidden_s: float
-    """The part of busy_s that ran before rollout ended."""
-    num_scored: int
-    num_unused: int
-    """Scored responses the round did not keep (their prompt was deferred, or they raced an abort)."""
-    num_timeouts: int
-    """Code executions that timed out, in kept responses."""
-    workers: int
-    """Most reward workers alive during the round."""
-
-    @property
-    def overlap_ratio(self) -> float:
-        return self.hidden_s / self.busy_s if self.busy_s > 0 else 0.0
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            "time/reward_overlap_ratio": self.overlap_ratio,
-            "reward/timeouts": self.num_timeouts,
-            "time/reward_workers": self.workers,
-            "time/reward_busy": self.busy_s,
-            "reward/unused_scores": self.num_unused,
-        }
 
 
 class StreamingScorer:
