@@ -12,7 +12,7 @@ engine thread's CPU time, as the calibration's (tailflow/engines/sim/
 calibrate.py: this machine is shared, and the wall clock would time the
 neighbours too); the wall time of each round is printed beside it.
 
-Against the paper (bench/sim_paper.py): its three settings on the `roofline`
+Against the paper (bench/research/paper.py): its three settings on the `roofline`
 model with H800 presets and the paper-like length generator (parameters fixed
 from the paper's characterisation before any result was seen; see
 tailflow/engines/sim/paper_lengths.py). Printed: Figure 11's average rollout
@@ -36,7 +36,7 @@ from statistics import mean
 
 from common import BENCH_DIR, MAX_NEW_TOKENS, WARMSTART, default_config_tree
 from sim_cpu import CpuValidation, CpuWorkload, PolicyRun, print_cpu_table, replay, run_interleaved
-from sim_paper import (
+from research.paper import (
     ETAS, PAPER, describe_rounds, grid_row, paper_implied_e2e, paper_short_round_bound, rel_err, simulate_setting)
 
 CPU_ROUND_TARGET = 0.15
@@ -85,8 +85,7 @@ def validate_cpu(args) -> CpuValidation:
         print(f"cpu cost model: calibrated here, {len(calibration.sweeps)} sweeps between the rounds "
               f"({time.perf_counter() - started:.0f} s with the rounds) -> {DEFAULT_COST_OUT}")
     cost = TableCost(table)
-    return CpuValidation(replay(sync.rounds, cost, workload.num_slots, workload.steps_per_poll),
-                         replay(tail.rounds, cost, workload.num_slots, workload.steps_per_poll))
+    return CpuValidation(replay(sync.rounds, cost, workload), replay(tail.rounds, cost, workload))
 
 
 def validate_paper(args):

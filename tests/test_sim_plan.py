@@ -84,7 +84,8 @@ def test_plan_flow_publishes_a_markdown_artifact(prefect_api, tmp_path):
 
 def test_a_runs_trace_replays_round_by_round_on_a_gpu_preset(tmp_path):
     """What bench/tail_batching.py's simulated line does: each traced round again, on 8 x H100 with a 7B."""
-    from tailflow.engines.sim.replay import replay_on
+    import bench_path  # noqa: F401
+    from research.replay import replay_on
     from tailflow.engines.sim.roofline import RooflineCost
 
     fake_run(tmp_path, "run-b")

@@ -12,10 +12,20 @@ stays O(1).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 
 class CostModelError(ValueError):
     """A cost model that cannot be built: unknown preset, bad calibration file (named in the message)."""
+
+
+class NonRolloutCost(Protocol):
+    """What a training step costs besides rollout: scoring, training, the weight sync (a `CostModel`, or the
+    linear prices of `step_time.py`)."""
+
+    def train_s(self, num_tokens: int) -> float: ...
+    def reward_s(self, num_responses: int, num_tokens: int) -> float: ...
+    def weight_sync_s(self) -> float: ...
 
 
 class CostModel(ABC):

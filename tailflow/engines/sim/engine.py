@@ -1,8 +1,8 @@
 """The simulated rollout engine: the native engine's protocol on a virtual clock.
 
 It speaks `RolloutEngine` (submit, step, abort, has_unfinished, load_weights,
-stats) plus the `generate` / `poll` a worker offers, so `run_round` drives it
-unchanged. Each request's response length comes from a `LengthSource`; each
+stats) plus the `generate` / `poll` a worker offers, so the rollout pipeline
+drives it unchanged. Each request's response length comes from a `LengthSource`; each
 step admits, prefills and decodes exactly as the native engine does (the same
 scheduler, see sim_scheduler.py) and advances the clock by a cost model.
 
@@ -15,48 +15,16 @@ tokens), which is all the completion rule and the waste accounting read.
 from __future__ import annotations
 
 import sys
-from collections import abc
 from dataclasses import dataclass
 from typing import Mapping, Sequence as Seq
 
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
 from tailflow.engines.sim.costs import CostModel
-from tailflow.engines.sim.lengths import LengthSource
+from tailflow.engines.sim.lengths import RequestLengths
+from tailflow.engines.sim.placeholder import PlaceholderTokens, VersionRuns
 from tailflow.engines.sim.sim_scheduler import SimScheduler, SimSequence
 
 UNLIMITED = sys.maxsize
-
-
-class PlaceholderTokens(abc.Sequence):
-    """`n` zeros standing for tokens the simulator never produces, stored as one integer.
-
-    `len()` is the response length, which is all the completion rule and the waste accounting read;
-    indexing gives zeros. A simulated round holds thousands of responses of up to 32k tokens.
-    """
-
-    __slots__ = ("_length",)
-
-    def __init__(self, length: int) -> None:
-        self._length = length
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __getitem__(self, index):
-        if isinstance(index, slice):
-            return PlaceholderTokens(len(range(*index.indices(self._length))))
-        if not -self._length <= index < self._length:
-            raise IndexError(index)
-        return 0
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, PlaceholderTokens) and other._length == self._length
-
-    def __hash__(self) -> int:
-        return hash(("placeholder", self._length))
-
-    def __repr__(self) -> str:
-        return f"PlaceholderTokens({self._length})"
 
 
 @dataclass(frozen=True)
@@ -69,7 +37,7 @@ class Finished:
 
 
 class SimEngine:
-    def __init__(self, cost: CostModel, lengths: LengthSource, num_slots: int, kv_budget_tokens: int | None = None,
+    def __init__(self, cost: CostModel, lengths: RequestLengths, num_slots: int, kv_budget_tokens: int | None = None,
                  max_seq_len: int | None = None, weight_version: int = 0) -> None:
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
@@ -99,6 +67,10 @@ class SimEngine:
             if not 1 <= target.num_tokens <= request.params.max_new_tokens:
                 raise ValueError(f"request {request.request_id!r}: length source gave {target.num_tokens} tokens, "
                                  f"outside 1..max_new_tokens ({request.params.max_new_tokens})")
+            had = len(request.prefix.token_ids) if request.prefix else 0
+            if had >= target.num_tokens:
+                raise ValueError(f"request {request.request_id!r}: its prefix of {had} tokens already reaches its "
+                                 f"length ({target.num_tokens}): a finished response is never continued")
             self.scheduler.add(SimSequence(request, target))
 
     def _validate(self, request: Request, seen: set[str]) -> None:
@@ -122,7 +94,7 @@ class SimEngine:
         return [f.completion for f in self.run(max_steps)]
 
     poll = step_many
-    """The name `tailflow.engines.tail.driver.StreamingRollout` uses."""
+    """The name the pipeline's `StreamingRollout` uses."""
 
     def generate(self, requests: Seq[Request]) -> list[Completion]:
         self.submit(requests)
@@ -181,8 +153,17 @@ class SimEngine:
         return records
 
     def _completion(self, seq: SimSequence, reason: FinishReason) -> Completion:
-        tokens = PlaceholderTokens(seq.num_generated)
-        return seq.request.completion(tokens, tokens, reason, self.weight_version)
+        """What `seq.request.completion` builds, with compact sequences (`placeholder.py`): it would copy them
+        into tuples of one entry per token. A continued response names each token's version, as the native
+        engine's do, when they differ."""
+        request, tokens = seq.request, PlaceholderTokens(seq.num_generated)
+        versions = VersionRuns(())
+        if request.prefix is not None:
+            versions = VersionRuns.of(request.prefix.weight_versions).then(
+                self.weight_version, seq.num_generated - len(request.prefix.token_ids))
+        mixed = any(version != self.weight_version for version, _ in versions.runs)
+        return Completion(request.request_id, request.prompt_token_ids, tokens, tokens, reason, self.weight_version,
+                          versions if mixed else (), request.problem_id, request.index)
 
     # ---- control -----------------------------------------------------------------------------
 

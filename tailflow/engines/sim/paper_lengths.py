@@ -33,7 +33,7 @@ import math
 from dataclasses import dataclass
 
 from tailflow.engines.rollout.protocol import Request
-from tailflow.engines.sim.lengths import ResponseLength, capped, seeded_rng
+from tailflow.engines.sim.lengths import LengthSource, ResponseLength, capped, seeded_rng
 
 
 @dataclass(frozen=True)
@@ -51,7 +51,7 @@ class PaperLengthParams:
     prompt_token_sigma: float = 0.5
 
 
-class PaperLikeLengths:
+class PaperLikeLengths(LengthSource):
     """`num_prompts` synthetic prompts `p000000`..., each response's length a seeded draw (see module doc)."""
 
     def __init__(self, num_prompts: int, max_new_tokens: int, seed: int = 0,
@@ -61,11 +61,11 @@ class PaperLikeLengths:
         decided after the first results (see docs/simulator.md)."""
         if num_prompts < 1 or max_new_tokens < 2:
             raise ValueError(f"need num_prompts >= 1 and max_new_tokens >= 2, got {num_prompts}, {max_new_tokens}")
+        super().__init__()
         self.max_new_tokens = max_new_tokens
         self.scale_tokens = reference_cap or max_new_tokens
         self.seed = seed
         self.params = params
-        self.iteration = 0
         self._ids = [f"p{index:06d}" for index in range(num_prompts)]
         self._difficulty = {p: seeded_rng("difficulty", seed, p).gauss(0.0, 1.0) for p in self._ids}
 
@@ -79,14 +79,11 @@ class PaperLikeLengths:
         draw = seeded_rng("prompt", self.seed, problem_id).gauss(0.0, self.params.prompt_token_sigma)
         return int(min(max(self.params.prompt_median_tokens * math.exp(draw), 16), 4096))
 
-    def begin_round(self, iteration: int) -> None:
-        self.iteration = iteration
+    def draw(self, iteration: int, request: Request) -> ResponseLength:
+        return self.draw_for(request.problem_id, request.request_id, iteration,
+                             min(self.max_new_tokens, request.params.max_new_tokens))
 
-    def length_of(self, request: Request) -> ResponseLength:
-        return self.draw(request.problem_id, request.request_id, self.iteration,
-                         min(self.max_new_tokens, request.params.max_new_tokens))
-
-    def draw(self, problem_id: str, request_id: str, iteration: int, cap: int) -> ResponseLength:
+    def draw_for(self, problem_id: str, request_id: str, iteration: int, cap: int) -> ResponseLength:
         p = self.params
         z = self._difficulty[problem_id]
         rng = seeded_rng("response", self.seed, iteration, request_id)

@@ -19,12 +19,12 @@ from typing import Callable, Sequence
 
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
-from tailflow.engines.sim.costs import CostModel, CostModelError
+from tailflow.engines.sim.costs import CostModel, CostModelError, NonRolloutCost
 from tailflow.engines.sim.presets import hardware_preset, model_preset
 from tailflow.engines.sim.roofline import RooflineCost
 from tailflow.engines.sim.simulate import SimRound, simulate_policy
 from tailflow.engines.sim.step_time import (
-    LinearStepCost, NonRolloutCost, StageShares, mean_step_time, shares_from_baseline)
+    LinearStepCost, StageShares, mean_step_time, shares_from_baseline)
 from tailflow.engines.sim.table_cost import TableCost
 from tailflow.engines.tail.planner import ceil_product
 from tailflow.engines.tail.state import TailSettings

@@ -23,7 +23,8 @@ class SimSequence:
         self.params = request.params
         self.target = target
         self.status = SequenceStatus.WAITING
-        self.num_generated = 0
+        self.num_generated = len(request.prefix.token_ids) if request.prefix else 0
+        """Tokens the response has, a continued request's prefix included (admission prefills them again)."""
         self.admission = -1
         """Order of its latest admission: the preemption victim is the newest."""
 
