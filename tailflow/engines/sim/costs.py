@@ -49,6 +49,10 @@ class CostModel(ABC):
         """
         return sum(self.decode_s(num_rows, context_tokens + num_rows * j, max_context + j) for j in range(num_steps))
 
+    def replica_slowdowns(self, num_replicas: int, seed: int = 0) -> list[float]:
+        """Each replica's time multiplier (stragglers); 1 where the model was measured on the device itself."""
+        return [1.0] * num_replicas
+
     @abstractmethod
     def train_s(self, num_tokens: int) -> float:
         """One optimizer step (forward, backward, update) over `num_tokens` trained tokens (prompt + response)."""

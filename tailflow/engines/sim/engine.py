@@ -14,11 +14,13 @@ tokens), which is all the completion rule and the waste accounting read.
 """
 from __future__ import annotations
 
+import heapq
 import sys
 from dataclasses import dataclass
 from typing import Mapping, Sequence as Seq
 
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
+from tailflow.engines.rollout.sequence import SequenceStatus
 from tailflow.engines.sim.costs import CostModel
 from tailflow.engines.sim.lengths import RequestLengths
 from tailflow.engines.sim.placeholder import PlaceholderTokens, VersionRuns
@@ -38,11 +40,13 @@ class Finished:
 
 class SimEngine:
     def __init__(self, cost: CostModel, lengths: RequestLengths, num_slots: int, kv_budget_tokens: int | None = None,
-                 max_seq_len: int | None = None, weight_version: int = 0) -> None:
+                 max_seq_len: int | None = None, weight_version: int = 0, slowdown: float = 1.0) -> None:
+        """`slowdown`: this replica's time multiplier (its slowest GPU, `stragglers.py`)."""
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
         self.cost = cost
         self.lengths = lengths
+        self.slowdown = slowdown
         self.num_slots = num_slots
         self.kv_budget_tokens = UNLIMITED if kv_budget_tokens is None else kv_budget_tokens
         self.max_seq_len = max_seq_len
@@ -57,6 +61,9 @@ class SimEngine:
         self.num_preemptions = 0
         self.busy_s = 0.0
         """Clock time spent prefilling and decoding (the rest of the clock is waiting for the other replicas)."""
+        self._finishing: list[tuple[int, int, SimSequence]] = []
+        """Heap of (engine step it finishes at, admission, row) of the running rows (and stale entries)."""
+        self._longest, self._longest_step = 0, 0
 
     # ---- requests in -------------------------------------------------------------------------
 
@@ -101,7 +108,10 @@ class SimEngine:
         return [f.completion for f in self.run(UNLIMITED)]
 
     def run(self, max_steps: int) -> list[Finished]:
-        """Up to `max_steps` decode steps (fewer if the engine goes idle); what finished, in finish order."""
+        """Up to `max_steps` decode steps (fewer if the engine goes idle); what finished, in finish order.
+
+        Between events (a row finishes, is admitted or preempted) every running row gains one token a step, so
+        a span costs O(1): rows' counts are brought up to date only when an event needs them (`_sync`)."""
         finished: list[Finished] = []
         steps_left = max_steps
         while steps_left > 0 and self.has_unfinished():
@@ -109,22 +119,44 @@ class SimEngine:
             running = self.scheduler.running
             if not running:
                 break
-            while self.kv_used_tokens + len(running) > self.kv_budget_tokens:
-                self._preempt()
+            if self.kv_used_tokens + len(running) > self.kv_budget_tokens:
+                self._sync()
+                while self.kv_used_tokens + len(running) > self.kv_budget_tokens:
+                    self._preempt()
             num_rows = len(running)
-            jump = min(steps_left, min(seq.num_remaining for seq in running),
-                       (self.kv_budget_tokens - self.kv_used_tokens) // num_rows)
-            longest = max(seq.num_cached for seq in running)
+            to_finish = self._next_finish_step() - self.num_steps
+            jump = min(steps_left, to_finish, (self.kv_budget_tokens - self.kv_used_tokens) // num_rows)
+            longest = self._longest + self.num_steps - self._longest_step
             self._charge(self.cost.decode_span_s(num_rows, self.kv_used_tokens, longest, jump))
-            for seq in running:
-                seq.num_generated += jump
             self.kv_used_tokens += num_rows * jump
             self.num_steps += jump
             self.num_busy_slot_steps += num_rows * jump
             self.num_tokens_generated += num_rows * jump
             steps_left -= jump
-            finished += self._finish([seq for seq in running if seq.num_remaining == 0])
+            if jump == to_finish:
+                self._sync()
+                finished += self._finish([seq for seq in running if seq.num_remaining == 0])
         return finished
+
+    def _sync(self) -> None:
+        """Bring every running row's token count up to the engine's step."""
+        for seq in self.scheduler.running:
+            seq.num_generated += self.num_steps - seq.synced_step
+            seq.synced_step = self.num_steps
+
+    def _next_finish_step(self) -> int:
+        """The engine step at which the first running row finishes (stale heap entries are dropped)."""
+        heap = self._finishing
+        while True:
+            step, admission, seq = heap[0]
+            if seq.status is SequenceStatus.RUNNING and seq.admission == admission:
+                return step
+            heapq.heappop(heap)
+
+    def _reset_longest(self) -> None:
+        """After the running set changed (rows synced): the longest context, and the step it was taken at."""
+        self._longest = max((seq.num_cached for seq in self.scheduler.running), default=0)
+        self._longest_step = self.num_steps
 
     def _admit(self) -> None:
         admitted = self.scheduler.admit(self.kv_used_tokens)
@@ -132,17 +164,26 @@ class SimEngine:
             tokens = sum(seq.num_cached - 1 for seq in admitted)  # decode feeds each one's last token
             self._charge(self.cost.prefill_s(tokens, len(admitted)))
             self.kv_used_tokens += sum(seq.num_cached for seq in admitted)
+            for seq in admitted:
+                seq.synced_step = self.num_steps
+                heapq.heappush(self._finishing, (self.num_steps + seq.num_remaining, seq.admission, seq))
+            self._longest = max(self._longest + self.num_steps - self._longest_step,
+                                max(seq.num_cached for seq in admitted))
+            self._longest_step = self.num_steps
 
     def _charge(self, seconds: float) -> None:
+        seconds *= self.slowdown
         self.clock_s += seconds
         self.busy_s += seconds
 
     def _preempt(self) -> None:
+        """The newest running row leaves (rows synced); it waits at the front of the queue to be recomputed."""
         if len(self.scheduler.running) == 1:
             raise RuntimeError("one request alone overflows the KV budget (refused at submit; a bug)")
         victim = self.scheduler.preempt_newest()
         self.kv_used_tokens -= victim.num_cached
         self.num_preemptions += 1
+        self._reset_longest()
 
     def _finish(self, done: list[SimSequence]) -> list[Finished]:
         records = []
@@ -150,6 +191,7 @@ class SimEngine:
             self.kv_used_tokens -= seq.num_cached
             records.append(Finished(self._completion(seq, seq.target.finish_reason), self.num_steps, self.clock_s))
         self.scheduler.release(done)
+        self._reset_longest()
         return records
 
     def _completion(self, seq: SimSequence, reason: FinishReason) -> Completion:
@@ -170,10 +212,12 @@ class SimEngine:
     def abort(self, request_ids: Seq[str]) -> list[Completion]:
         """As the native engine: stop these now, free their slots; partials (ABORT) in the order asked."""
         wanted = set(request_ids)
+        self._sync()
         stopped = {seq.request_id: seq for seq in self.scheduler.remove_waiting(wanted)}
         running = [seq for seq in self.scheduler.running if seq.request_id in wanted]
         self.kv_used_tokens -= sum(seq.num_cached for seq in running)
         self.scheduler.release(running)
+        self._reset_longest()
         stopped.update((seq.request_id, seq) for seq in running)
         return [self._completion(stopped[rid], FinishReason.ABORT) for rid in dict.fromkeys(request_ids)
                 if rid in stopped]

@@ -32,9 +32,13 @@ class SimGroup:
         self.round_start = [0] * num_replicas
 
     @classmethod
-    def of(cls, cost, lengths, num_replicas: int, num_slots: int, kv_budget_tokens: int | None = None) -> "SimGroup":
-        """`num_replicas` identical engines on one cost model and length source."""
-        return cls(lambda rank: SimEngine(cost, lengths, num_slots, kv_budget_tokens), num_replicas)
+    def of(cls, cost, lengths, num_replicas: int, num_slots: int, kv_budget_tokens: int | None = None,
+           seed: int = 0) -> "SimGroup":
+        """`num_replicas` engines on one cost model and length source, each at its own pace (the cost model's
+        `replica_slowdowns`: stragglers; `seed` draws which replica is slow)."""
+        slowdowns = cost.replica_slowdowns(num_replicas, seed)
+        return cls(lambda rank: SimEngine(cost, lengths, num_slots, kv_budget_tokens, slowdown=slowdowns[rank]),
+                   num_replicas)
 
     def _start_round(self) -> None:
         self.finish_steps.clear()

@@ -13,7 +13,10 @@ rolling out (`roll_while` until the virtual clock reaches the end of the
 train step); pause the rollout, load the new weights on every replica, resume
 (continuing the paused requests from their tokens, or from scratch). With no
 trainer cost given, scoring, training and the sync take no time and the clock
-moves with rollout only.
+moves with rollout only. With `stream_reward` / `stream_train` the round's
+observer notes when each response finished and each prompt completed, and the
+scoring and the train step run during rollout as the product runs them
+(`streamed.py`); what is left of them after the round is what the step waits.
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
 from tailflow.engines.sim.placeholder import PlaceholderTokens
 from tailflow.engines.sim.sim_run import SimRun, SimStep
+from tailflow.engines.sim.streamed import StreamedRound
 from tailflow.engines.tail import RoundKind
 from tailflow.engines.tail.launch import launch_order
 from tailflow.engines.tail.pipeline import RolloutPipeline
@@ -81,6 +85,24 @@ def sim_requests(problems: list[Problem], responses_per_prompt: int, lengths: Le
             for problem, k in launch_order(problems, responses_per_prompt)]
 
 
+@dataclass(frozen=True)
+class StreamingSettings:
+    """What runs during rollout (the run's `reward.streaming` and `train.stream`); off: after it."""
+
+    reward: bool = False
+    train: bool = False
+    reward_workers: int = 4
+    """Reward workers scoring side by side (the config's `reward.max_workers` default)."""
+
+    def __post_init__(self) -> None:
+        if self.train and not self.reward:
+            raise ValueError("train.stream needs reward.streaming: a group is trained once its responses are scored")
+
+    @property
+    def any(self) -> bool:
+        return self.reward or self.train
+
+
 class PolicySimulation:
     """One simulated run: the product's pipeline over simulated replicas; its queue, data cursor, rounds in
     flight and replicas persist across iterations, as in a real run.
@@ -89,12 +111,15 @@ class PolicySimulation:
     training and the weight sync on the trainer's GPUs (None: free, rollout only)."""
 
     def __init__(self, settings: TailSettings, lengths: LengthSource, group: SimGroup, alpha: float = 0.0,
-                 partial: bool = True, trainer: NonRolloutCost | None = None) -> None:
+                 partial: bool = True, trainer: NonRolloutCost | None = None,
+                 streaming: StreamingSettings = StreamingSettings()) -> None:
         self.settings, self.lengths, self.group, self.trainer = settings, lengths, group, trainer
+        self.streaming = streaming
         self.problems = [Problem(problem_id, "", "") for problem_id in lengths.problem_ids()]
         self.problems_by_id = {problem.problem_id: problem for problem in self.problems}
+        observe = (lambda planned, version: StreamedRound(lambda: group.clock_s)) if streaming.any else None
         self.pipeline = RolloutPipeline(group, settings, alpha, partial, self.problems, self.problems_by_id,
-                                        self.requests_of)
+                                        self.requests_of, observe)
         self.pipeline.start(TailState())
         self.rounds: list[SimRound] = []
         self.steps: list[SimStep] = []
@@ -125,10 +150,9 @@ class PolicySimulation:
     def _train_and_sync(self, taken: TakenRound, record: SimRound, started_s: float) -> SimStep:
         group, pipeline, trainer = self.group, self.pipeline, self.trainer
         taken_s = group.clock_s
-        reward_s = trainer.reward_s(record.num_kept, record.trained_tokens) if trainer else 0.0
-        train_s = trainer.train_s(record.trained_tokens) if trainer else 0.0
-        group.wait_until(taken_s + reward_s)
-        trained_s = taken_s + reward_s + train_s
+        scored_s, trained_s = self._score_and_train(taken, record, started_s, taken_s)
+        group.wait_until(scored_s)  # the rollout is not polled while the scores are collected
+        reward_s, train_s = scored_s - taken_s, trained_s - scored_s
         overlap = pipeline.roll_while(lambda: group.clock_s < trained_s)
         group.wait_until(trained_s)
         pipeline.pause()
@@ -141,6 +165,23 @@ class PolicySimulation:
                        overlap.tokens, taken.staleness, taken.prompts_in_flight, taken.rounds_ahead, restarted,
                        tuple(p.problem_id for p in taken.planned.problems),
                        tuple(p.problem_id for p in taken.problems))
+
+    def _score_and_train(self, taken: TakenRound, record: SimRound, started_s: float,
+                         taken_s: float) -> tuple[float, float]:
+        """When the round's scores are all in and when its train step is done (virtual seconds)."""
+        trainer, streaming = self.trainer, self.streaming
+        if trainer is None:
+            return taken_s, taken_s
+        tokens = lambda completions: sum(len(c.prompt_token_ids) + len(c.token_ids) for c in completions)
+        scored_s = taken_s + trainer.reward_s(record.num_kept, record.trained_tokens)
+        scored: dict[str, float] = {}
+        if streaming.reward:
+            scored = taken.observer.scored_at(lambda c: trainer.reward_s(1, tokens([c])), streaming.reward_workers)
+            scored_s = max([taken_s] + [scored[c.request_id] for c in taken.completions])
+        if not streaming.train:
+            return scored_s, scored_s + trainer.train_s(record.trained_tokens)
+        streamed = taken.observer.trained_at(scored, lambda kept: trainer.train_s(tokens(kept)), started_s)
+        return scored_s, max(scored_s, streamed)
 
     def run_cycles(self, min_rounds: int, max_rounds: int | None = None) -> list[SimRound]:
         """At least `min_rounds`, then until the queue is empty (whole short+long cycles), at most `max_rounds`."""
