@@ -157,3 +157,31 @@ def test_drain_queues_work_on_its_servers():
     assert drain([0, 0, 1], [3, 1, 1], 2) == [3, 1, 2]
     # one server free only from 5: everything queues behind it
     assert drain([0, 1], [2, 2], 1, free_at=5) == [7, 9]
+
+
+def test_streamed_scoring_and_the_stream_trainer_run_during_rollout():
+    """The product's streamed scorer and stream trainer, on the simulated clock: the same rounds, less of the
+    scoring and the train step left once the round is taken; never below the rollout itself."""
+    from tailflow.engines.sim.paper_lengths import PaperLikeLengths
+    from tailflow.engines.sim.simulate import PolicySimulation, StreamingSettings
+    from tailflow.engines.sim.step_time import LinearStepCost
+    from tailflow.engines.tail.state import TailSettings
+
+    cost = RooflineCost.from_presets("h800", "qwen2.5-7b", 4, 1)
+    lengths = PaperLikeLengths(400, 2048, seed=1)
+    trainer = LinearStepCost(train_s_per_token=2e-4, reward_s_per_response=0.05)
+
+    def run(streaming: StreamingSettings):
+        group = SimGroup.of(cost, lengths, 4, 64, cost.kv_budget_tokens)
+        return PolicySimulation(TailSettings(8, 4, 1.25, 5), lengths, group, trainer=trainer,
+                                streaming=streaming).run(4, 4)
+
+    batch, scored, streamed = (run(StreamingSettings()), run(StreamingSettings(reward=True)),
+                               run(StreamingSettings(reward=True, train=True)))
+    assert [r.kind for r in batch.rounds] == [r.kind for r in scored.rounds] == [r.kind for r in streamed.rounds]
+    assert all(s.reward_s == pytest.approx(trainer.reward_s(r.num_kept, 0)) for s, r in zip(batch.steps, batch.rounds))
+    assert sum(s.reward_s for s in scored.steps) < 0.5 * sum(s.reward_s for s in batch.steps)
+    assert sum(s.train_s for s in streamed.steps) < sum(s.train_s for s in scored.steps)
+    assert streamed.step_s < scored.step_s < batch.step_s
+    with pytest.raises(ValueError, match="train.stream needs reward.streaming"):
+        StreamingSettings(train=True)

@@ -19,6 +19,10 @@ class CostModelError(ValueError):
     """A cost model that cannot be built: unknown preset, bad calibration file (named in the message)."""
 
 
+class Infeasible(CostModelError):
+    """A setting that cannot run: the weights do not fit a replica, or a request can never fit its KV budget."""
+
+
 class NonRolloutCost(Protocol):
     """What a training step costs besides rollout: scoring, training, the weight sync (a `CostModel`, or the
     linear prices of `step_time.py`)."""

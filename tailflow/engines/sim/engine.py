@@ -21,7 +21,7 @@ from typing import Mapping, Sequence as Seq
 
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
 from tailflow.engines.rollout.sequence import SequenceStatus
-from tailflow.engines.sim.costs import CostModel
+from tailflow.engines.sim.costs import CostModel, Infeasible
 from tailflow.engines.sim.lengths import RequestLengths
 from tailflow.engines.sim.placeholder import PlaceholderTokens, VersionRuns
 from tailflow.engines.sim.sim_scheduler import SimScheduler, SimSequence
@@ -89,8 +89,8 @@ class SimEngine:
         if self.max_seq_len is not None and needed > self.max_seq_len:
             raise ValueError(f"request {rid!r}: prompt + max_new_tokens = {needed} exceeds max_seq_len {self.max_seq_len}")
         if needed + 1 > self.kv_budget_tokens:
-            raise ValueError(f"request {rid!r}: prompt + max_new_tokens = {needed} tokens can never fit the KV budget "
-                             f"of {self.kv_budget_tokens} tokens (raise TP)")
+            raise Infeasible(f"request {rid!r}: prompt + max_new_tokens = {needed} tokens can never fit the KV budget "
+                             f"of {self.kv_budget_tokens:,} tokens (raise TP)")
 
     # ---- the loop ----------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from tailflow.engines.sim.comm import collective_s
-from tailflow.engines.sim.costs import CostModel, CostModelError
+from tailflow.engines.sim.costs import CostModel, CostModelError, Infeasible
 from tailflow.engines.sim.efficiency import Efficiency
 from tailflow.engines.sim.presets import Hardware, ModelShape, hardware_preset, model_preset
 from tailflow.engines.sim.stragglers import replica_slowdowns
@@ -101,7 +101,7 @@ class RooflineCost(CostModel):
         usable = self.hardware.hbm_bytes * self.cluster.tp * self.efficiency.gpu_memory_utilization
         free = usable - self.model.weight_bytes
         if free <= 0:
-            raise CostModelError(f"{self.model.name} ({self.model.weight_bytes / 1e9:.0f} GB of weights) does not fit "
+            raise Infeasible(f"{self.model.name} ({self.model.weight_bytes / 1e9:.0f} GB of weights) does not fit "
                                  f"{self.cluster.tp} x {self.hardware.name}: raise --tp")
         return int(free // self.kv_bytes_per_token)
 
