@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/research
 
 from tailflow.engines.cluster import ACTOR_FAILURES  # noqa: E402
-from tailflow.engines.cluster.membership import EventKind  # noqa: E402
+from tailflow.engines.cluster.membership import ElasticSettings  # noqa: E402
+from tailflow.engines.cluster.membership_log import EventKind  # noqa: E402
 from tailflow.engines.cluster.rollout_group import RolloutGroup  # noqa: E402
 from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command  # noqa: E402
 from tailflow.engines.models import write_random_tiny_model  # noqa: E402
@@ -89,9 +90,9 @@ class ChangeMidRound:
                 self.group.wait_for_joins()
                 self.join_wait_s = time.perf_counter() - started
             elif self.change == "remove":
-                send_worker_command(self.store, "bench", WorkerCommand(remove=min(self.group.worker_ids)))
+                send_worker_command(self.store, "bench", WorkerCommand(remove=min(self.group.membership.worker_ids)))
             else:
-                os.kill(self.group.worker_pid(len(self.group.workers) - 1), signal.SIGKILL)
+                os.kill(self.group.worker_pid(len(self.group.membership.workers) - 1), signal.SIGKILL)
         return self.group.poll(max_steps)
 
     def __getattr__(self, name):
@@ -173,9 +174,9 @@ def main() -> int:
     model_dir = write_random_tiny_model(work / "model")
     store = LocalStore(work / "store")
     spawn = dict(num_slots=4, max_seq_len=128, seed=0, num_threads=1, num_cpus=0.5)
-    group = RolloutGroup(str(model_dir), 1, **spawn)
-    group.control = WorkerControl(store, "bench", interval_s=0)
-    group.say = lambda line: print(line, flush=True)
+    group = RolloutGroup(str(model_dir), 1, **spawn, elastic=ElasticSettings(
+        control=WorkerControl(store, "bench", interval_s=0), say=lambda line: print(line, flush=True)))
+    members = group.membership
     reference = RolloutGroup(str(model_dir), 1, **spawn)
     tokens_at, seconds_at = defaultdict(int), defaultdict(float)
     lost_prompts = restarts = mismatched = compared = 0
@@ -184,9 +185,10 @@ def main() -> int:
     try:
         for iteration in range(args.iterations):
             requests = round_requests(iteration, args.prompts, args.per_prompt, args.max_new_tokens)
-            change = planned_change(iteration, args.join_every, args.iterations, len(group.workers) + len(group.joining))
+            change = planned_change(iteration, args.join_every, args.iterations,
+                                    len(members.workers) + len(members.joining))
             group.wait_for_joins()  # the replacement of a worker lost in the last round
-            workers_before = len(group.workers)
+            workers_before = len(members.workers)
             before = sum(s.tokens_generated for s in group.stats())
             started = time.perf_counter()
             rollout = ChangeMidRound(group, store, change)
@@ -214,12 +216,12 @@ def main() -> int:
             left_with_notice = {e.worker_id for e in report.events if e.kind is EventKind.LEAVE}
             notice_moves += sum(e.num_requests for e in moves if e.worker_id in left_with_notice)
             lost_moves += sum(e.num_requests for e in moves if e.worker_id not in left_with_notice)
-            count = max(workers_before, len(group.workers))
+            count = max(workers_before, len(members.workers))
             schedule.append(count)
             tokens_at[count] += tokens
             seconds_at[count] += seconds
             rates = " ".join(f"w{wid}={rate:.0f}" for wid, rate in report.tokens_per_s.items())
-            print(f"iter {iteration:2d}  change={change or '-':6s} workers {workers_before}->{len(group.workers)}  "
+            print(f"iter {iteration:2d}  change={change or '-':6s} workers {workers_before}->{len(members.workers)}  "
                   f"{tokens:5d} tokens in {seconds:5.2f}s  migrated {sum(e.num_requests for e in moves):2d} requests "
                   f"/{sum(e.num_tokens for e in moves):4d} tokens  tokens/s per worker: {rates}"
                   + (f"  (join waited {rollout.join_wait_s:.1f}s, not counted)" if rollout.join_wait_s else ""),
