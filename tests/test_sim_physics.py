@@ -185,3 +185,46 @@ def test_streamed_scoring_and_the_stream_trainer_run_during_rollout():
     assert streamed.step_s < scored.step_s < batch.step_s
     with pytest.raises(ValueError, match="train.stream needs reward.streaming"):
         StreamingSettings(train=True)
+
+
+def test_a_tp_decode_step_reads_its_share_and_the_replicated_kv_then_all_reduces_every_layer():
+    """Qwen2.5-7B at TP 8 on one H800 node, 4 rows, 4,000 tokens of context: every GPU reads 1/8 of the weights
+    and of the KV, which is twice the model's (4 KV heads over 8 GPUs: each holds one whole head), then 2 x 28
+    all-reduces of 4 x 3584 bf16 values (28,672 B) over 8 GPUs: NCCL LL, 6.6 + 14 x 0.47 us + 28,672 B /
+    (200 GB/s / 4 x 8/14) = 14.1835 us (Simple: 56.25 us)."""
+    cost = RooflineCost.from_presets("h800", "qwen2.5-7b", 8, 8)
+    memory = (2 * 7.61e9 + 4000 * 2 * 57_344) / (8 * 3.35e12 * 0.75)
+    compute = (2 * 7.61e9 * 4 + 4 * 28 * 28 * 128 * 4000) / (8 * 989e12 * 0.6)
+    all_reduce = 6.6e-6 + 14 * 0.47e-6 + 28_672 / (200e9 / 4 * 8 / 14)
+    assert compute < memory
+    assert cost.allreduce_s(4) == pytest.approx(56 * all_reduce, rel=1e-9) == pytest.approx(794.28e-6, rel=1e-5)
+    assert cost.decode_s(4, 4000, 1000) == pytest.approx(memory + 0.002 + 56 * all_reduce, rel=1e-9)
+    # a replica runs at its slowest GPU's pace: the engine multiplies every step by its slowdown
+    engine = SimEngine(cost, Lengths(), num_slots=4, kv_budget_tokens=10_000, slowdown=1.05)
+    engine.generate([Request.for_problem("a", 0, (1, 2), SamplingParams(max_new_tokens=50))])
+    plain = SimEngine(cost, Lengths(), num_slots=4, kv_budget_tokens=10_000)
+    plain.generate([Request.for_problem("a", 0, (1, 2), SamplingParams(max_new_tokens=50))])
+    assert engine.clock_s == pytest.approx(1.05 * plain.clock_s, rel=1e-12) and plain.clock_s > 0
+
+
+def test_streamed_scores_and_the_stream_trainer_counted_by_hand():
+    """Two prompts of two responses on a clock set by hand; scoring 1 s a response on 2 reward workers, training
+    4 s a group on one trainer free from 0."""
+    from tailflow.engines.rollout.protocol import Completion
+    from tailflow.engines.sim.streamed import StreamedRound
+
+    now = [0.0]
+    observed = StreamedRound(lambda: now[0])
+    done = {name: Completion(name, (1,), (2, 3), (0.0, 0.0), FinishReason.EOS, 0, problem_id=name[0])
+            for name in ("a0", "a1", "b0", "b1")}
+    for t, finished, completed in ((1.0, ("a0", "a1"), ()), (2.0, ("b0",), ("a",)), (3.0, ("b1",), ("b",))):
+        now[0] = t
+        observed.on_finished([done[n] for n in finished])
+        observed.on_completed([(p, (done[p + "0"], done[p + "1"])) for p in completed])
+    # a response takes 1 s x 2 workers of one worker's time (what scoring the round after rollout takes, spread):
+    # a0, a1 arrive at 1 and take both workers to 3; b0 (at 2) and b1 (at 3) wait for them, both end at 5
+    scored = observed.scored_at(lambda c: 1.0, 2)
+    assert scored == {"a0": 3.0, "a1": 3.0, "b0": 5.0, "b1": 5.0}
+    # a is complete at 2 and scored at 3: trained 3 -> 7; b complete at 3, scored at 5, waits for the trainer: 7 -> 11
+    assert observed.trained_at(scored, lambda kept: 4.0 * len(kept) / 2, free_at=0.0) == 11.0
+    assert observed.trained_at(scored, lambda kept: 4.0, free_at=9.0) == 17.0  # a trainer busy until 9
