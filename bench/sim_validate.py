@@ -134,9 +134,9 @@ def print_notes(results) -> None:
             print(f"note {p.name}: the paper's short rounds average at most {bound:.0f} s = {bound / p.sync_s:.0%} of "
                   f"its synchronous round (Figure 11: a period of 4 short + 1 long averages {p.tail_s:.0f} s and a long "
                   f"round lasts >= a synchronous one); simulated short rounds are {mean(short):.1f} s = "
-                  f"{mean(short) / r.sync_s:.0%} of the simulated synchronous round. With the characterised profile "
-                  f"(median = cap/28) a short round ends near the body's tail; the paper's {p.name} responses are "
-                  f"longer relative to the cap than its 14B/16k characterisation")
+                  f"{mean(short) / r.sync_s:.0%} of the simulated synchronous round. The profile's body is the 14B's "
+                  f"(median 585 tokens at any cap): a short round ends near the body's tail; the paper's {p.name} "
+                  f"short rounds are longer than that body")
         if rel_err(r.e2e_speedup, p.e2e_speedup) > PAPER_RATIO_TARGET:
             implied = paper_implied_e2e(p)
             print(f"note {p.name}: the paper's own Figure 11 ratio ({p.rollout_ratio:.2f}x) with its Table 1 shares "
