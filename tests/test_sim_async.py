@@ -178,3 +178,16 @@ def test_split_candidates_leave_the_trainer_its_memory():
     # 32B: 16 B/param x 32.5e9 over 68 GB usable per GPU needs 8 trainer GPUs
     assert split_candidates(SETTINGS["32b"]) == [8, 16, 24, 32, 40, 48, 56]
     assert split_candidates(replace(SETTINGS["32b"], num_gpus=16)) == [2, 4, 6, 8]
+
+
+def test_split_pools_pay_the_weight_sync_to_every_rollout_node():
+    """7B on 16 GPUs (TP 1) split 10 rollout / 6 trainer: the trainer pool gathers the 15.22 GB of bf16 weights
+    (6 GPUs on one node, NCCL Simple: 8.4 + 5 x 3.4 us + 15.22e9 x 5/6 / 200 GB/s), both rollout nodes pull a
+    copy through the source's 50 GB/s, and each GPU loads its copy over 64 GB/s PCIe."""
+    weights = 2 * 7.61e9
+    by_hand = 25.4e-6 + weights * 5 / 6 / 200e9 + 2 * weights / 50e9 + weights / 64e9
+    assert step_cost(SETTINGS["7b"], "roofline", 6, False, ROUNDS, 0).weight_sync_s() == pytest.approx(by_hand, rel=1e-9)
+    # colocated on all 16 (2 nodes): the trainer's own node holds the copy, the other one pulls it
+    colocated = step_cost(SETTINGS["7b"], "roofline", 16, True, ROUNDS, 0).weight_sync_s()
+    gather_16 = 8.4e-6 + 14 * 3.4e-6 + 9.6e-6 + weights * 15 / 16 / 50e9
+    assert colocated == pytest.approx(gather_16 + weights / 50e9 + weights / 64e9, rel=1e-9)

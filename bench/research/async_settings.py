@@ -9,10 +9,11 @@ of rollout GPUs with the paper-like lengths (as research/paper.py's
   colocated synchronous rounds by the paper's Table 1 shares (72% rollout,
   5% reward, 23% train); train time scales as all GPUs / trainer GPUs;
   weight sync 0 when colocated (inside Table 1's train share, as the
-  existing prediction) and the roofline's weight transfer to the rollout
-  replicas between disaggregated pools;
-* `roofline`: the roofline's train time on the trainer pool's GPUs, no
-  reward, the roofline's weight sync in every case.
+  existing prediction) and, between disaggregated pools, tailflow's weight
+  sync (`trainer_cost.py`: a gather on the trainer pool, a pull by every
+  rollout node, the load over PCIe);
+* `roofline`: the FSDP train step on the trainer pool's GPUs, no reward,
+  tailflow's weight sync in every case (`trainer_cost.py`).
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from tailflow.engines.sim.roofline import RooflineCost
 from tailflow.engines.sim.sim_run import SimRun
 from tailflow.engines.sim.simulate import PolicySimulation, SimRound
 from tailflow.engines.sim.step_time import LinearStepCost, shares_from_baseline
+from tailflow.engines.sim.trainer_cost import TrainerCost
 from tailflow.engines.tail.state import TailSettings
 
 
@@ -99,11 +101,20 @@ def sync_rounds(setting: AsyncSetting, num_gpus: int, tail: bool, min_rounds: in
 
 def step_cost(setting: AsyncSetting, step_cost_name: str, train_gpus: int, colocated: bool, min_rounds: int,
               seed: int) -> NonRolloutCost:
-    roofline = RooflineCost.from_presets(setting.hardware, setting.model, train_gpus, 1)
+    trainer = trainer_cost(setting, train_gpus, colocated)
     if step_cost_name == "roofline":
-        return roofline
+        return trainer
     if step_cost_name != "shares":
         raise ValueError(f"step_cost must be 'shares' or 'roofline', got {step_cost_name!r}")
     shares = shares_from_baseline(sync_rounds(setting, setting.num_gpus, False, min_rounds, seed))
     return LinearStepCost(shares.train_s_per_token * setting.num_gpus / train_gpus, shares.reward_s_per_response,
-                          0.0 if colocated else roofline.weight_sync_s())
+                          0.0 if colocated else trainer.weight_sync_s())
+
+
+def trainer_cost(setting: AsyncSetting, train_gpus: int, colocated: bool) -> TrainerCost:
+    """The trainer on `train_gpus` (all of the setting's, `colocated`, or a pool beside the rollout's rest): its
+    weight sync pulls a copy to every rollout node that does not hold one and loads it at the rollout TP."""
+    rollout = rollout_cost(setting, setting.num_gpus)
+    rollout_gpus = setting.num_gpus if colocated else setting.num_gpus - train_gpus
+    return TrainerCost(rollout.hardware, rollout.model, rollout.efficiency, train_gpus, rollout_gpus, setting.tp,
+                       colocated)
