@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from tailflow.engines.data.problem import CodeTests, Problem
 from tailflow.engines.reward.code.extract import extract_program, same_output
@@ -32,7 +32,6 @@ from tailflow.engines.reward.code.runner import RUNNER_SLACK_S, run_verdict
 from tailflow.engines.reward.code.verdict import TestsSpec
 from tailflow.engines.reward.result import RewardResult
 from tailflow.engines.reward.sandbox import SandboxLimits, cgroup, resolve_backend, run_python
-from tailflow.engines.reward.sandbox.allowlist import read_only_view
 
 __all__ = ["RUNNER_SLACK_S", "CodeReward", "extract_program", "same_output"]
 
@@ -48,11 +47,6 @@ class Tally:
     def add_time(self, seconds: float | None) -> None:
         if seconds is not None:
             self.slowest_s = seconds if self.slowest_s is None else max(self.slowest_s, seconds)
-
-
-def sandbox_view(backend: str) -> dict:
-    """What the test runner's sandboxes may read, as computed in this process (empty for docker)."""
-    return asdict(read_only_view()) if backend in ("bwrap", "process") else {}
 
 
 class CodeReward:
@@ -114,8 +108,7 @@ class CodeReward:
         spec = TestsSpec(code, list(tests.asserts), tests.test_module, list(tests.test_functions), timeout_s,
                          budget_s, self.backend, dict(cpu_time_s=limits.cpu_time_s, memory_bytes=self.memory_bytes,
                                                       max_processes=self.max_processes,
-                                                      max_output_bytes=self.max_output_bytes),
-                         sandbox_view(self.backend))
+                                                      max_output_bytes=self.max_output_bytes))
         verdict = run_verdict(spec)
         self.num_executions += verdict.sessions
         tally.passed += len(set(verdict.passed) & set(range(spec.num_tests)))

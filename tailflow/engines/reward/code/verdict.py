@@ -36,7 +36,6 @@ from pathlib import Path
 from tailflow.engines.reward.code.names import exposed_names, test_namespace
 from tailflow.engines.reward.code.remote import RemoteProgram, SessionLost
 from tailflow.engines.reward.code.testcalls import run_test
-from tailflow.engines.reward.sandbox.allowlist import ReadOnlyView, use_view
 from tailflow.engines.reward.sandbox.records import SandboxLimits
 from tailflow.engines.reward.sandbox.session import SandboxSession
 
@@ -59,8 +58,6 @@ class TestsSpec:
     backend: str
     limits: dict = field(default_factory=dict)
     """`SandboxLimits` fields other than the timeout."""
-    sandbox_view: dict = field(default_factory=dict)
-    """The caller's `ReadOnlyView` (binds, masked), so the runner need not compute it again."""
 
     @property
     def num_tests(self) -> int:
@@ -220,8 +217,6 @@ def main() -> int:
         resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
     channel = private_stdout()
     spec = TestsSpec(**json.loads(sys.stdin.read()))
-    if spec.sandbox_view:
-        use_view(ReadOnlyView.from_dict(spec.sandbox_view))
     verdict = run_tests(spec)
     channel.write(json.dumps(asdict(verdict)))
     channel.flush()

@@ -5,11 +5,14 @@ from an empty root and bind back, read-only and at the same path, only the
 paths listed here: the interpreter binary, the standard library directory
 (with `site-packages` under it covered by an empty read-only tmpfs), and the
 shared libraries the interpreter and the standard library's extension
-modules link against (found with `ldd`, once per process). The libraries of
-one host directory are gathered (hard links, else copies) into a directory
-of their own under the temp dir, which is bound over that directory: one
-mount instead of one per file (each mount costs the sandbox's start about a
-millisecond). Plus, per run, a
+modules link against (found with `ldd`). The libraries of one host
+directory are gathered (hard links, else copies) into a directory of their
+own, which is bound over that directory: one mount instead of one per file
+(each mount costs the sandbox's start about a millisecond). Both the
+gathered directories and the view itself are cached in a root-only
+directory under the temp dir (`ldd` over the standard library's extension
+modules took 2 to 11 s on this loaded machine), keyed by the interpreter's,
+the extension modules' and the loader cache's file versions. Plus, per run, a
 private writable scratch directory `SANDBOX_DIR` (a size-bounded tmpfs, the
 program's cwd, HOME and TMPDIR), a fresh `/proc` of the sandbox's own pid
 namespace and a minimal `/dev`. So there is no project checkout, no data, no
@@ -21,20 +24,24 @@ interpreter's shared libraries are bound instead of the single files.
 """
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 SANDBOX_DIR = "/tmp/sandbox"
 """The program's private writable directory inside the sandbox (its cwd, HOME and TMPDIR)."""
 SCRATCH_FILES = 4
 """The scratch tmpfs holds this many files of the largest size one file may have."""
 FALLBACK_LIBRARY_DIRS = ("/lib", "/lib64", "/usr/lib", "/usr/lib64")
+LOADER_CACHE = "/etc/ld.so.cache"
+"""Rewritten by ldconfig whenever libraries are installed or upgraded: part of the view cache's key."""
 
 
 @dataclass(frozen=True)
@@ -91,27 +98,45 @@ def shared_libraries(binaries: list[str]) -> list[str]:
     return sorted(libraries - set(binaries))
 
 
-_known: ReadOnlyView | None = None
-
-
-def use_view(view: ReadOnlyView) -> None:
-    """Take a view computed by the parent process (the test runner gets its caller's: `ldd` over the standard
-    library's extension modules takes a second or more)."""
-    global _known
-    _known = view
-
-
+@functools.cache
 def read_only_view() -> ReadOnlyView:
-    """The read-only part of every sandbox on this host, computed once per process."""
-    global _known
-    if _known is None:
-        _known = compute_view()
-    return _known
+    """The read-only part of every sandbox on this host, once per process (from the host's cache)."""
+    return compute_view()
 
 
 def compute_view() -> ReadOnlyView:
+    """The view from the cache where this host's interpreter and libraries have not changed since, else computed
+    (and cached)."""
     executable, stdlib = interpreter(), standard_library()
     extensions = sorted(glob.glob(os.path.join(stdlib, "lib-dynload", "*.so")))
+    digest = hashlib.sha256()
+    for path in (executable, LOADER_CACHE, *extensions):
+        try:
+            info = os.stat(path)
+            digest.update(f"{path}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns};".encode())
+        except OSError:
+            digest.update(f"{path}:absent;".encode())
+    try:
+        cached = os.path.join(cache_home(), f"view-{digest.hexdigest()[:24]}.json")
+    except OSError:
+        return view_of(executable, stdlib, extensions)
+    try:
+        with open(cached) as file:
+            view = ReadOnlyView.from_dict(json.load(file))
+        if all(os.path.exists(source) for source, _ in view.binds):
+            return view
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    view = view_of(executable, stdlib, extensions)
+    staging = f"{cached}.{os.getpid()}"
+    with open(staging, "w") as file:
+        json.dump(asdict(view), file)
+    os.replace(staging, cached)
+    return view
+
+
+def view_of(executable: str, stdlib: str, extensions: list[str]) -> ReadOnlyView:
+    """The read-only part of every sandbox on this host: the interpreter, its standard library, its libraries."""
     masked = package_dirs_under(stdlib)
     binds = [(executable, executable), (stdlib, stdlib)]
     if shutil.which("ldd"):
@@ -138,17 +163,23 @@ def library_binds(libraries: list[str]) -> list[tuple[str, str]]:
     return binds
 
 
+def cache_home() -> str:
+    """The cache directory, made if missing; refused (PermissionError) unless it is ours alone."""
+    home = os.path.join(tempfile.gettempdir(), f"tailflow-sandbox-cache-{os.geteuid()}")
+    os.makedirs(home, mode=0o755, exist_ok=True)
+    info = os.stat(home, follow_symlinks=False)
+    if info.st_uid != os.geteuid() or info.st_mode & 0o022 or not os.path.isdir(home):
+        raise PermissionError(f"{home} is not ours alone")
+    return home
+
+
 def gathered(files: list[str]) -> str:
     """A read-only directory holding exactly `files` (by base name), made once per host and file versions."""
     digest = hashlib.sha256()
     for path in sorted(files):
         info = os.stat(path)
         digest.update(f"{path}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns};".encode())
-    home = os.path.join(tempfile.gettempdir(), f"tailflow-sandbox-libs-{os.geteuid()}")
-    os.makedirs(home, mode=0o755, exist_ok=True)
-    info = os.stat(home, follow_symlinks=False)
-    if info.st_uid != os.geteuid() or info.st_mode & 0o022 or not os.path.isdir(home):
-        raise PermissionError(f"{home} is not ours alone")
+    home = cache_home()
     final = os.path.join(home, digest.hexdigest()[:24])
     if os.path.isdir(final):
         return final
