@@ -91,37 +91,18 @@ def drop_privileges():
 
 
 def run_program(spec):
-    """Fork the program, reap every orphan (we are init), return its exit code or 128+signal."""
+    """Fork the program, reap every orphan (we are init), return its exit code or 128+signal. The child leaves
+    through the interpreter's own exit (an uncaught exception, `sys.exit`, or the end of the program), so it
+    exits as `python main.py` would: threads joined, output flushed, the traceback printed."""
     pid = os.fork()
     if pid == 0:
         os.setsid()
-        os._exit(run_to_exit_code(spec))
+        run_program_here(spec)
+        sys.exit(0)
     while True:
         reaped, status = os.waitpid(-1, 0)
         if reaped == pid:
             return os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
-
-
-def run_to_exit_code(spec):
-    """The forked child: the program's exit status as the interpreter would give it, output flushed."""
-    try:
-        run_program_here(spec)
-        status = 0
-    except SystemExit as done:
-        status = done.code if isinstance(done.code, int) else 0 if done.code is None else 1
-        if not isinstance(done.code, (int, type(None))):
-            print(done.code, file=sys.stderr)
-    except BaseException:  # noqa: BLE001 - the program's uncaught exception: its traceback, exit 1
-        import traceback  # here: its import would slow every run's start-up
-
-        traceback.print_exc()
-        status = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except BaseException:  # noqa: BLE001 - a closed or broken stream loses only its own output
-            pass
-    return status & 0xFF
 
 
 def main():

@@ -68,7 +68,8 @@ def launch_spec(limits: SandboxLimits, cgroup: Cgroup | None) -> dict:
 def jail_command(workdir: str, limits: SandboxLimits, cgroup: Cgroup | None) -> list[str]:
     view = read_only_view()
     spec = dict(launch_spec(limits, cgroup), code_path=str(Path(workdir) / "main.py"), root=workdir,
-                binds=[list(bind) for bind in view.binds], masked=list(view.masked), scratch_bytes=scratch_bytes(limits.max_file_bytes))
+                binds=[list(bind) for bind in view.binds], masked=list(view.masked),
+                scratch_bytes=scratch_bytes(limits.max_file_bytes))
     return [*UNSHARE, "--", interpreter(), "-I", "-S", "-c", JAIL_SOURCE, inner.encode_spec(spec)]
 
 
