@@ -85,7 +85,8 @@ def test_the_sandbox_holds_only_the_interpreter_its_libraries_and_its_own_dir(ma
     code = (f"import json, os\nallowed, masked = {allowed!r}, {list(view.masked)!r}\noutside, files = [], 0\n"
             "for here, dirs, names in os.walk('/'):\n    dirs[:] = [d for d in dirs if os.path.join(here, d) not in "
             "('/proc', '/dev')]\n    for name in names:\n        path = os.path.join(here, name)\n        files += 1\n"
-            "        if not any(path == a or path.startswith(a + '/') for a in allowed):\n            outside.append(path)\n"
+            "        if not any(path == a or path.startswith(a + '/') for a in allowed):\n"
+            "            outside.append(path)\n"
             "print(json.dumps({'outside': outside[:20], 'files': files, 'packages': [os.listdir(m) for m in masked],"
             f" 'repo': os.path.exists({str(Path(__file__).resolve().parents[1])!r}), 'home': os.path.exists('/root')"
             " and os.listdir('/root')}))\n")

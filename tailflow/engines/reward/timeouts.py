@@ -109,7 +109,8 @@ class TimeoutPolicy:
             seconds = round(exec_s, STORED_DIGITS)
             task_recent = [*task_recent, seconds][-self.window:]
             if self.scope == "problem":
-                problem_recent[problem.problem_id] = [*problem_recent.get(problem.problem_id, []), seconds][-self.window:]
+                recent = problem_recent.get(problem.problem_id, [])
+                problem_recent[problem.problem_id] = [*recent, seconds][-self.window:]
         task_s = quantile(task_recent, self.quantile) if task_recent else None
         if self.scope == "task":
             return TimeoutAnchors(task_s=task_s, task_recent=task_recent)

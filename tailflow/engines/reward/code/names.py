@@ -10,7 +10,8 @@ gives only those (the proxy module's `__all__`). So a program that defines
 `sorted`, `len` or `math` changes nothing the tests compute: the builtins the
 tests see are the runner's own copy, and their imports are their own. An
 explicit `from solution import helper` or `solution.helper` still reaches any
-name: the test asked for it.
+name: the test asked for it. (So a task whose entry point is named like a
+builtin must import it; used bare, the name is the builtin.)
 """
 from __future__ import annotations
 
