@@ -24,10 +24,12 @@ from tailflow.engines.cluster.placement import (
     reserve_layout,
     torch_device,
 )
+from tailflow.engines.cluster.membership import ElasticSettings
 from tailflow.engines.cluster.reward_pool import RewardPool
 from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.runtime import start_ray
 from tailflow.engines.cluster.trainer_group import TrainerGroup
+from tailflow.engines.cluster.worker_control import WorkerControl
 from tailflow.engines.data.arith import default_splits
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.models import check_model_dir
@@ -35,6 +37,7 @@ from tailflow.engines.reward.spec import reward_spec
 from tailflow.engines.reward.timeouts import TimeoutPolicy
 from tailflow.engines.rollout.protocol import Request, SamplingParams
 from tailflow.engines.rollout.requests import prompt_token_ids, sampling_requests
+from tailflow.engines.round_work import RoundWorkFactory
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.tail.pipeline import RolloutPipeline
 from tailflow.engines.tail.round import PlannedRound
@@ -43,6 +46,7 @@ from tailflow.engines.runs.layout import config_key, metrics_key
 from tailflow.engines.store import ArtifactStore, local_working_dir
 from tailflow.engines.track import MetricsLogger, start_wandb
 from tailflow.engines.track.tensorboard import start_tensorboard
+from tailflow.flows.run_log import say
 
 
 def shipped_warmstart_dir() -> Path:
@@ -130,7 +134,10 @@ def prepare_run_dir(store: ArtifactStore, config: RunConfig, run_id: str) -> Non
         store.write_text(metrics_key(run_id), "")
 
 
-def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunContext:
+def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch=None, workers_added: int = 0
+                  ) -> RunContext:
+    """Everything the run holds; `watch` (live progress) gives a watcher for each round's finished responses;
+    `workers_added`: the rollout workers a resumed run added at runtime (its commit's `rollout_workers_added`)."""
     model_path = resolve_model_path(config, store)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     reward = reward_spec(config.reward, model_path)
@@ -144,15 +151,17 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunCo
     tensorboard = start_tensorboard(tracking.tensorboard, local_working_dir(store, run_id))
     model_config = AutoConfig.from_pretrained(model_path)
     metrics = MetricsLogger(store, run_id, wandb_run, tensorboard)
-    rollout, trainer, reward_pool = start_workers(config, model_path, max_seq_len)  # last: nothing after it
-    ctx = RunContext(                                                                 # can fail and leak them
+    elastic = elastic_settings(config, store, run_id, workers_added)
+    # The workers last: nothing after them can fail and leak them.
+    rollout, trainer, reward_pool = start_workers(config, model_path, max_seq_len, elastic)
+    ctx = RunContext(
         run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
         eval_problems=datasets.eval, reward=reward, timeouts=TimeoutPolicy.from_config(config.reward),
         sampling=sampling_params(config), tail=TailSettings.from_config(config), rollout=rollout,
         trainer=trainer, reward_pool=reward_pool, metrics=metrics, model_path=model_path, model_config=model_config,
-        max_seq_len=max_seq_len, num_skipped_rows=datasets.num_skipped,
+        max_seq_len=max_seq_len, num_skipped_rows=datasets.num_skipped, watch=watch,
     )
-    return ctx.with_pipeline(async_pipeline(ctx)) if config.rollout.async_ratio > 0 else ctx
+    return with_pipeline(ctx)
 
 
 def say_gpu_seats(trainer_workers: list, rollout_workers: list) -> None:
@@ -161,16 +170,21 @@ def say_gpu_seats(trainer_workers: list, rollout_workers: list) -> None:
         print(f"[tailflow] {line}", file=sys.stderr, flush=True)
 
 
-def async_pipeline(ctx: RunContext) -> RolloutPipeline:
-    """The rounds of an asynchronous run, launched with the same seeded requests a synchronous round uses."""
+def with_pipeline(ctx: RunContext) -> RunContext:
+    """The context with its rounds' observers and the rollout pipeline built over its current workers: every
+    round's requests seeded by the run seed, the iteration and the request (`sampling_requests`), whatever
+    the mode."""
     config = ctx.config
 
     def make_requests(planned: PlannedRound) -> list[Request]:
         return sampling_requests(planned.problems, planned.plan.responses_per_prompt, ctx.sampling, ctx.tokenizer,
                                  config.train.seed, planned.plan.iteration, config.data.prompt_template)
 
-    return RolloutPipeline(ctx.rollout, ctx.tail, config.rollout.async_ratio, config.rollout.partial,
-                           ctx.train_problems, ctx.problems_by_id, make_requests)
+    round_work = RoundWorkFactory(config, ctx.reward_pool, ctx.trainer, ctx.tokenizer, ctx.reward.runs_code,
+                                  ctx.watch)
+    pipeline = RolloutPipeline(ctx.rollout, ctx.tail, config.rollout.async_ratio, config.rollout.partial,
+                               ctx.train_problems, ctx.problems_by_id, make_requests, round_work)
+    return ctx.replacing(round_work=round_work, pipeline=pipeline)
 
 
 def load_for_model(config: RunConfig, model_path: str, tokenizer, runs_code: bool) -> tuple[Datasets, int]:
@@ -204,11 +218,13 @@ def reserve_gpus(config: RunConfig, with_trainer: bool = True) -> GpuReservation
                                      config.train.num_workers if with_trainer else 0, cluster.spread_trainer_ranks))
 
 
-def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int, with_trainer: bool = False
+def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int, with_trainer: bool = False,
+                             elastic: ElasticSettings = ElasticSettings()
                              ) -> tuple[RolloutGroup, RewardPool, GpuReservation | None]:
     """The actors that generate and score: enough for evaluation, and the first part of a run's workers. On
     GPUs the run's placement groups are reserved first (`with_trainer`: the trainer ranks' bundles too, for
-    `start_workers` to seat them) and held by the rollout group; released here if the actors cannot start."""
+    `start_workers` to seat them) and held by the rollout group; released here if the actors cannot start.
+    `elastic`: how the rollout group's members may change (a run's: `elastic_settings`)."""
     reservation = reserve_gpus(config, with_trainer)
     reward = config.reward
     try:
@@ -220,7 +236,8 @@ def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: in
                 config.cluster.rollout_threads, **rollout_resources(config), engine=config.rollout.engine,
                 device=torch_device(config.cluster.device),
                 sleep_mode=config.cluster.placement == "colocated" and config.cluster.device == "gpu",
-                actor_options=reservation.rollout_options() if reservation else None, reservation=reservation)
+                actor_options=reservation.rollout_options() if reservation else None, reservation=reservation,
+                elastic=elastic)
         except BaseException:
             pool.shutdown()  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
             raise
@@ -241,11 +258,11 @@ def rollout_resources(config: RunConfig) -> dict[str, float]:
     return {"num_cpus": placement.rollout.num_cpus, "num_gpus": placement.rollout.num_gpus}
 
 
-def start_workers(config: RunConfig, model_path: str, max_seq_len: int
-                  ) -> tuple[RolloutGroup, TrainerGroup, RewardPool]:
+def start_workers(config: RunConfig, model_path: str, max_seq_len: int,
+                  elastic: ElasticSettings = ElasticSettings()) -> tuple[RolloutGroup, TrainerGroup, RewardPool]:
     """The run's Ray actors: rollout and trainer holding `model_path`'s weights, and the reward pool. On GPUs
     both groups sit in one reservation and hold it; the last to shut down releases it."""
-    rollout, pool, reservation = start_rollout_and_reward(config, model_path, max_seq_len, with_trainer=True)
+    rollout, pool, reservation = start_rollout_and_reward(config, model_path, max_seq_len, True, elastic)
     placement = placement_of(config)
     try:
         trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
@@ -257,7 +274,7 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int
         try:
             pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
             if reservation is not None:
-                say_gpu_seats(trainer.workers, rollout.workers)
+                say_gpu_seats(trainer.workers, rollout.membership.workers)
         except BaseException:
             trainer.shutdown()
             raise
@@ -270,13 +287,28 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int
 
 def restart_workers(ctx: RunContext) -> RunContext:
     """Every actor replaced (after one died): fresh processes holding the initial weights, in a new context;
-    the caller restores a commit into them."""
+    the caller restores a commit into them. The rollout workers added at runtime are kept."""
+    elastic = elastic_settings(ctx.config, ctx.store, ctx.run_id, ctx.rollout.workers_added())
     for group in (ctx.rollout, ctx.trainer, ctx.reward_pool):
         try:
             group.shutdown()
         except Exception:  # noqa: BLE001 - an actor already gone is what we are recovering from
             pass
-    return ctx.with_workers(*start_workers(ctx.config, ctx.model_path, ctx.max_seq_len))
+    rollout, trainer, reward_pool = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len, elastic)
+    return with_pipeline(ctx.replacing(rollout=rollout, trainer=trainer, reward_pool=reward_pool))
+
+
+def elastic_settings(config: RunConfig, store: ArtifactStore, run_id: str, workers_added: int) -> ElasticSettings:
+    """A run's rollout group follows `rollout.elastic`, reads `tailflow workers add/remove` commands from the
+    run's store between polls, and says what changes in the run's log. `workers_added`: workers added at runtime
+    (minus those removed) before a resume or an iteration restart, started again (elastic runs only)."""
+    if not config.rollout.elastic:
+        return ElasticSettings(is_elastic=False, say=say)
+    if workers_added:
+        say(f"[tailflow] keeping the rollout workers added at runtime: {config.rollout.num_workers} "
+            f"(rollout.num_workers) {workers_added:+d}")
+    control = WorkerControl(store, run_id, config.cluster.worker_control_interval_s)
+    return ElasticSettings(is_elastic=True, control=control, say=say, keep_added=workers_added)
 
 
 def trainer_kwargs(config: RunConfig) -> dict:

@@ -13,10 +13,8 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
 from tailflow.engines.cluster.placement import takes_turns
-from tailflow.engines.cluster.rollout_group import RolloutGroup
-from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command
+from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
 from tailflow.flows.artifacts import RunArtifacts
-from tailflow.flows.async_iteration import async_iteration
 from tailflow.flows.iteration import iteration
 from tailflow.flows.live_progress import live_progress
 from tailflow.flows.preflight import check_inputs
@@ -79,8 +77,8 @@ def rl_training(
         run_id = run_id or default_run_id()
         check_inputs(run_config)
     with (no_retry_on_user_error(), run_writer(run_config, run_id, take_over) as lease,
-          live_progress(run_config, run_id)):
-        return train(run_config, run_id, allow_change or [], lease)
+          live_progress(run_config, run_id) as live):
+        return train(run_config, run_id, allow_change or [], lease, live)
 
 
 @flow(name="rollout_workers", flow_run_name="workers-{run_id}")
@@ -100,15 +98,15 @@ def rollout_workers(run_id: str, add: int = 0, remove: int | None = None, config
         return store.uri(send_worker_command(store, run_id, command))
 
 
-def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=None) -> RunSummary:
+def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=None, live=None) -> RunSummary:
     store = open_store(run_config.storage.uri)
     committed = read_committed_state(store, run_id)
     if committed is not None:
         check_config_for_resume(store, run_id, run_config, allow_change, committed)
     else:
         prepare_run_dir(store, run_config, run_id)
-    ctx = build_context(run_config, run_id, store)
-    steer_rollout(ctx, committed.rollout_workers_added if committed is not None else 0)
+    ctx = build_context(run_config, run_id, store, watch=live.watcher if live is not None else None,
+                        workers_added=committed.rollout_workers_added if committed is not None else 0)
     try:
         if committed is not None:
             restore_commit(ctx, committed)
@@ -125,7 +123,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
         for step in range(state.iteration, run_config.train.iterations):
             ctx, state = run_iteration(ctx, state, step)
             rows = ctx.metrics.rows()
-            after_iteration(ctx, state, rows[-1], lease)
+            after_iteration(ctx, state, rows[-1], lease, live)
             artifacts.progress(state.iteration)
             artifacts.metrics(rows)
             artifacts.checkpoint_link(ctx.store.uri(state.latest_checkpoint), step)
@@ -159,19 +157,16 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
     the workers in use after it. With `rollout.elastic` (the default) a rollout worker's death never gets here:
     its group replaces it and moves its requests (docs/operations.md, elastic rollout workers)."""
     retries = ctx.config.train.iteration_retries
-    run_one = async_iteration if ctx.pipeline is not None else iteration
     for attempt in range(retries + 1):
         try:
-            return ctx, run_one(ctx, state.without_pipeline(), step, attempt)
+            return ctx, iteration(ctx, state.without_pipeline(), step, attempt)
         except ACTOR_FAILURES as error:
             if attempt == retries:
                 shutdown_workers(ctx)  # the caller's context may hold the workers this replaced
                 raise
             say(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
                 f"from the last commit and running the iteration again (attempt {attempt + 2})")
-            added = ctx.rollout.workers_added()
             ctx = restart_workers(ctx)
-            steer_rollout(ctx, added)
             restore_weights(ctx, state)
             rollout_first(ctx)
     raise AssertionError("unreachable")
@@ -182,23 +177,6 @@ def rollout_first(ctx: RunContext) -> None:
     waits in host memory until the step (`placement.takes_turns`)."""
     if takes_turns(ctx.config):
         ctx.trainer.offload()
-
-
-def steer_rollout(ctx: RunContext, added: int = 0) -> None:
-    """The rollout group follows `rollout.elastic`, reads `tailflow workers add/remove` commands from the run's
-    store between polls, and says what changes in the run's log. `added`: workers added at runtime (minus those
-    removed) before a resume or an iteration restart, started again."""
-    group = ctx.rollout
-    if not isinstance(group, RolloutGroup):
-        return
-    group.is_elastic = ctx.config.rollout.elastic
-    group.say = say
-    if group.is_elastic:
-        group.control = WorkerControl(ctx.store, ctx.run_id, ctx.config.cluster.worker_control_interval_s)
-        if added:
-            say(f"[tailflow] keeping the rollout workers added at runtime: {ctx.config.rollout.num_workers} "
-                f"(rollout.num_workers) {added:+d}")
-            group.keep_added(added)
 
 
 def resolve_config(config_path: str | None, overrides: list[str], config: RunConfig | dict | None) -> RunConfig:

@@ -1,11 +1,22 @@
-"""Run tailflow's own tail-batching policy on simulated replicas, round after round.
+"""Run tailflow's own rollout pipeline on simulated replicas, iteration after iteration.
 
-Nothing of the policy is re-implemented here: each round is planned by
-`begin_round` (which calls `make_round_plan` and draws from the data cursor),
-driven by `run_round` under `rule_for(plan)`, and settled by `settle_round`
-(its stragglers join the long-prompt queue of the same `TailState`), exactly
-as `flows/iteration.py` and `bench/sensitivity.py` do. Only the engine
-underneath is simulated.
+Nothing of the policy is re-implemented here: the rounds are driven by the
+product's rollout pipeline (engines/tail/pipeline.py), which plans each with
+`begin_round`, runs it under `rule_for(plan)`, settles it into the long-prompt
+queue and, at `alpha` >= 1, launches rounds ahead of training under its
+staleness bound and in-flight cap, exactly as a run's iterations do. Only the
+engines underneath are simulated, and the clock is virtual.
+
+An iteration is the run's (flows/iteration.py): take the round; score it
+(the rollout is not polled meanwhile); train it while the pipeline keeps
+rolling out (`roll_while` until the virtual clock reaches the end of the
+train step); pause the rollout, load the new weights on every replica, resume
+(continuing the paused requests from their tokens, or from scratch). With no
+trainer cost given, scoring, training and the sync take no time and the clock
+moves with rollout only. With `stream_reward` / `stream_train` the round's
+observer notes when each response finished and each prompt completed, and the
+scoring and the train step run during rollout as the product runs them
+(`streamed.py`); what is left of them after the round is what the step waits.
 """
 from __future__ import annotations
 
@@ -14,49 +25,28 @@ from typing import Callable
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Request, SamplingParams
-from tailflow.engines.sim.engine import PlaceholderTokens
+from tailflow.engines.sim.costs import NonRolloutCost
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
-from tailflow.engines.tail import RoundKind, RoundPlan, RoundResult, rule_for
-from tailflow.engines.tail.driver import run_round
+from tailflow.engines.sim.placeholder import PlaceholderTokens
+from tailflow.engines.sim.sim_run import SimRun, SimStep
+from tailflow.engines.sim.streamed import StreamedRound
+from tailflow.engines.tail import RoundKind
 from tailflow.engines.tail.launch import launch_order
-from tailflow.engines.tail.round import PlannedRound, begin_round, settle_round
+from tailflow.engines.tail.pipeline import RolloutPipeline
+from tailflow.engines.tail.round import PlannedRound
 from tailflow.engines.tail.state import TailSettings, TailState
-
-
-@dataclass(frozen=True)
-class PolicySettings:
-    """The tail-batching knobs of one simulated run (the config's data/rollout/tail fields)."""
-
-    prompts_per_step: int
-    """P0."""
-    responses_kept: int
-    """R0."""
-    prompt_ratio: float = 1.25
-    responses_launched: int | None = None
-    """None: R0 (no response speculation)."""
-    enabled: bool = True
-    """False: the synchronous baseline."""
-    steps_per_poll: int = 2
-    data_seed: int = 0
-
-    @property
-    def launched(self) -> int:
-        return self.responses_launched or self.responses_kept
-
-    def tail_settings(self) -> TailSettings:
-        return TailSettings(prompts_per_step=self.prompts_per_step, responses_kept=self.responses_kept,
-                            prompt_ratio=self.prompt_ratio, responses_launched=self.launched, enabled=self.enabled,
-                            data_seed=self.data_seed, steps_per_poll=self.steps_per_poll)
+from tailflow.engines.tail.taken import TakenRound
 
 
 @dataclass(frozen=True)
 class SimRound:
-    """What one simulated rollout round did (per iteration)."""
+    """What one simulated rollout round did (per iteration), from the moment the trainer asked for it."""
 
     iteration: int
     kind: RoundKind
     rollout_s: float
+    """From asking for the round to taking it (asynchronous: what is left of it after the overlap)."""
     decode_steps: int
     """Steps of the replica that ran most."""
     tokens_generated: int
@@ -67,71 +57,131 @@ class SimRound:
     trained_tokens: int
     """Prompt + response tokens of the kept responses: what the trainer computes over."""
     preemptions: int
-    bubble_ratio: float
-    """1 - busy replica-seconds / (replicas x round time): the idle share of the rollout GPUs."""
+    replica_idle_ratio: float
+    """1 - busy replica-seconds / (replicas x round time): the idle share of the rollout GPUs (the time view;
+    `rollout/bubble_ratio` of a run is the slot view: 1 - busy slot-steps / available slot-steps)."""
 
 
-def simulate_round(group: SimGroup, plan: RoundPlan, requests: list[Request],
-                   steps_per_poll: int) -> tuple[SimRound, RoundResult]:
-    """One round of `plan` on `group` under the real driver and rule, and what it did."""
-    before, started = group.stats(), group.clock_s
-    busy_before, preempted_before = [e.busy_s for e in group.engines], group.num_preemptions
-    result = run_round(group, requests, rule_for(plan, requests), steps_per_poll)
-    after, seconds = group.stats(), group.clock_s - started
-    busy = sum(e.busy_s - b for e, b in zip(group.engines, busy_before))
-    kept = [c for _, completions in result.completed for c in completions]
-    record = SimRound(
-        iteration=plan.iteration, kind=plan.kind, rollout_s=seconds,
-        decode_steps=max(a.steps - b.steps for a, b in zip(after, before)),
-        tokens_generated=sum(a.tokens_generated - b.tokens_generated for a, b in zip(after, before)),
-        wasted_tokens=result.wasted_tokens, num_aborted=len(result.aborted_request_ids), num_kept=len(kept),
-        trained_tokens=sum(len(c.prompt_token_ids) + len(c.token_ids) for c in kept),
-        preemptions=group.num_preemptions - preempted_before,
-        bubble_ratio=1.0 - busy / (len(group.engines) * seconds) if seconds > 0 else 0.0,
+def sim_round(taken: TakenRound, group: SimGroup, seconds: float, busy_s: float, preemptions: int) -> SimRound:
+    """What a simulated round did, from the round the pipeline handed over and the group's clocks."""
+    kept = taken.completions
+    return SimRound(
+        iteration=taken.iteration, kind=taken.planned.plan.kind, rollout_s=seconds,
+        decode_steps=taken.stats.max_engine_steps,
+        tokens_generated=taken.stats.tokens_generated,
+        wasted_tokens=taken.result.wasted_tokens, num_aborted=len(taken.result.aborted_request_ids),
+        num_kept=len(kept), trained_tokens=sum(len(c.prompt_token_ids) + len(c.token_ids) for c in kept),
+        preemptions=preemptions,
+        replica_idle_ratio=1.0 - busy_s / (len(group.engines) * seconds) if seconds > 0 else 0.0,
     )
-    return record, result
 
 
 def sim_requests(problems: list[Problem], responses_per_prompt: int, lengths: LengthSource,
                  max_new_tokens: int) -> list[Request]:
-    """The round's requests, `<problem>#<k>` in the real launch order; prompts are placeholders of their length."""
+    """The round's requests in the real launch order; prompts are placeholders of their length."""
     params = SamplingParams(max_new_tokens=max_new_tokens)
-    return [Request(f"{problem.problem_id}#{k}", PlaceholderTokens(lengths.prompt_tokens(problem.problem_id)), params)
+    return [Request.for_problem(problem.problem_id, k, PlaceholderTokens(lengths.prompt_tokens(problem.problem_id)),
+                                params)
             for problem, k in launch_order(problems, responses_per_prompt)]
 
 
-class PolicySimulation:
-    """One simulated run: its queue, data cursor and replicas persist across rounds, as in a real run."""
+@dataclass(frozen=True)
+class StreamingSettings:
+    """What runs during rollout (the run's `reward.streaming` and `train.stream`); off: after it."""
 
-    def __init__(self, settings: PolicySettings, lengths: LengthSource, group: SimGroup) -> None:
-        self.settings = settings
-        self.lengths = lengths
-        self.group = group
+    reward: bool = False
+    train: bool = False
+    reward_workers: int = 4
+    """Reward workers scoring side by side (the config's `reward.max_workers` default)."""
+
+    def __post_init__(self) -> None:
+        if self.train and not self.reward:
+            raise ValueError("train.stream needs reward.streaming: a group is trained once its responses are scored")
+
+    @property
+    def any(self) -> bool:
+        return self.reward or self.train
+
+
+class PolicySimulation:
+    """One simulated run: the product's pipeline over simulated replicas; its queue, data cursor, rounds in
+    flight and replicas persist across iterations, as in a real run.
+
+    `alpha` and `partial` are the run's `rollout.async_ratio` and `rollout.partial`; `trainer` prices scoring,
+    training and the weight sync on the trainer's GPUs (None: free, rollout only)."""
+
+    def __init__(self, settings: TailSettings, lengths: LengthSource, group: SimGroup, alpha: float = 0.0,
+                 partial: bool = True, trainer: NonRolloutCost | None = None,
+                 streaming: StreamingSettings = StreamingSettings()) -> None:
+        self.settings, self.lengths, self.group, self.trainer = settings, lengths, group, trainer
+        self.streaming = streaming
         self.problems = [Problem(problem_id, "", "") for problem_id in lengths.problem_ids()]
         self.problems_by_id = {problem.problem_id: problem for problem in self.problems}
-        self.tail = TailState()
+        observe = (lambda planned, version: StreamedRound(lambda: group.clock_s)) if streaming.any else None
+        self.pipeline = RolloutPipeline(group, settings, alpha, partial, self.problems, self.problems_by_id,
+                                        self.requests_of, observe)
+        self.pipeline.start(TailState())
         self.rounds: list[SimRound] = []
+        self.steps: list[SimStep] = []
+
+    @property
+    def tail(self) -> TailState:
+        return self.pipeline.tail
+
+    def requests_of(self, planned: PlannedRound) -> list[Request]:
+        """A round's requests, launched now: their lengths are drawn for this round and pinned."""
+        requests = sim_requests(planned.problems, planned.plan.responses_per_prompt, self.lengths,
+                                self.lengths.max_new_tokens)
+        self.lengths.launch(planned.plan.iteration, requests)
+        return requests
 
     def run_round(self) -> SimRound:
-        return self.finish_round(self.plan_round())[0]
-
-    def plan_round(self) -> PlannedRound:
-        """The next round's plan and prompts (the queue and cursor move only in `finish_round`)."""
-        return begin_round(self.tail, len(self.rounds), self.settings.tail_settings(), self.problems,
-                           self.problems_by_id)
-
-    def finish_round(self, prepared: PlannedRound) -> tuple[SimRound, RoundResult]:
-        """Run a planned round on the group from its current clock, and settle it.
-
-        Split from planning so a caller (the async pipeline) can choose when, in virtual time, it starts."""
-        plan = prepared.plan
-        self.lengths.begin_round(plan.iteration)
-        requests = sim_requests(prepared.problems, plan.responses_per_prompt, self.lengths,
-                                self.lengths.max_new_tokens)
-        record, result = simulate_round(self.group, plan, requests, self.settings.steps_per_poll)
-        self.tail = settle_round(prepared, result)
+        """The next iteration on the group from its current clock: take its round, then train and sync."""
+        iteration, group = len(self.rounds), self.group
+        started, preempted = group.clock_s, group.num_preemptions
+        busy_before = [e.busy_s for e in group.engines]
+        taken = self.pipeline.take(iteration)
+        busy = sum(e.busy_s - b for e, b in zip(group.engines, busy_before))
+        record = sim_round(taken, group, group.clock_s - started, busy, group.num_preemptions - preempted)
         self.rounds.append(record)
-        return record, result
+        self.steps.append(self._train_and_sync(taken, record, started))
+        return record
+
+    def _train_and_sync(self, taken: TakenRound, record: SimRound, started_s: float) -> SimStep:
+        group, pipeline, trainer = self.group, self.pipeline, self.trainer
+        taken_s = group.clock_s
+        scored_s, trained_s = self._score_and_train(taken, record, started_s, taken_s)
+        group.wait_until(scored_s)  # the rollout is not polled while the scores are collected
+        reward_s, train_s = scored_s - taken_s, trained_s - scored_s
+        overlap = pipeline.roll_while(lambda: group.clock_s < trained_s)
+        group.wait_until(trained_s)
+        pipeline.pause()
+        restarted = 0 if pipeline.partial else sum(len(c.token_ids) for c in pipeline.paused)
+        group.load_weights(taken.iteration + 1)
+        sync_s = trainer.weight_sync_s() if trainer else 0.0
+        group.wait_until(max(group.clock_s, trained_s) + sync_s)
+        pipeline.resume(taken.iteration + 1)
+        return SimStep(taken.iteration, started_s, taken_s, trained_s, group.clock_s, reward_s, train_s, sync_s,
+                       overlap.tokens, taken.staleness, taken.prompts_in_flight, taken.rounds_ahead, restarted,
+                       tuple(p.problem_id for p in taken.planned.problems),
+                       tuple(p.problem_id for p in taken.problems))
+
+    def _score_and_train(self, taken: TakenRound, record: SimRound, started_s: float,
+                         taken_s: float) -> tuple[float, float]:
+        """When the round's scores are all in and when its train step is done (virtual seconds)."""
+        trainer, streaming = self.trainer, self.streaming
+        if trainer is None:
+            return taken_s, taken_s
+        tokens = lambda completions: sum(len(c.prompt_token_ids) + len(c.token_ids) for c in completions)
+        scored_s = taken_s + trainer.reward_s(record.num_kept, record.trained_tokens)
+        scored: dict[str, float] = {}
+        if streaming.reward:
+            scored = taken.observer.scored_at(lambda c: trainer.reward_s(1, tokens([c])), streaming.reward_workers)
+            scored_s = max([taken_s] + [scored[c.request_id] for c in taken.completions])
+        if not streaming.train:
+            return scored_s, scored_s + trainer.train_s(record.trained_tokens)
+        streamed = taken.observer.trained_at(scored, lambda kept: trainer.train_s(tokens(kept)), started_s)
+        return scored_s, max(scored_s, streamed)
 
     def run_cycles(self, min_rounds: int, max_rounds: int | None = None) -> list[SimRound]:
         """At least `min_rounds`, then until the queue is empty (whole short+long cycles), at most `max_rounds`."""
@@ -140,7 +190,13 @@ class PolicySimulation:
             self.run_round()
         return self.rounds
 
+    def run(self, min_rounds: int, max_rounds: int | None = None) -> SimRun:
+        """`run_cycles`, summarised as a run: its makespan, pool utilisations and staleness."""
+        self.run_cycles(min_rounds, max_rounds)
+        return SimRun(tuple(self.steps), tuple(self.rounds), len(self.group.engines),
+                      sum(e.busy_s for e in self.group.engines), tuple(q.problem_id for q in self.tail.queue))
 
-def simulate_policy(settings: PolicySettings, lengths: LengthSource, make_group: Callable[[], SimGroup],
+
+def simulate_policy(settings: TailSettings, lengths: LengthSource, make_group: Callable[[], SimGroup],
                     min_rounds: int, max_rounds: int | None = None) -> list[SimRound]:
     return PolicySimulation(settings, lengths, make_group()).run_cycles(min_rounds, max_rounds)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tailflow.engines.sim.lengths import LengthSource
-from tailflow.engines.sim.trace import TraceError
+from tailflow.engines.track.rollout_trace import TraceError
 
 
 @dataclass(frozen=True)
@@ -34,12 +34,13 @@ def load_lengths(spec: LengthSpec) -> tuple[LengthSource, str]:
     """The source and one line saying what it is."""
     from tailflow.engines.sim.paper_lengths import PaperLikeLengths
     from tailflow.engines.sim.rollpacker import read_rollpacker_lengths
-    from tailflow.engines.sim.trace import pools_from_trace, read_trace
+    from tailflow.engines.sim.trace import pools_from_trace
+    from tailflow.engines.track.rollout_trace import read_trace
 
     spec.check()
     if spec.paper_prompts:
-        return (PaperLikeLengths(spec.paper_prompts, spec.max_new_tokens, spec.seed),
-                f"paper-like generator, {spec.max_new_tokens}-token cap, seed {spec.seed}")
+        lengths = PaperLikeLengths(spec.paper_prompts, spec.max_new_tokens, spec.seed)
+        return lengths, lengths.describe()
     if spec.rollpacker_path:
         pools = read_rollpacker_lengths(spec.rollpacker_path, spec.max_new_tokens, spec.seed)
         return pools, f"RollPacker length log {spec.rollpacker_path} ({len(pools.pools)} prompts)"
@@ -52,7 +53,7 @@ def load_lengths(spec: LengthSpec) -> tuple[LengthSource, str]:
 
 
 def run_trace(run_id: str, storage_uri: str):
-    from tailflow.engines.sim.trace_log import RolloutTraceLog
+    from tailflow.engines.track.rollout_trace import RolloutTraceLog
     from tailflow.engines.store import open_store
 
     log = RolloutTraceLog(open_store(storage_uri), run_id)
@@ -89,3 +90,8 @@ def policy_sizes(spec: LengthSpec, prompts_per_step: int | None, responses_kept:
     else:
         default = (128, 8)
     return prompts_per_step or default[0], responses_kept or default[1]
+
+
+def longest_request(lengths: LengthSource) -> int:
+    """Prompt + cap of the longest request the source can make: what one replica's KV budget must hold."""
+    return max(lengths.prompt_tokens(p) for p in lengths.problem_ids()) + lengths.max_new_tokens
