@@ -231,11 +231,11 @@ def test_a_response_built_to_stall_extraction_costs_at_most_the_budget_plus_slac
 def test_replies_that_would_fill_the_runner_are_cut_off(reward):
     """Forty 800 KB strings kept alive by one test: past the runner's total of reply bytes the session is lost
     and the test fails; the runner itself runs under its own address-space limit."""
-    from tailflow.engines.reward.code.runner import RUNNER_MEMORY_BYTES
-
     problem = module_problem("from solution import blob\n\ndef test_many():\n"
                              "    kept = [blob() for _ in range(40)]\n    assert all(kept)\n", "test_many")
     assert reward.score_problem(fenced("def blob():\n    return 'x' * 800_000"), problem).reward == 0.0
+    from tailflow.engines.reward.code.runner import RUNNER_MEMORY_BYTES  # after: the old harness fails above
+
     limited = module_problem(f"import resource\n\ndef test_limit():\n"
                              f"    assert resource.getrlimit(resource.RLIMIT_AS)[0] == {RUNNER_MEMORY_BYTES}\n",
                              "test_limit")
@@ -259,13 +259,21 @@ def test_a_program_returning_a_colliding_set_scores_zero(reward):
     assert reward.score_problem(fenced(program), problem).reward == 0.0
 
 
+def no_cgroup_here() -> bool:
+    """Whether this host lets the sandbox make a cgroup (then the documented fallback is all there is). A
+    harness without the cgroup module (the one before issue 26) runs the tests, so that they show what it lacks."""
+    try:
+        from tailflow.engines.reward.sandbox import cgroup
+    except ImportError:
+        return False
+    return cgroup.parents() is None
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_sandboxs_processes_share_one_memory_limit(backend):
     """Six children of 100 MB each under a 256 MiB sandbox, all holding their memory until one moment: per-process
     limits let all six live through it (600 MB at once); the sandbox's cgroup lets at most two."""
-    from tailflow.engines.reward.sandbox import cgroup
-
-    if cgroup.parents() is None:
+    if no_cgroup_here():
         pytest.skip("no cgroup can be made here: the documented fallback is per-process limits only")
     code = ("import os, time\nuntil = time.monotonic() + 4\nfor i in range(6):\n    if os.fork() == 0:\n"
             "        block = bytearray(100 << 20)\n        for j in range(0, len(block), 4096):\n"
@@ -274,18 +282,16 @@ def test_a_sandboxs_processes_share_one_memory_limit(backend):
             "print('survivors', survivors)\n")
     limits = SandboxLimits(timeout_s=30, cpu_time_s=30, memory_bytes=256 << 20, max_processes=16)
     result = run_python(code, limits=limits, backend=backend)
-    assert "cgroup" in result.isolation
     survivors = int(result.stdout.split()[1])
     assert 1 <= survivors and survivors * (100 << 20) <= limits.memory_bytes
+    assert "cgroup" in result.isolation
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_one_sandboxs_processes_do_not_take_anothers(backend):
     """A sandbox holding all but two of its process slots does not stop a sandbox beside it from forking: the
     per-uid process limit was shared by every sandbox on the host."""
-    from tailflow.engines.reward.sandbox import cgroup
-
-    if cgroup.parents() is None:
+    if no_cgroup_here():
         pytest.skip("no cgroup can be made here: the documented fallback is a per-uid process count")
     limits = SandboxLimits(timeout_s=20, cpu_time_s=20, max_processes=8)
     hog = ("import os, time\nfor i in range(6):\n    if os.fork() == 0:\n        time.sleep(10)\n        os._exit(0)\n"
