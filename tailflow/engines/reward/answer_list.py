@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 WRAPPERS = (re.compile(r"\$(.*)\$"), re.compile(r"\\boxed\{(.*)\}"))
+"""Presentation around an answer (`$79$`, `\\boxed{79}`), peeled off before it is read."""
 THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
 OPENERS, CLOSERS = "([{", ")]}"
 MAX_ITEMS = 32

@@ -60,7 +60,7 @@ from typing import Sequence
 
 from math_verify import parse, verify
 
-from tailflow.engines.reward.answer_list import same_answer, split_answer
+from tailflow.engines.reward.answer_list import same_answer, split_answer, unwrapped
 from tailflow.engines.reward.result import RewardResult
 
 MAX_ANSWER_CHARS = 256
@@ -72,8 +72,6 @@ DECIMAL = re.compile(r"\d+(?:\.\d+)?")
 """An unsigned integer or decimal: `79`, `079`, `79.0`."""
 FRACTIONS = (re.compile(r"(\d+)/(\d+)"), re.compile(r"\\frac\{(\d+)\}\{(\d+)\}"))
 """`a/b` and its LaTeX spelling `\\frac{a}{b}`, unsigned; a literal only when reduced (see `is_literal_answer`)."""
-WRAPPERS = (re.compile(r"\$(.*)\$"), re.compile(r"\\boxed\{(.*)\}"))
-"""Presentation around a number (`$79$`, `\\boxed{79}`), peeled off before the number is checked."""
 
 
 def is_literal_answer(answer_text: str) -> bool:
@@ -84,7 +82,7 @@ def is_literal_answer(answer_text: str) -> bool:
     `79\\times1`, `158/2` and `\\frac{158}{2}` all equal 79. A fraction counts only when reduced (gcd 1,
     denominator >= 2), since an unreduced one is a quotient, not the number's own spelling.
     """
-    unsigned = _unwrapped(answer_text).removeprefix("-")
+    unsigned = unwrapped(answer_text).removeprefix("-")
     if DECIMAL.fullmatch(unsigned):
         return True
     for fraction in FRACTIONS:
@@ -93,16 +91,6 @@ def is_literal_answer(answer_text: str) -> bool:
             numerator, denominator = int(match.group(1)), int(match.group(2))
             return denominator >= 2 and math.gcd(numerator, denominator) == 1
     return False
-
-
-def _unwrapped(answer_text: str) -> str:
-    """The text inside any `$...$` / `\\boxed{...}` wrappers, outermost first."""
-    text = answer_text.strip()
-    for wrapper in WRAPPERS:
-        match = wrapper.fullmatch(text)
-        if match:
-            text = match.group(1).strip()
-    return text
 
 
 def final_answer_text(response_text: str, answer_marker: str) -> str | None:
