@@ -1,8 +1,10 @@
 """Scored groups -> training samples: where rewards become advantages.
 
 Groups whose responses all got the same reward carry no GRPO signal (every
-advantage is 0); they are kept so token counts match the paper's
-token-level aggregation, and counted in `num_zero_signal_groups`.
+advantage is exactly 0.0, `advantages.has_equal_rewards`); they are kept so
+token counts match the paper's token-level aggregation, counted in
+`num_zero_signal_groups` by the same test, and left out of the forward and
+backward by `samples_with_signal` (train.skip_zero_advantage).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import torch
 
 from tailflow.engines.reward.scoring import ScoredGroup
 from tailflow.engines.rollout.protocol import Completion
-from tailflow.engines.train.advantages import compute_advantages
+from tailflow.engines.train.advantages import compute_advantages, has_equal_rewards
 from tailflow.engines.train.batch import TrainSample
 
 
@@ -46,7 +48,13 @@ def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight
 
 
 def num_zero_signal_groups(groups: Sequence[ScoredGroup]) -> int:
-    return sum(1 for group in groups if len(set(group.rewards)) <= 1)
+    """Groups whose rewards are all equal: exactly those whose every advantage is 0.0 (the same float32 test)."""
+    return sum(1 for group in groups if bool(has_equal_rewards(torch.tensor([group.rewards]))[0]))
+
+
+def samples_with_signal(samples: Sequence[TrainSample]) -> list[TrainSample]:
+    """The samples with a policy gradient (advantage != 0.0): what train.skip_zero_advantage trains."""
+    return [sample for sample in samples if sample.advantage != 0.0]
 
 
 def check_weight_version(groups: Sequence[ScoredGroup], weight_version: int, max_staleness: int = 0) -> None:
