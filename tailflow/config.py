@@ -198,7 +198,7 @@ class TrainConfig(Section):
     sampled tokens: `ppo_behaviour` (PPO's clip against them), `decoupled_ppo` (clip against the proximal
     policy, importance weight to the behaviour policy capped at is_cap), `tis` (truncated importance sampling),
     `cispo` (clipped importance weight, clip_low / clip_high as its epsilons), `topr` (plain policy gradient for
-    responses with a positive reward, truncated importance sampling for the rest)."""
+    responses with a positive advantage, truncated importance sampling for the rest)."""
     is_cap: float = Field(2.0, gt=0.0)
     """decoupled_ppo: cap of the importance weight exp(logp_proximal - logp_behaviour)."""
     skip_zero_advantage: bool = True

@@ -44,12 +44,15 @@ def test_cispo_clips_the_weight_and_keeps_every_gradient():
     assert stats.clip_fraction == pytest.approx(1.0)
 
 
-def test_topr_is_plain_policy_gradient_for_positive_rewards_and_tis_otherwise():
-    positive = loss_and_grad(lambda lp: topr_loss(lp, BEHAVIOUR, ADVANTAGE, torch.tensor([True]), MASK))
+def test_topr_is_plain_policy_gradient_for_positive_advantages_and_tis_otherwise():
+    positive = loss_and_grad(lambda lp: topr_loss(lp, BEHAVIOUR, ADVANTAGE, MASK))
     assert positive[0] == pytest.approx(3.0) and positive[1] == pytest.approx([-1.0, -1.0])
-    negative = loss_and_grad(lambda lp: topr_loss(lp, BEHAVIOUR, ADVANTAGE, torch.tensor([False]), MASK))
-    tis = loss_and_grad(lambda lp: tis_loss(lp, BEHAVIOUR, ADVANTAGE, MASK))
+    negative = loss_and_grad(lambda lp: topr_loss(lp, BEHAVIOUR, -ADVANTAGE, MASK))
+    tis = loss_and_grad(lambda lp: tis_loss(lp, BEHAVIOUR, -ADVANTAGE, MASK))
+    # weights (1, R2) as in TIS, the sign flipped: loss = -(1 * -2 * -1 + R2 * -2 * -2) / 2, grad = +w * 2 / 2
     assert negative[0] == pytest.approx(tis[0]) and negative[1] == pytest.approx(tis[1])
+    assert negative[0] == pytest.approx(-(2 + 4 * R2) / 2, rel=1e-6)
+    assert negative[1] == pytest.approx([1.0, R2], rel=1e-6)
 
 
 def test_decoupled_ppo_weights_by_the_capped_proximal_over_behaviour_ratio():
@@ -125,6 +128,29 @@ def test_skipping_zero_advantage_samples_keeps_the_gradient(random_tiny_model_di
     assert stats.num_samples == 3
     assert stats.num_tokens == count_response_tokens(samples)  # the loss denominator is the whole batch's
 
+
+
+def test_topr_chooses_its_positive_set_by_the_advantage_not_the_reward(random_tiny_model_dir):
+    """Every reward positive (partial credit), advantages of both signs (issue 25, item 2): TOPR must truncate
+    the below-baseline responses as TIS does (its rollout log-probs -2.5 put r = pi / mu near 0.55 on this
+    model, so weight 1 would differ), and give the above-baseline ones plain policy gradient (ppo_clip's
+    gradient with one optimizer step)."""
+    from dataclasses import replace
+
+    torch.set_num_threads(1)
+    model_dir = str(random_tiny_model_dir)
+    samples = [replace(sample, reward=0.5) for sample in samples_with_zero_advantage_groups()]
+    below = [replace(sample, advantage=-1.0) for sample in samples]
+    above = [replace(sample, advantage=1.0) for sample in samples]
+
+    def distance(a, b):
+        return max((a[k] - b[k]).abs().max().item() for k in a)
+
+    assert distance(weights_after(model_dir, below, below, "topr")[0], weights_after(model_dir, below, below, "tis")[0]) < 1e-6
+    assert distance(weights_after(model_dir, above, above, "topr")[0],
+                    weights_after(model_dir, above, above, "ppo_clip")[0]) < 1e-6
+    assert distance(weights_after(model_dir, below, below, "topr")[0],
+                    weights_after(model_dir, below, below, "ppo_clip")[0]) > 1e-6  # truncation did change the step
 
 
 @pytest.mark.parametrize("loss", POLICY_LOSSES)

@@ -27,7 +27,7 @@ class TrainSample:
     advantage: float
     rollout_logprobs: tuple[float, ...] | None = None
     reward: float = 0.0
-    """The response's reward (TOPR treats responses with a positive reward as plain policy gradient)."""
+    """The response's reward (for the record: every loss reads the advantage, TOPR's positive set included)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

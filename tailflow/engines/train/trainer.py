@@ -137,8 +137,6 @@ class MicroBatchInputs:
     """The rollout engine's log-probs of the sampled tokens (0 where none were reported)."""
     has_behaviour: torch.Tensor
     """1 where `behaviour_logprobs` holds a value."""
-    is_positive: torch.Tensor
-    """[B] bool: the response's reward is > 0 (TOPR)."""
     proximal_logprobs: torch.Tensor | None = None
     """The weights' log-probs at the start of a step of several updates; None: the forward's own, detached."""
 
@@ -359,20 +357,18 @@ class PolicyTrainer:
         ref_logprobs = self._logprobs(self.ref_model, batch)[1] if self.ref_model is not None else None
         if not part:  # a filler row (this rank has fewer micro-batches than another)
             zeros = torch.zeros_like(batch.response_mask)
-            return MicroBatchInputs(ref_logprobs, zeros, zeros, torch.zeros(1, dtype=torch.bool, device=self.device),
-                                    None if proximal is None else zeros)
+            return MicroBatchInputs(ref_logprobs, zeros, zeros, None if proximal is None else zeros)
         behaviour, present = (t.to(self.device) for t in rollout_logprobs_matrix(part, batch.input_ids.shape[1]))
         if self.loss in OFF_POLICY_LOSSES and bool(((present == 0) & (batch.response_mask > 0)).any()):
             raise ValueError(f"train.loss {self.loss!r} needs the rollout log-prob of every response token; "
                              "some samples have none")
-        is_positive = torch.tensor([sample.reward > 0 for sample in part], device=self.device)
         proximal_matrix = None
         if proximal is not None:
             proximal_matrix = torch.zeros_like(batch.response_mask)
             for row, sample in enumerate(part):
                 start = len(sample.prompt_token_ids) - 1
                 proximal_matrix[row, start:start + sample.num_response_tokens] = proximal[id(sample)]
-        return MicroBatchInputs(ref_logprobs, behaviour, present, is_positive, proximal_matrix)
+        return MicroBatchInputs(ref_logprobs, behaviour, present, proximal_matrix)
 
     def _policy_loss(self, logprobs: torch.Tensor, batch: MicroBatch, inputs: MicroBatchInputs,
                      metric_tokens: int, denominator: int):
@@ -393,7 +389,7 @@ class PolicyTrainer:
             return tis_loss(logprobs, behaviour, *args, **totals)
         if self.loss == "cispo":
             return cispo_loss(logprobs, behaviour, *args, self.clip_low, self.clip_high, **totals)
-        return topr_loss(logprobs, behaviour, batch.advantages, inputs.is_positive, batch.response_mask, **totals)
+        return topr_loss(logprobs, behaviour, *args, **totals)
 
     def _accumulate_gradients(
         self, batch: MicroBatch, inputs: MicroBatchInputs, metric_tokens: int, denominator: int
