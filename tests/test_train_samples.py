@@ -60,7 +60,7 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
                             seed=0, stream=False)
     config = SimpleNamespace(train=train, cluster=SimpleNamespace(device="gpu", placement="colocated"),
                              rollout=SimpleNamespace(async_ratio=0))
-    ctx = SimpleNamespace(config=config,
+    ctx = SimpleNamespace(config=config, sampling=SimpleNamespace(temperature=1.0),
                           rollout=SimpleNamespace(sleep=lambda: calls.append("sleep")),
                           trainer=SimpleNamespace(start_train_step=lambda samples, **options: (
                               calls.append((samples, options)) or SimpleNamespace(result=lambda: "stats"))),

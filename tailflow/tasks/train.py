@@ -26,7 +26,7 @@ def start_training(ctx: RunContext, scorer: StreamingScorer, weight_version: int
     if not train.stream:
         return None
     return StreamedStep(ctx.trainer, scorer, train.advantage, weight_version=weight_version,
-                        skip_zero_advantage=skips_zero_advantage(train))
+                        skip_zero_advantage=skips_zero_advantage(train), rollout_temperature=ctx.sampling.temperature)
 
 
 @task(cache_policy=NO_CACHE)
@@ -45,7 +45,7 @@ def start_step(ctx: RunContext, scored: ScoredRound, weight_version: int, max_st
     synchronous task waits at once; the asynchronous one drives the rollout meanwhile)."""
     train = ctx.config.train
     samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version,
-                                  max_staleness=max_staleness)
+                                  max_staleness=max_staleness, rollout_temperature=ctx.sampling.temperature)
     if takes_turns(ctx.config):  # colocated on GPUs: the engines free the GPU memory the trainer is about to use
         offload_rollout(ctx.rollout)
     return ctx.trainer.start_train_step(samples, skip_zero_advantage=skips_zero_advantage(train),

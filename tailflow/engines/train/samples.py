@@ -19,10 +19,12 @@ from tailflow.engines.train.batch import TrainSample
 
 
 def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight_version: int,
-                        max_staleness: int = 0) -> list[TrainSample]:
+                        max_staleness: int = 0, rollout_temperature: float | None = None) -> list[TrainSample]:
     """One TrainSample per response; groups must all have the same size (R0) and every completion must come
     from weights no older than `weight_version - max_staleness` and no newer than `weight_version`, the
-    weights being trained (`check_weight_version`; 0: exactly those weights)."""
+    weights being trained (`check_weight_version`; 0: exactly those weights). `rollout_temperature`: the
+    temperature the completions were sampled at (rollout.temperature), which their log-probs are of; None: not
+    known (the off-policy losses then refuse the samples)."""
     if not groups:
         return []
     check_weight_version(groups, weight_version, max_staleness)
@@ -42,6 +44,7 @@ def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight
                     advantage=float(advantage),
                     rollout_logprobs=tuple(completion.logprobs),
                     reward=float(response.reward),
+                    rollout_temperature=rollout_temperature,
                 )
             )
     return samples
