@@ -33,11 +33,13 @@ def run_bench(script: str, *args: str, timeout: int = 180) -> str:
 
 @pytest.mark.bench
 def test_tail_batching_quick():
-    stdout = run_bench("tail_batching.py")
+    stdout = run_bench("tail_batching.py", timeout=600)  # three runs: baseline, tail, tail with R = R0
     last_line = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0",
+    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0 "
+                        r"unbiased_step_total_speedup=\S+ unbiased_accuracy_delta=\S+",
                         last_line)  # whole queue cycles: no deferred prompt left unpaid
     assert "VERDICT:" in stdout and "length profile" in stdout and "tokens/s" in stdout
+    assert "length bias, means over the" in stdout and "tail/launched_length_mean" in stdout
     assert "queue left at the end of the tail run: 0 prompts" in stdout
 
 

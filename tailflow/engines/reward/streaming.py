@@ -39,6 +39,8 @@ class ScoringStats:
     num_scored: int
     num_unused: int
     """Scored responses the round did not keep (their prompt was deferred, or they raced an abort)."""
+    unused_reward_sum: float
+    """Their rewards summed (`engines/track/tail_bias.py`: the unkept responses' mean reward)."""
     num_timeouts: int
     """Code executions that timed out, in kept responses."""
     workers: int
@@ -121,6 +123,7 @@ class StreamingScorer:
         stats = ScoringStats(
             exposed_s=exposed_s, busy_s=busy, hidden_s=hidden, num_scored=len(self._outcomes),
             num_unused=len(self._outcomes) - len(kept_ids),
+            unused_reward_sum=sum(o.result.reward for r, o in self._outcomes.items() if r not in kept_ids),
             num_timeouts=sum(outcome.result.timeouts for outcome in outcomes.values()),
             workers=self.pool.peak_workers,
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any
 
 from tailflow.engines.outcome import IterationOutcome
+from tailflow.engines.track.tail_bias import tail_bias
 from tailflow.engines.train.samples import num_zero_signal_groups
 
 
@@ -36,6 +37,7 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
         "tail/aborted_requests": len(rollout.result.aborted_request_ids),
         "tail/wasted_tokens": rollout.result.wasted_tokens,
         "tail/fresh_prompts": plan.fresh_prompts,
+        **tail_bias(rollout.result, scored.stats.unused_reward_sum, scored.stats.num_unused).metrics(),
     })
     row.update(scored.stats.metrics())
     if outcome.reports_anchor:
