@@ -231,14 +231,15 @@ def print_bias_table(runs: Sequence[RunResult], short_iterations: Sequence[int])
     """Length and reward bias over the short rounds' iterations, then each run's speed and accuracy."""
     print(f"\nlength bias, means over the {len(short_iterations)} short rounds' iterations "
           "(the baseline's rounds at the same iterations keep everything):")
-    print(f"{'':60s}" + "".join(f"{run.name[:18]:>20s}" for run in runs))
+    print(f"{'':60s}" + "".join(f"{run.name:>24s}" for run in runs))
     for label, key, fmt in BIAS_ROWS:
         values = [mean_of(run.select(short_iterations), key) for run in runs]
-        print(f"{label:60s}" + "".join(f"{fmt.format(value):>20s}" for value in values))
+        cells = [fmt.format(value) if value == value else "none" for value in values]  # nan: no round had one
+        print(f"{label:60s}" + "".join(f"{cell:>24s}" for cell in cells))
     steps = [mean_of(run.rows, "time/step_total") for run in runs]
-    print(f"{'mean time/step_total, all rounds (s)':60s}" + "".join(f"{value:20.2f}" for value in steps))
-    print(f"{'step time baseline / this':60s}" + "".join(f"{fmt_ratio(steps[0], value):>20s}" for value in steps))
-    print(f"{'final eval accuracy (%)':60s}" + "".join(f"{100 * run.final_accuracy:20.1f}" for run in runs))
+    print(f"{'mean time/step_total, all rounds (s)':60s}" + "".join(f"{value:24.2f}" for value in steps))
+    print(f"{'step time baseline / this':60s}" + "".join(f"{fmt_ratio(steps[0], value):>24s}" for value in steps))
+    print(f"{'final eval accuracy (%)':60s}" + "".join(f"{100 * run.final_accuracy:24.1f}" for run in runs))
 
 
 def print_table(c: Comparison) -> None:

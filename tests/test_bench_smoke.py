@@ -102,3 +102,14 @@ def test_sim_async_and_spot_quick():
                             ("sim_spot.py", r"RESULT spot_tokens_per_dollar_gain=\S+")):
         last_line = run_bench(script).strip().splitlines()[-1]
         assert re.fullmatch(pattern, last_line), last_line
+
+
+@pytest.mark.bench
+def test_peer_tailflow_side_quick():
+    """The tailflow half of bench/peer.py (the synchronous and the default run, 2 steps each); the TRL half needs
+    its own venv (scripts/peer_env.sh) and runs only in the full benchmark. tests/test_peer_bench.py checks what
+    TRL would be handed."""
+    stdout = run_bench("peer.py", "--tailflow-only", timeout=900)
+    assert "prompt order: tailflow sync trained exactly the prompts handed to TRL, in order: yes" in stdout
+    assert "tailflow sync" in stdout and "tailflow default" in stdout and "final held-out accuracy" in stdout
+    assert stdout.strip().splitlines()[-1] == "TRL side skipped (--tailflow-only): no RESULT line"
