@@ -236,7 +236,7 @@ def tailflow_side(name: str, tree: dict[str, Any], storage: Path, run_id: str) -
 
 def trained_order_matches(storage: Path, run_id: str, problems: Sequence) -> bool:
     """Whether the run's rollout trace holds exactly `problems`' ids, round by round, in order."""
-    from tailflow.engines.sim.trace_log import RolloutTraceLog
+    from tailflow.engines.track.rollout_trace import RolloutTraceLog
     from tailflow.engines.store import LocalStore
 
     traced = [prompt.problem_id for round_ in RolloutTraceLog(LocalStore(storage), run_id).rounds()

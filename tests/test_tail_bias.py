@@ -8,17 +8,20 @@ import random
 
 import pytest
 
-from tailflow.engines.rollout.protocol import Completion, FinishReason
+from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
 from tailflow.engines.tail import CompletionRule, WaitForAllRule
 from tailflow.engines.track.tail_bias import tail_bias
 
 
-def done(request_id: str, num_tokens: int, reason: FinishReason = FinishReason.EOS) -> Completion:
-    return Completion(request_id, (1, 2), tuple(range(num_tokens)), (0.0,) * num_tokens, reason, 0)
+def done(name: str, num_tokens: int, reason: FinishReason = FinishReason.EOS) -> Completion:
+    """Response k of prompt p ("p#k") finished (or, with ABORT, stopped) with `num_tokens` tokens."""
+    problem_id, _, index = name.rpartition("#")
+    request = Request.for_problem(problem_id, int(index), (1, 2))
+    return request.completion(tuple(range(num_tokens)), (0.0,) * num_tokens, reason, 0)
 
 
-def launch(problem_ids, responses_per_prompt: int) -> list[str]:
-    return [f"{p}#{k}" for p in problem_ids for k in range(responses_per_prompt)]
+def launch(problem_ids, responses_per_prompt: int) -> list[Request]:
+    return [Request.for_problem(p, k, (1, 2)) for p in problem_ids for k in range(responses_per_prompt)]
 
 
 def short_round():
@@ -73,7 +76,7 @@ def test_every_launched_response_is_kept_or_counted_unkept(seed):
     rng = random.Random(seed)
     problems, launched, kept_count = "abcdef", 4, 3
     rule = CompletionRule(launch(problems, launched), responses_kept=kept_count, prompts_to_complete=3)
-    lengths = {rid: rng.randint(1, 30) for rid in launch(problems, launched)}
+    lengths = {r.request_id: rng.randint(1, 30) for r in launch(problems, launched)}
     order = sorted(lengths, key=lambda rid: (lengths[rid], rng.random()))
     aborted, position = [], 0
     while not rule.is_done:

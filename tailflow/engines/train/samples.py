@@ -50,14 +50,16 @@ def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight
     return samples
 
 
+def samples_with_signal(samples: list[TrainSample], skip_zero_advantage: bool) -> list[TrainSample]:
+    """The samples a step backpropagates: all of them, or (`train.skip_zero_advantage` without a KL term) those
+    whose advantage is not 0, which alone have a policy gradient. The one place the filter is written: the
+    whole step (`TrainerGroup.start_train_step`) and the streamed one (`StreamedStep`) both use it."""
+    return [sample for sample in samples if sample.advantage != 0.0] if skip_zero_advantage else samples
+
+
 def num_zero_signal_groups(groups: Sequence[ScoredGroup]) -> int:
     """Groups whose rewards are all equal: exactly those whose every advantage is 0.0 (the same float32 test)."""
     return sum(1 for group in groups if bool(has_equal_rewards(torch.tensor([group.rewards]))[0]))
-
-
-def samples_with_signal(samples: Sequence[TrainSample]) -> list[TrainSample]:
-    """The samples with a policy gradient (advantage != 0.0): what train.skip_zero_advantage trains."""
-    return [sample for sample in samples if sample.advantage != 0.0]
 
 
 def check_weight_version(groups: Sequence[ScoredGroup], weight_version: int, max_staleness: int = 0) -> None:

@@ -99,7 +99,7 @@ class StreamedStep:
                                    rollout_temperature=self.rollout_temperature)
 
     def _trained(self, samples: list[TrainSample]) -> list[TrainSample]:
-        return samples_with_signal(samples) if self.skip_zero_advantage else samples
+        return samples_with_signal(samples, self.skip_zero_advantage)
 
     def _send(self, samples: list[TrainSample]) -> None:
         if samples:
