@@ -33,7 +33,7 @@ def run_bench(script: str, *args: str, timeout: int = 180) -> str:
 
 @pytest.mark.bench
 def test_tail_batching_quick():
-    stdout = run_bench("tail_batching.py", timeout=600)  # three runs: baseline, tail, tail with R = R0
+    stdout = run_bench("tail_batching.py", timeout=900)  # three runs: baseline, tail, tail with R = R0
     last_line = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0 "
                         r"unbiased_step_total_speedup=\S+ unbiased_accuracy_delta=\S+",
