@@ -9,8 +9,9 @@ long-prompt queue. Partial responses are discarded.
 This is not on-policy sampling. A completed prompt keeps the first R0 of its R
 launched responses to finish, i.e. its shortest, and loses its longest R - R0:
 the trained sample is shorter than the policy's, and less rewarded where longer
-answers are more often right (a simulation with this rule: policy mean length
-37.8 / reward 0.441, trained 26.1 / 0.361). It is RollPacker's design (its
+answers are more often right (issue 25 reports a simulation with this rule:
+policy mean length 37.8 / reward 0.441, trained 26.1 / 0.361; not re-run
+here). It is RollPacker's design (its
 Fig. 8 shows accuracy held), not a correction. `RoundResult.unkept_lengths`
 lets `engines/track/tail_bias.py` measure it every round
 (`tail/kept_length_mean` against `tail/completed_length_mean` and
