@@ -16,7 +16,8 @@ from statistics import mean
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.paper_lengths import PaperLikeLengths
 from tailflow.engines.sim.roofline import RooflineCost
-from tailflow.engines.sim.simulate import PolicySettings, SimRound, simulate_policy
+from tailflow.engines.sim.simulate import SimRound, simulate_policy
+from tailflow.engines.tail.state import TailSettings
 from tailflow.engines.sim.step_time import mean_step_time, shares_from_baseline
 
 P0, R0 = 128, 8
@@ -85,7 +86,7 @@ def simulate_cell(setting: PaperSetting, prompt_ratio: float, responses: int, mi
     enabled = (prompt_ratio, responses) != (1.0, R0)
     cost = RooflineCost.from_presets("h800", setting.model, setting.num_gpus, setting.tp)
     lengths = PaperLikeLengths(NUM_PROMPTS, setting.max_new_tokens, seed, reference_cap=reference_cap)
-    policy = PolicySettings(prompts_per_step, R0, prompt_ratio, responses, enabled=enabled, data_seed=seed)
+    policy = TailSettings(prompts_per_step, R0, prompt_ratio, responses, enabled=enabled, data_seed=seed)
     group = lambda: SimGroup.of(cost, lengths, cost.cluster.num_replicas, NUM_SLOTS, cost.kv_budget_tokens)
     return simulate_policy(policy, lengths, group, min_rounds)
 
@@ -111,7 +112,7 @@ def describe_rounds(rounds: list[SimRound]) -> str:
     text = f"{len(short)} short/sync rounds mean {mean(short):.1f} s"
     if long:
         text += f", {len(long)} long rounds mean {mean(long):.1f} s"
-    return text + f", preemptions {sum(r.preemptions for r in rounds)}, bubble {mean(r.bubble_ratio for r in rounds):.2f}"
+    return text + f", preemptions {sum(r.preemptions for r in rounds)}, idle {mean(r.replica_idle_ratio for r in rounds):.2f}"
 
 
 def grid_row(setting: PaperSetting, fixed: str, min_rounds: int, seed: int) -> list[float]:

@@ -284,7 +284,7 @@ def simulated_speedups(storage: Path, config) -> tuple[float, float]:
     from tailflow.engines.sim.replay import replay_on
     from tailflow.engines.sim.roofline import RooflineCost
     from tailflow.engines.sim.step_time import mean_step_time
-    from tailflow.engines.sim.trace_log import RolloutTraceLog
+    from tailflow.engines.track.rollout_trace import RolloutTraceLog
     from tailflow.engines.store import LocalStore
 
     cost = RooflineCost.from_presets(SIM_HARDWARE, SIM_MODEL, SIM_GPUS, 1)

@@ -42,6 +42,21 @@ def take_over_argument(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tailflow", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    training_commands(commands)
+    run_inspection_commands(commands)
+    workers_arguments(commands.add_parser(
+        "workers", help="add or remove rollout workers of a running run (read between rollout polls)"))
+    model_commands(commands)
+    sandbox_commands(commands)
+    plan_arguments(commands.add_parser(
+        "plan", help="simulate tail batching on a GPU cluster from a trace; print the best settings, write a heatmap"))
+    calibrate_arguments(commands.add_parser(
+        "calibrate", help="measure this machine's native engine for the `cpu` cost model"))
+    prefect_commands(commands)
+    return parser
+
+
+def training_commands(commands) -> None:
     train = commands.add_parser("train", help="run RL training (a Prefect flow of iterations on Ray workers)")
     config_arguments(train)
     train.add_argument("--run-id", help="name of the run directory under storage.uri (default: generated); "
@@ -49,27 +64,35 @@ def build_parser() -> argparse.ArgumentParser:
     allow_change_argument(train)
     take_over_argument(train)
     resume = commands.add_parser("resume", help="continue a run from its last commit (default: its saved config)")
-    resume.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    run_id_argument(resume)
     config_arguments(resume)
     allow_change_argument(resume)
     take_over_argument(resume)
+
+
+def run_id_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+
+
+def run_inspection_commands(commands) -> None:
     report = commands.add_parser("report", help="draw a run's report.html (plots) and index.html in its directory")
-    report.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    run_id_argument(report)
     config_arguments(report)
     runs = commands.add_parser("runs", help="list the runs in the artifact store, or show one")
     runs_commands = runs.add_subparsers(dest="runs_command", required=True)
     runs_list = runs_commands.add_parser("list", help="one line per run: progress, queue, eval, checkpoint")
     config_arguments(runs_list)
     runs_show = runs_commands.add_parser("show", help="a run's committed state")
-    runs_show.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    run_id_argument(runs_show)
     runs_show.add_argument("--json", action="store_true", help="print one JSON object")
     config_arguments(runs_show)
-    workers_arguments(commands.add_parser(
-        "workers", help="add or remove rollout workers of a running run (read between rollout polls)"))
     export = commands.add_parser("export", help="copy a run's committed checkpoint out as a Hugging Face model dir")
-    export.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    run_id_argument(export)
     export.add_argument("directory", metavar="DIR", help="new or empty directory to write the model into")
     config_arguments(export)
+
+
+def model_commands(commands) -> None:
     evaluate = commands.add_parser("eval", help="greedy held-out accuracy of model.path (default: the warm start)")
     config_arguments(evaluate)
     warm = commands.add_parser("warmstart", help="SFT the embedded tiny model (cached in the artifact store)")
@@ -77,21 +100,27 @@ def build_parser() -> argparse.ArgumentParser:
     show = commands.add_parser("config", help="print the resolved config as YAML")
     config_arguments(show)
     show.add_argument("--reference", action="store_true", help="print the configuration reference (markdown)")
+
+
+def sandbox_commands(commands) -> None:
     sandbox = commands.add_parser("sandbox", help="run untrusted Python the way rewards do")
-    sandbox_commands = sandbox.add_subparsers(dest="sandbox_command", required=True)
-    sandbox_run = sandbox_commands.add_parser("run", help="run FILE in the sandbox; print one JSON object")
+    sandbox_actions = sandbox.add_subparsers(dest="sandbox_command", required=True)
+    sandbox_run = sandbox_actions.add_parser("run", help="run FILE in the sandbox; print one JSON object")
     sandbox_run.add_argument("file", metavar="FILE", help="a Python program")
     sandbox_run.add_argument("--timeout", type=float, default=10.0, metavar="S", help="wall-clock limit in seconds")
     sandbox_run.add_argument("--stdin", metavar="FILE", help="file to feed the program on stdin")
     sandbox_run.add_argument("--backend", default="auto", choices=["auto", "bwrap", "process", "docker"],
                              help="auto: bwrap where it works, else process (as reward.sandbox)")
-    plan_arguments(commands.add_parser(
-        "plan", help="simulate tail batching on a GPU cluster from a trace; print the best settings, write a heatmap"))
-    calibrate = commands.add_parser("calibrate", help="measure this machine's native engine for the `cpu` cost model")
+
+
+def calibrate_arguments(calibrate) -> None:
     calibrate.add_argument("--out", default="cpu_cost.json", help="calibration file to write (default cpu_cost.json)")
     calibrate.add_argument("--model", help="HF model directory (default: the shipped warm start)")
     calibrate.add_argument("--threads", type=int, default=1, help="torch threads, as the rollout worker will have")
     calibrate.add_argument("--quick", action="store_true", help="a 3 x 2 grid (smoke runs)")
+
+
+def prefect_commands(commands) -> None:
     server = commands.add_parser("server", help="start a Prefect server (the UI) for deployments and workers")
     server.add_argument("--host", default="127.0.0.1")
     server.add_argument("--port", type=int, default=4200)
@@ -99,21 +128,20 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--pool", default="tailflow")
     deploy = commands.add_parser("deploy", help="register deployments/prefect.yaml on the Prefect server")
     deploy.add_argument("--repo", help="the tailflow checkout the worker runs flows from (default: this one)")
-    return parser
 
 
 def workers_arguments(workers) -> None:
     actions = workers.add_subparsers(dest="workers_command", required=True)
     add = actions.add_parser("add", help="start N rollout workers; each takes requests once it has the weights")
-    add.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    run_id_argument(add)
     add.add_argument("count", metavar="N", type=int, help="how many workers to add (>= 1)")
     config_arguments(add)
     remove = actions.add_parser("remove", help="worker ID hands its requests to the others and stops")
-    remove.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    run_id_argument(remove)
     remove.add_argument("worker_id", metavar="ID", type=int, help="the worker's id (the run's log names them)")
     config_arguments(remove)
     pending = actions.add_parser("pending", help="commands written but not yet applied by the run")
-    pending.add_argument("run_id", metavar="RUN_ID", help="a run directory under storage.uri")
+    run_id_argument(pending)
     config_arguments(pending)
 
 
@@ -169,44 +197,36 @@ def plan_arguments(plan) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     quiet_prefect_defaults()
-    from tailflow.config import config_reference_markdown, config_to_yaml, load_config
+    from tailflow.config import load_config
 
     try:
-        if args.command == "sandbox":
-            return run_sandbox(args)  # needs no run config
-        if args.command in ("server", "worker", "deploy"):
-            return run_prefect_ops(args)
-        config = load_config(args.config, args.overrides)  # fail before any work starts
-        if args.command == "config":
-            print(config_reference_markdown() if args.reference else config_to_yaml(config), end="")
-        elif args.command == "train":
-            return run_train(args)
-        elif args.command == "eval":
-            from tailflow.flows.evaluate import evaluate_model
-
-            print(f"greedy accuracy: {evaluate_model(args.config, args.overrides):.1%}")
-        elif args.command == "warmstart":
-            from tailflow.flows.warmstart import warm_start
-
-            print(f"warm-start checkpoint: {warm_start(args.config, args.overrides)}")
-        elif args.command == "resume":
-            return run_resume(args, config)
-        elif args.command == "report":
-            return run_report(args, config)
-        elif args.command == "runs":
-            return run_runs(args, config)
-        elif args.command == "workers":
-            return run_workers(args, config)
-        elif args.command == "export":
-            return run_export(args, config)
-        elif args.command == "plan":
-            return run_plan(args, config)
-        elif args.command == "calibrate":
-            return run_calibrate(args)
-        return 0
+        # the run config is validated before any work starts; sandbox and the Prefect commands need none
+        config = None if args.command in NEEDS_NO_CONFIG else load_config(args.config, args.overrides)
+        return COMMANDS[args.command](args, config)
     except user_errors() as error:
         print(f"tailflow: error: {error}", file=sys.stderr)
         return 2
+
+
+def run_config(args, config) -> int:
+    from tailflow.config import config_reference_markdown, config_to_yaml
+
+    print(config_reference_markdown() if args.reference else config_to_yaml(config), end="")
+    return 0
+
+
+def run_eval(args, config) -> int:
+    from tailflow.flows.evaluate import evaluate_model
+
+    print(f"greedy accuracy: {evaluate_model(args.config, args.overrides):.1%}")
+    return 0
+
+
+def run_warmstart(args, config) -> int:
+    from tailflow.flows.warmstart import warm_start
+
+    print(f"warm-start checkpoint: {warm_start(args.config, args.overrides)}")
+    return 0
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -217,7 +237,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tailflow.engines.runs.commit import CommitError
     from tailflow.engines.store import StoreError
     from tailflow.engines.sim.costs import CostModelError
-    from tailflow.engines.sim.trace import TraceError
+    from tailflow.engines.track.rollout_trace import TraceError
     from tailflow.runs_report import RunError
 
     return (ConfigError, DatasetError, UnsupportedModelError, StoreError, FileNotFoundError, RunError, CommitError,
@@ -237,7 +257,7 @@ def allowed_changes(values: list[str]) -> list[str]:
     return keys
 
 
-def run_train(args) -> int:
+def run_train(args, config) -> int:
     from tailflow.flows.training import rl_training
 
     allow_change = allowed_changes(args.allow_change)
@@ -300,7 +320,7 @@ def run_runs(args, config) -> int:
     return 0
 
 
-def run_prefect_ops(args) -> int:
+def run_prefect_ops(args, config=None) -> int:
     from tailflow import prefect_ops
 
     if args.command == "server":
@@ -315,7 +335,7 @@ def run_prefect_ops(args) -> int:
     return 0
 
 
-def run_sandbox(args) -> int:
+def run_sandbox(args, config=None) -> int:
     from tailflow.engines.reward.sandbox import SandboxError, SandboxLimits, run_python
 
     try:
@@ -352,7 +372,7 @@ def run_plan(args, config) -> int:
     return 0
 
 
-def run_calibrate(args) -> int:
+def run_calibrate(args, config) -> int:
     from tailflow.engines.sim.calibrate import calibrate_cpu
     from tailflow.flows.setup import shipped_warmstart_dir
 
@@ -432,6 +452,16 @@ def print_summary(summary) -> None:
         f"    metrics: {summary.metrics_path}\n"
         f"    checkpoint: {summary.latest_checkpoint}"
     )
+
+
+
+NEEDS_NO_CONFIG = ("sandbox", "server", "worker", "deploy")
+COMMANDS = {"config": run_config, "train": run_train, "eval": run_eval, "warmstart": run_warmstart,
+            "resume": run_resume, "report": run_report, "runs": run_runs, "workers": run_workers,
+            "export": run_export, "plan": run_plan, "calibrate": run_calibrate, "sandbox": run_sandbox,
+            "server": run_prefect_ops, "worker": run_prefect_ops, "deploy": run_prefect_ops}
+"""Each command's function, called with its parsed arguments and the validated run config (None for
+NEEDS_NO_CONFIG)."""
 
 
 if __name__ == "__main__":

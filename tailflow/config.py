@@ -172,7 +172,9 @@ class RewardConfig(Section):
 
 
 OFF_POLICY_LOSSES = ("ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr")
-"""train.loss values that correct for the behaviour policy (engines/train/losses.py has the same list)."""
+"""The train.loss values that correct for the behaviour (rollout) policy with its log-probs: they allow responses
+sampled by other weights (async training) or by a truncated distribution (top-p, top-k). The one list
+(engines/train/losses.py and the trainer import it)."""
 
 
 class TrainConfig(Section):
@@ -248,6 +250,12 @@ class TrainConfig(Section):
                              f"train.mini_batches ({self.mini_batches}) > 1: their mini-batches and proximal "
                              "log-probs need the whole batch before the first update; set both to 1 or stream false")
         return self
+
+    @property
+    def skips_zero_advantage(self) -> bool:
+        """Whether a step leaves out zero-advantage samples: asked for, and no KL term (which gives them a
+        gradient)."""
+        return self.skip_zero_advantage and self.kl_coef == 0
 
     def evaluates_after(self, iteration: int) -> bool:
         """Whether the weights at the end of `iteration` are evaluated (every eval_every-th, and the last)."""
@@ -398,7 +406,12 @@ class RunConfig(Section):
         """Responses per prompt in a short round (tail batching)."""
         if self.tail.responses_launched is not None:
             return self.tail.responses_launched
-        return self.rollout.n + math.ceil(self.rollout.n / 4)
+        return default_responses_launched(self.rollout.n)
+
+
+def default_responses_launched(responses_kept: int) -> int:
+    """tail.responses_launched when unset: R0 + ceil(R0 / 4) (RollPacker's 10 for 8), the one default of R."""
+    return responses_kept + math.ceil(responses_kept / 4)
 
 
 def apply_override(tree: dict[str, Any], assignment: str) -> None:

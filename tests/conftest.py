@@ -74,16 +74,34 @@ def ray_cluster():
         ray.shutdown()
 
 
+# ---- what runs, and what a skip means in CI ------------------------------------------------------------------
+
+SLOW_KINDS = ("long", "e2e", "bench")
+"""Markers of tests that are also `slow`: `-m "not slow"` (the fast subset) leaves every one of them out."""
+
+NEEDS_A_GPU = ("CUDA", "GPU")
+"""The one thing CI cannot have: a skip whose reason names it is expected; any other skip in CI is a failure."""
+
+ci_skips: list[str] = []
+
+
 def pytest_addoption(parser):
     parser.addoption("--vllm-only", action="store_true",
                      help="run only the tests marked vllm (scripts/test.sh runs them so, in .venv-vllm)")
 
 
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS) and not item.get_closest_marker("slow"):
+            item.add_marker(pytest.mark.slow)
+    select_vllm_tests(config, items)
+
+
+def select_vllm_tests(config, items) -> None:
     """Tests marked `vllm` need vLLM's CPU build, which lives in an environment of its own (.venv-vllm, made by
     scripts/test.sh with scripts/install_vllm.sh): where vLLM is not installed they are deselected, said in
     one line, and `--vllm-only` (the second pytest run of scripts/test.sh) runs just them, failing at once if
-    vLLM is missing there. Deselected, never skipped: a skip would pass CI without them."""
+    vLLM is missing there. Deselected, never skipped: they run, in the other environment."""
     import importlib.util
 
     has_vllm = importlib.util.find_spec("vllm") is not None
@@ -102,7 +120,30 @@ def pytest_collection_modifyitems(config, items):
                                           "here; scripts/test.sh runs them in .venv-vllm")
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
+def skip_reason(report) -> str:
+    longrepr = report.longrepr
+    return longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+
+
+def pytest_runtest_logreport(report):
+    """In CI (`CI=true`) a test must not skip for a missing package, extra or system tool: `scripts/test.sh`
+    installs them, so such a skip means the install broke. Only a missing GPU may skip."""
+    if report.skipped and os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+        reason = skip_reason(report)
+        if not any(word in reason for word in NEEDS_A_GPU):
+            ci_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_terminal_summary(terminalreporter, config):
     note = getattr(config, "_tailflow_vllm_note", None)
     if note:
         terminalreporter.write_line(note)
+    if ci_skips:
+        terminalreporter.section("skipped in CI for a missing dependency (a failure in CI)")
+        for line in ci_skips:
+            terminalreporter.line(line)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if ci_skips and session.exitstatus == 0:
+        session.exitstatus = 1

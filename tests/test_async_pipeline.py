@@ -23,7 +23,8 @@ from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout import NativeEngine, Request, SamplingParams
 from tailflow.engines.rollout.requests import request_seed
 from tailflow.engines.tail.launch import launch_order
-from tailflow.engines.tail.pipeline import RolloutPipeline
+from tailflow.engines.tail.pipeline import RolloutPipeline, Unobserved
+from tailflow.engines.track.rollout_trace import trace_of
 from tailflow.engines.tail.pipeline_state import PipelineState
 from tailflow.engines.tail.state import TailSettings, TailState
 
@@ -50,6 +51,14 @@ class OneEngine:
     def abort(self, request_ids):
         return self.engine.abort(request_ids)
 
+    def generate(self, requests):
+        """A batch to completion (a synchronous long round nobody watches), in request order."""
+        self.submit(requests)
+        by_id = {}
+        while self.has_unfinished():
+            by_id.update((c.request_id, c) for c in self.poll(64))
+        return [by_id[request.request_id] for request in requests]
+
     def has_unfinished(self):
         return self.engine.has_unfinished()
 
@@ -71,17 +80,18 @@ BY_ID = {p.problem_id: p for p in PROBLEMS}
 
 
 def make_requests(planned):
-    return [Request(f"{p.problem_id}#{k}", (2 + int(p.problem_id[1:]) % 30, 5, 7),
-                    SamplingParams(max_new_tokens=20, seed=request_seed(0, planned.plan.iteration, p.problem_id, k)))
+    return [Request.for_problem(p.problem_id, k, (2 + int(p.problem_id[1:]) % 30, 5, 7),
+                                SamplingParams(max_new_tokens=20,
+                                               seed=request_seed(0, planned.plan.iteration, p.problem_id, k)))
             for p, k in launch_order(planned.problems, planned.plan.responses_per_prompt)]
 
 
 def pipeline(alpha: float, partial: bool = True, tail: bool = True, prompt_ratio: float = 1.5,
-             steps_per_poll: int = 2) -> RolloutPipeline:
+             steps_per_poll: int = 2, observe=None) -> RolloutPipeline:
     engine = NativeEngine(tiny_qwen2(), num_slots=8, max_seq_len=32, eos_token_ids=(1,))
     tail_settings = TailSettings(prompts_per_step=P0, responses_kept=R0, prompt_ratio=prompt_ratio,
                                  responses_launched=3, enabled=tail, data_seed=0, steps_per_poll=steps_per_poll)
-    return RolloutPipeline(OneEngine(engine), tail_settings, alpha, partial, PROBLEMS, BY_ID, make_requests)
+    return RolloutPipeline(OneEngine(engine), tail_settings, alpha, partial, PROBLEMS, BY_ID, make_requests, observe)
 
 
 def run(pipe: RolloutPipeline, iterations: range, steps_during_train: int = 6):
@@ -99,6 +109,18 @@ def run(pipe: RolloutPipeline, iterations: range, steps_during_train: int = 6):
     return taken, snapshots
 
 
+class Scoring(Unobserved):
+    """A round's observer as streamed scoring sees it: every response as it finishes."""
+
+    watches_each_response = True
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def on_finished(self, completions):
+        self.seen += [c.request_id for c in completions]
+
+
 def fresh(alpha: float, **kwargs) -> RolloutPipeline:
     """A pipeline at iteration 0, as a new run's first iteration restores it."""
     pipe = pipeline(alpha, **kwargs)
@@ -113,12 +135,12 @@ def test_rounds_run_ahead_within_the_staleness_bound_and_lose_no_prompt(alpha):
     assert max(t.rounds_ahead for t in taken) == alpha  # it really runs ahead, as far as allowed
     trained: list[str] = []
     for i, round_ in enumerate(taken):
-        assert len(round_.rollout.problems) == P0
-        assert all(len(c.token_ids) > 0 for c in round_.rollout.completions)
+        assert len(round_.problems) == P0
+        assert all(len(c.token_ids) > 0 for c in round_.completions)
         assert max(round_.staleness) <= alpha  # versions between the trained weights (i) and the oldest token
-        for completion in round_.rollout.completions:
+        for completion in round_.completions:
             assert i - completion.oldest_weight_version <= alpha and completion.weight_version <= i
-        trained += [p.problem_id for p in round_.rollout.problems]
+        trained += [p.problem_id for p in round_.problems]
     assert any(lag > 0 for t in taken for lag in t.staleness)  # some responses really were stale
     assert any(t.mixed_version_responses for t in taken)  # and some were continued across a sync
     assert len(trained) == len(set(trained))  # nothing trained twice
@@ -143,7 +165,7 @@ def test_without_partial_rollout_a_stopped_request_starts_over_under_the_new_wei
     pipe = fresh(1, partial=False)
     taken, _ = run(pipe, range(4))
     for i, round_ in enumerate(taken):
-        for completion in round_.rollout.completions:
+        for completion in round_.completions:
             assert completion.token_weight_versions == ()  # one version sampled every token
             assert i - completion.weight_version <= 1
 
@@ -163,13 +185,13 @@ def test_a_pipeline_restored_from_its_snapshot_continues_exactly(partial):
     after, _ = run(second, range(2, 5))
 
     for expected, got in zip(whole, before + after):
-        assert [c.request_id for c in got.rollout.completions] == [c.request_id for c in expected.rollout.completions]
-        assert [c.token_ids for c in got.rollout.completions] == [c.token_ids for c in expected.rollout.completions]
-        assert [c.logprobs for c in got.rollout.completions] == [c.logprobs for c in expected.rollout.completions]
+        assert [c.request_id for c in got.completions] == [c.request_id for c in expected.completions]
+        assert [c.token_ids for c in got.completions] == [c.token_ids for c in expected.completions]
+        assert [c.logprobs for c in got.completions] == [c.logprobs for c in expected.completions]
         assert got.staleness == expected.staleness
-        assert got.rollout.stats.tokens_generated == expected.rollout.stats.tokens_generated
-        assert got.rollout.stats.bubble_ratio == expected.rollout.stats.bubble_ratio
-        assert got.rollout.result.deferred_problem_ids == expected.rollout.result.deferred_problem_ids
+        assert got.stats.tokens_generated == expected.stats.tokens_generated
+        assert got.stats.bubble_ratio == expected.stats.bubble_ratio
+        assert got.result.deferred_problem_ids == expected.result.deferred_problem_ids
     assert second.tail == uninterrupted.tail
     assert second.snapshot() == uninterrupted.snapshot()
 
@@ -200,13 +222,48 @@ def test_any_async_run_loses_nothing_trains_nothing_twice_and_resumes_exactly(
     second.restore(PipelineState.model_validate_json(snapshots[-1].model_dump_json()), first.tail, stop_after,
                    stop_after)
     resumed, _ = run(second, range(stop_after, 5), steps_during_train)
-    assert [[c.token_ids for c in t.rollout.completions] for t in resumed] == \
-        [[c.token_ids for c in t.rollout.completions] for t in whole[stop_after:]]
+    assert [[c.token_ids for c in t.completions] for t in resumed] == \
+        [[c.token_ids for c in t.completions] for t in whole[stop_after:]]
     assert second.snapshot() == uninterrupted.snapshot() and second.tail == uninterrupted.tail
 
-    trained = [p.problem_id for t in whole for p in t.rollout.problems]
+    trained = [p.problem_id for t in whole for p in t.problems]
     assert len(trained) == len(set(trained)) == 5 * P0
     assert all(max(t.staleness) <= alpha for t in whole)
     live = {p for saved in uninterrupted.snapshot().rounds for p in saved.problem_ids}
     queued = {q.problem_id for q in uninterrupted.tail.queue}
     assert len(set(trained) | live | queued) == uninterrupted.tail.cursor.num_drawn
+
+
+def test_rounds_running_ahead_are_scored_as_they_finish_and_every_round_is_traced():
+    """Streamed scoring in an asynchronous run: each round's observer (its scorer) is built at launch and sees
+    its responses as they finish, many before the trainer takes the round; every taken round has a trace row."""
+    observers = {}
+
+    def observe(planned, version):
+        return observers.setdefault(planned.plan.iteration, Scoring())
+
+    pipe = fresh(1, observe=observe)
+    seen_before_take = {}
+    for i in range(4):
+        seen_before_take[i] = len(observers[i].seen) if i in observers else 0
+        round_ = pipe.take(i)
+        pipe.roll_while(lambda: True, 24)  # a long train step: the next round's short responses finish in it
+        pipe.pause()
+        pipe.rollout.engine.load_weights(weights(i + 1), i + 1)
+        pipe.resume(i + 1)
+        kept = {c.request_id for c in round_.completions}
+        assert kept <= set(observers[i].seen)  # every kept response was streamed to its round's scorer
+        trace = trace_of(round_, 20)
+        assert trace.iteration == i and sum(len(p.responses) for p in trace.prompts) == len(round_.requests)
+        assert sum(r.outcome == "kept" for p in trace.prompts for r in p.responses) == len(round_.completions)
+    assert all(seen_before_take[i] > 0 for i in range(1, 4))  # scored while the round before it trained
+
+
+def test_a_synchronous_pipeline_takes_each_round_only_after_the_weights_that_train_it():
+    """alpha 0: nothing is launched ahead, nothing is in flight at the weight sync, nothing is stale."""
+    pipe = fresh(0)
+    taken, snapshots = run(pipe, range(4))
+    assert all(t.rounds_ahead == 0 and t.prompts_in_flight == 0 and set(t.staleness) == {0} for t in taken)
+    assert all(s.is_empty for s in snapshots)
+    trained = [p.problem_id for t in taken for p in t.problems]
+    assert len(trained) == len(set(trained)) == 4 * P0

@@ -14,6 +14,7 @@ import yaml
 from test_durable_runs import cli_env, outcome, run_cli  # noqa: F401 (cli_env is a fixture)
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
+from tailflow.engines.track.rollout_trace import RolloutTraceLog
 from tailflow.flows.setup import shipped_warmstart_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
@@ -44,6 +45,11 @@ def test_a_sigkilled_async_run_resumes_to_exactly_the_uninterrupted_result(tmp_p
     assert expected_state.pipeline is not None and expected_state.pipeline.in_flight  # work really was in flight
     assert max(row["async/staleness_max"] for row in expected_rows) == 1
     assert any(row["async/mixed_version_responses"] for row in expected_rows)
+    # the asynchronous run streams its rewards (responses of deferred prompts were scored as they finished, and
+    # only streamed scoring scores those) and writes its rollout trace, one row per iteration
+    assert any(row["reward/unused_scores"] > 0 for row in expected_rows)
+    traced = RolloutTraceLog(LocalStore(reference_dir), "async-clean").rounds()
+    assert [r.iteration for r in traced] == [0, 1, 2] and {r.round for r in traced} >= {"short", "long"}
 
     # the iteration subflows get the state without its pipeline (Prefect refuses parameters over 512 KB)
     from prefect.client.orchestration import get_client

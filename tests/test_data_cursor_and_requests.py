@@ -3,8 +3,8 @@ from hypothesis import given, settings, strategies as st
 from tailflow.engines.data.arith import ArithmeticTask, default_splits, make_problem
 from tailflow.engines.data.cursor import DataCursor, draw_prompts
 from tailflow.engines.data.tokenizer import build_char_tokenizer
-from tailflow.engines.reward.scoring import group_completions, problem_id_of
-from tailflow.engines.rollout.protocol import Completion, FinishReason, SamplingParams
+from tailflow.engines.reward.scoring import group_completions
+from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
 from tailflow.engines.rollout.requests import greedy_requests, sampling_requests
 
 
@@ -82,8 +82,19 @@ def test_requests_are_seeded_per_problem_and_index():
 
 def test_completions_group_back_to_their_problem_in_index_order():
     problems = ArithmeticTask().generate(2, 0, "t")
-    ids = [f"{problems[1].problem_id}#1", f"{problems[0].problem_id}#0", f"{problems[1].problem_id}#0"]
-    completions = [Completion(i, (1,), (2,), (-0.1,), FinishReason.EOS, 0) for i in ids]
+    keys = [(problems[1].problem_id, 1), (problems[0].problem_id, 0), (problems[1].problem_id, 0)]
+    requests = [Request.for_problem(problem_id, k, (1,)) for problem_id, k in keys]
+    completions = [r.completion((2,), (-0.1,), FinishReason.EOS, 0) for r in requests]
     grouped = group_completions(problems, completions)
-    assert [c.request_id for c in grouped[problems[1].problem_id]] == [ids[2], ids[0]]
-    assert problem_id_of("train-12#3") == "train-12"
+    assert [c.request_id for c in grouped[problems[1].problem_id]] == [requests[2].request_id,
+                                                                       requests[0].request_id]
+    assert [(c.problem_id, c.index) for c in grouped[problems[1].problem_id]] == [keys[2], keys[0]]
+
+
+def test_requests_carry_their_identity_as_fields_not_in_their_id():
+    """A problem id may hold '#': identity is never parsed out of the request id."""
+    request = Request.for_problem("apps#12", 3, (1, 2))
+    completion = request.completion((5,), (-0.5,), FinishReason.EOS, 0)
+    assert (completion.problem_id, completion.index) == ("apps#12", 3)
+    bare = Request("r7", (1,))
+    assert bare.problem_id == "r7" and bare.index == 0  # a request with no group is its own

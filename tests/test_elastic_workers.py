@@ -8,17 +8,16 @@ import time
 
 import pytest
 
+from one_round import Watching, take_one_round
 from tailflow.engines.cluster.membership import EventKind
 from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command
 from tailflow.engines.models import write_random_tiny_model
-from tailflow.engines.reward.scoring import problem_id_of
 from tailflow.engines.rollout.native import NativeEngine
 from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
 from tailflow.engines.rollout.worker import PREEMPTION_SIGNAL
 from tailflow.engines.store.local import LocalStore
-from tailflow.engines.tail.completion import CompletionRule, WaitForAllRule
-from tailflow.engines.tail.driver import run_round
+from tailflow.engines.tail.planner import RoundKind
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +27,8 @@ def model_dir(tmp_path_factory):
 
 
 def round_requests(num_prompts: int, per_prompt: int, max_new_tokens: int) -> list[Request]:
-    return [Request(f"q{p}#{k}", (5 + p % 7, 12 + k % 3, 13),
-                    SamplingParams(max_new_tokens=max_new_tokens, seed=1000 * p + k))
+    return [Request.for_problem(f"q{p}", k, (5 + p % 7, 12 + k % 3, 13),
+                                SamplingParams(max_new_tokens=max_new_tokens, seed=1000 * p + k))
             for p in range(num_prompts) for k in range(per_prompt)]
 
 
@@ -54,7 +53,7 @@ def group3(ray_session, model_dir):
     group.shutdown()
 
 
-def play(group: RolloutGroup, requests, rule, kill_at: int | None, steps_per_poll: int = 3):
+def play(group: RolloutGroup, requests, kind: RoundKind, kill_at: int | None, steps_per_poll: int = 3):
     """One round on three workers (one added back if the last round lost one); with `kill_at`, worker 1 is
     SIGKILLed before that poll. The round's result and the requests migrated in it."""
     group.add_workers(3 - len(group.workers) - len(group.joining), wait=True)
@@ -63,9 +62,10 @@ def play(group: RolloutGroup, requests, rule, kill_at: int | None, steps_per_pol
     if kill_at is not None:
         kill_at_poll(group, kill_at, rank=1)
     try:
-        on_finished = (lambda _: None) if isinstance(rule, CompletionRule) and not isinstance(rule, WaitForAllRule) \
-            else None  # short rounds stream; long rounds run as a batch (`generate`), which polls too
-        result = run_round(group, requests, rule, steps_per_poll, on_finished)
+        # short rounds stream; long rounds run as a batch (`generate`), which polls too
+        short = kind is RoundKind.SHORT
+        result = take_one_round(group, requests, kind, 2 if short else 3, 3 if short else 6,
+                                Watching() if short else None, steps_per_poll).result
     finally:
         group.__dict__.pop("poll", None)
     events = list(group.membership.events)
@@ -80,16 +80,15 @@ def kept_tokens(result) -> dict[str, tuple[int, ...]]:
 @pytest.mark.parametrize("kind", ["short", "long"])
 def test_a_worker_sigkilled_mid_round_is_migrated_not_restarted(group3, kind):
     requests = round_requests(num_prompts=6, per_prompt=3, max_new_tokens=30)
-    make_rule = ((lambda: CompletionRule(requests, responses_kept=2, prompts_to_complete=3)) if kind == "short"
-                 else (lambda: WaitForAllRule(requests, responses_kept=3)))
+    round_kind = RoundKind.SHORT if kind == "short" else RoundKind.LONG
     # A long round runs as `generate`, polling every 64 steps: each worker has 3 x 30 steps to run.
     kill_at = 3 if kind == "short" else 2
-    reference, _, reference_events = play(group3, requests, make_rule(), kill_at=None)
-    result, migrated, events = play(group3, requests, make_rule(), kill_at=kill_at)
+    reference, _, reference_events = play(group3, requests, round_kind, kill_at=None)
+    result, migrated, events = play(group3, requests, round_kind, kill_at=kill_at)
 
     assert reference_events == [] and events[:2] == [EventKind.LOST, EventKind.MIGRATE]
     assert migrated, "the killed worker held requests in flight"
-    prompts = {problem_id_of(r.request_id) for r in requests}
+    prompts = {r.problem_id for r in requests}
     completed = [pid for pid, _ in result.completed]
     assert len(completed) == len(set(completed))  # trained once
     assert set(completed) | set(result.deferred_problem_ids) == prompts  # ... or queued

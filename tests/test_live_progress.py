@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from tailflow.config import config_from_dict
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.rollout.protocol import Completion, FinishReason
-from tailflow.engines.track.live import RoundCount, round_watcher
+from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
+from tailflow.engines.track.live import RoundCount
 
 
 def problems(n: int) -> list[Problem]:
@@ -13,8 +13,7 @@ def problems(n: int) -> list[Problem]:
 
 
 def finished(problem_id: str, k: int, tokens: int = 5) -> Completion:
-    return Completion(request_id=f"{problem_id}#{k}", prompt_token_ids=(1,), token_ids=(2,) * tokens,
-                      logprobs=(0.0,) * tokens, finish_reason=FinishReason.EOS, weight_version=0)
+    return Request.for_problem(problem_id, k, (1,)).completion((2,) * tokens, (0.0,) * tokens, FinishReason.EOS, 0)
 
 
 def test_a_round_counts_prompts_with_r0_finished_responses_and_what_is_still_in_flight():
@@ -33,10 +32,9 @@ def test_off_a_terminal_the_round_line_is_a_plain_line(tmp_path, monkeypatch, ca
     monkeypatch.setenv("TAILFLOW_PROGRESS_EVERY_S", "0")
     config = config_from_dict({"storage": {"uri": str(tmp_path)}, "data": {"prompts_per_step": 2},
                                "rollout": {"n": 2}, "tail": {"responses_launched": 3}})
-    with live_progress(config, "r1", terminal=False):
-        watch = round_watcher(problems(3))
+    with live_progress(config, "r1", terminal=False) as live:
+        watch = live.watcher(problems(3))  # what the run hands each round's scorer
         watch([finished("p0", 0), finished("p0", 1), finished("p2", 0)])
-    assert round_watcher(problems(3)) is None  # nobody watches once the run is over
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("[tailflow] iter 0000 round: 1/2 prompts complete | 6 requests in flight | ")
     assert line.endswith("long queue 0")
@@ -55,8 +53,8 @@ def test_the_progress_artifact_moves_within_a_round(tmp_path, prefect_api):
     @flow
     def one_round() -> str:
         RunArtifacts("live-run", 4).progress(0)  # as the parent flow makes it, 0 of 4 iterations
-        with live_progress(config, "live-run", terminal=False):
-            watch = round_watcher(problems(3))
+        with live_progress(config, "live-run", terminal=False) as live:
+            watch = live.watcher(problems(3))
             watch([finished("p0", 0), finished("p0", 1)])  # one of P0 = 2 prompts complete
         return str(latest_artifact_id("live-run-progress"))
 

@@ -10,10 +10,9 @@ import math
 import pytest
 import torch
 
-from tailflow.config import OFF_POLICY_LOSSES as CONFIG_OFF_POLICY
-from tailflow.config import ConfigError, load_config
-from tailflow.engines.train.losses import (OFF_POLICY_LOSSES, POLICY_LOSSES, cispo_loss, decoupled_ppo_loss,
-                                           ppo_clip_loss, tis_loss, topr_loss)
+from tailflow.config import OFF_POLICY_LOSSES, ConfigError, TrainConfig, load_config
+from tailflow.engines.train.losses import (POLICY_LOSSES, cispo_loss, decoupled_ppo_loss, ppo_clip_loss, tis_loss,
+                                           topr_loss)
 
 R1, R2 = math.exp(0.5), math.exp(-1.0)
 BEHAVIOUR = torch.tensor([[-1.5, -1.0]])
@@ -70,8 +69,9 @@ def test_ppo_against_the_behaviour_log_probs_clips_where_they_differ():
     assert stats.clip_fraction == pytest.approx(0.5)
 
 
-def test_config_and_losses_agree_on_what_is_off_policy():
-    assert set(CONFIG_OFF_POLICY) == set(OFF_POLICY_LOSSES) and set(OFF_POLICY_LOSSES) < set(POLICY_LOSSES)
+def test_config_and_losses_agree_on_the_losses_and_what_is_off_policy():
+    assert TrainConfig.model_fields["loss"].annotation.__args__ == POLICY_LOSSES
+    assert set(OFF_POLICY_LOSSES) < set(POLICY_LOSSES)
 
 
 def test_truncated_sampling_needs_an_importance_correction():

@@ -129,11 +129,10 @@ def test_streamed_scores_equal_batch_scores_and_run_during_rollout(ray_session, 
     from transformers import AutoTokenizer
 
     from tailflow.engines.cluster.reward_pool import RewardPool
-    from tailflow.engines.reward.scoring import problem_id_of
+    from one_round import Watching, take_one_round
     from tailflow.engines.reward.streaming import StreamingScorer
-    from tailflow.engines.rollout.worker import RolloutWorker
-    from tailflow.engines.tail.completion import CompletionRule
-    from tailflow.engines.tail.driver import run_round
+    from tailflow.engines.rollout.worker import LocalRollout, RolloutWorker
+    from tailflow.engines.tail.planner import RoundKind
 
     tokenizer = AutoTokenizer.from_pretrained(random_tiny_model_dir)
     problems, requests = round_inputs(tokenizer)
@@ -141,21 +140,21 @@ def test_streamed_scores_equal_batch_scores_and_run_during_rollout(ray_session, 
     pool = RewardPool(MATH, 1, 2, backlog_per_worker=4)
     try:
         scorer = StreamingScorer(pool, tokenizer, problems, lambda p: None, streaming=streaming)
-        rule = CompletionRule(requests, responses_kept=2, prompts_to_complete=8)
         handed_during_rollout = []
 
         def on_finished(completions):
             handed_during_rollout.extend(completions)
             scorer.on_finished(completions)
 
-        result = run_round(worker, requests, rule, 1, on_finished if streaming else None)
+        taken = take_one_round(LocalRollout(worker), requests, RoundKind.SHORT, 2, 8, Watching(on_finished) if streaming else None)
+        result = taken.result
         trained, kept = result.trained_in_launch_order(problems)
         outcomes, stats = scorer.finish(kept)
     finally:
         pool.shutdown()
     by_id, math = {p.problem_id: p for p in trained}, MathReward()
     in_process = {c.request_id: math.score_problem(tokenizer.decode(c.token_ids, skip_special_tokens=True),
-                                                   by_id[problem_id_of(c.request_id)]) for c in kept}
+                                                   by_id[c.problem_id]) for c in kept}
     assert {rid: (r.reward, r.correct) for rid, r in in_process.items()} == \
         {rid: (o.result.reward, o.result.correct) for rid, o in outcomes.items()}
     assert len(outcomes) == 16

@@ -7,8 +7,7 @@ import pytest
 import yaml
 
 from tailflow.cli import main
-from tailflow.engines.sim.trace import TracePrompt, TraceResponse, TraceRound
-from tailflow.engines.sim.trace_log import RolloutTraceLog
+from tailflow.engines.track.rollout_trace import RolloutTraceLog, TracePrompt, TraceResponse, TraceRound
 from tailflow.engines.store import LocalStore
 
 TINY = ["--gpus", "4", "--model", "qwen2.5-7b", "--hardware", "h100", "--rounds", "3"]

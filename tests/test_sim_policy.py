@@ -11,9 +11,10 @@ from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import ResponseLength
 from tailflow.engines.sim.paper_lengths import PaperLikeLengths
 from tailflow.engines.sim.roofline import RooflineCost
-from tailflow.engines.sim.simulate import PolicySettings, simulate_policy
-from tailflow.engines.tail import driver
+from tailflow.engines.sim.simulate import simulate_policy
+from tailflow.engines.tail import pipeline
 from tailflow.engines.tail import round as tail_round
+from tailflow.engines.tail.state import TailSettings
 from tailflow.engines.tail.completion import CompletionRule
 from tailflow.engines.tail.queue import LongPromptQueue
 
@@ -54,8 +55,9 @@ def requests(ids, prompt_tokens=11, max_new_tokens=1000):
 
 
 def test_the_simulator_drives_the_real_tail_functions(monkeypatch):
-    """Not a copy of the policy: the simulation goes through engines/tail's own planner, rule, queue and driver."""
-    calls = {"make_round_plan": 0, "observe": 0, "defer": 0, "run_round": 0}
+    """Not a copy of the policy: the simulation goes through engines/tail's own planner, rule, queue and the
+    product's rollout pipeline."""
+    calls = {"make_round_plan": 0, "observe": 0, "defer": 0, "take": 0}
 
     def spy(name, function):
         def wrapper(*args, **kwargs):
@@ -63,16 +65,16 @@ def test_the_simulator_drives_the_real_tail_functions(monkeypatch):
             return function(*args, **kwargs)
         return wrapper
 
-    assert simulate.begin_round is tail_round.begin_round and simulate.settle_round is tail_round.settle_round
-    assert simulate.run_round is driver.run_round
+    assert simulate.RolloutPipeline is pipeline.RolloutPipeline
+    assert pipeline.begin_round is tail_round.begin_round and pipeline.settle_round is tail_round.settle_round
     monkeypatch.setattr(tail_round, "make_round_plan", spy("make_round_plan", tail_round.make_round_plan))
     monkeypatch.setattr(CompletionRule, "observe", spy("observe", CompletionRule.observe))
     monkeypatch.setattr(LongPromptQueue, "defer", spy("defer", LongPromptQueue.defer))
-    monkeypatch.setattr(simulate, "run_round", spy("run_round", driver.run_round))
+    monkeypatch.setattr(pipeline.RolloutPipeline, "take", spy("take", pipeline.RolloutPipeline.take))
     cost = RooflineCost.from_presets("h800", "qwen2.5-7b", 2, 1)
     lengths = PaperLikeLengths(400, 2048, seed=1)
-    rounds = simulate_policy(PolicySettings(8, 4, 1.5, 5), lengths, lambda: SimGroup.of(cost, lengths, 2, 64), 4)
-    assert calls["make_round_plan"] == calls["run_round"] == calls["defer"] == len(rounds) >= 4
+    rounds = simulate_policy(TailSettings(8, 4, 1.5, 5), lengths, lambda: SimGroup.of(cost, lengths, 2, 64), 4)
+    assert calls["make_round_plan"] == calls["take"] == calls["defer"] == len(rounds) >= 4
     assert calls["observe"] > len(rounds)  # streamed: the rule saw many polls
     assert [r.kind.value for r in rounds].count("long") >= 1  # 4 deferred a round fill the queue of P0 = 8
 
@@ -81,8 +83,8 @@ def test_tail_batching_shortens_short_rounds_and_pays_in_long_ones():
     cost = RooflineCost.from_presets("h800", "qwen2.5-7b", 4, 1)
     lengths = PaperLikeLengths(2000, 4096, seed=2)
     run = lambda policy: simulate_policy(policy, lengths, lambda: SimGroup.of(cost, lengths, 4, 256), 5)
-    sync = run(PolicySettings(16, 4, enabled=False))
-    tail = run(PolicySettings(16, 4, 1.25, 5))
+    sync = run(TailSettings(16, 4, enabled=False))
+    tail = run(TailSettings(16, 4, 1.25, 5))
     short = [r.rollout_s for r in tail if r.kind.value == "short"]
     long = [r.rollout_s for r in tail if r.kind.value == "long"]
     assert long and max(short) < min(r.rollout_s for r in sync) < max(long) * 1.5

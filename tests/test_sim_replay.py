@@ -1,29 +1,32 @@
 """The simulated engine honours the protocol: replaying the trace of a seeded native-engine run.
 
 One in-process worker (a random tiny Qwen2 on CPU, 8 slots so admission and
-row packing matter) runs real rounds of the tail-batching policy under the
-real driver; its trace then drives the simulated engine under the same
-driver and rule. Everything the policy decides must come out the same: the
+row packing matter) runs real rounds of the tail-batching policy on the
+product's pipeline; its trace then drives the simulated engine on the same
+pipeline and rule. Everything the policy decides must come out the same: the
 finish order, which requests are kept, finished unkept or aborted (and how far
 each aborted one got), the prompts completed and deferred, and the engine step
 at which the round ends.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from tailflow.engines.data.arith import default_splits
 from tailflow.engines.data.tokenizer import build_char_tokenizer
+from one_round import take_one_round
 from tailflow.engines.rollout import RolloutWorker, SamplingParams
 from tailflow.engines.rollout.requests import sampling_requests
+from tailflow.engines.rollout.worker import LocalRollout
 from tailflow.engines.sim.engine import SimEngine
 from tailflow.engines.sim.group import SimGroup
-from tailflow.engines.sim.recorder import TraceRecorder
 from tailflow.engines.sim.roofline import RooflineCost
 from tailflow.engines.sim.trace import TraceLengths
-from tailflow.engines.tail import LongPromptQueue, RoundKind, make_round_plan, rule_for
-from tailflow.engines.tail.driver import run_round
+from tailflow.engines.tail import LongPromptQueue, RoundKind, make_round_plan
+from tailflow.engines.track.rollout_trace import trace_of
 
 NUM_SLOTS = 8
 MAX_NEW_TOKENS = 40
@@ -37,7 +40,7 @@ def native_rounds(random_tiny_model_dir):
     tokenizer = build_char_tokenizer()
     params = SamplingParams(temperature=1.0, max_new_tokens=MAX_NEW_TOKENS)
     longest = max(len(tokenizer(p.prompt)["input_ids"]) for p in problems)
-    worker = RolloutWorker(str(random_tiny_model_dir), NUM_SLOTS, longest + MAX_NEW_TOKENS, seed=0)
+    worker = LocalRollout(RolloutWorker(str(random_tiny_model_dir), NUM_SLOTS, longest + MAX_NEW_TOKENS, seed=0))
     queue = LongPromptQueue()
     short = make_round_plan(queue, 0, 4, 3, 1.5, 4, enabled=True)
     queue.defer([p.problem_id for p in problems[6:10]], 0)  # a full queue: the next plan is a long round
@@ -46,11 +49,11 @@ def native_rounds(random_tiny_model_dir):
     rounds = []
     for plan, launched in ((short, problems[:6]), (long, problems[6:10])):
         requests = sampling_requests(launched, plan.responses_per_prompt, params, tokenizer, 0, plan.iteration)
-        steps_before = worker.stats().steps
-        recorder = TraceRecorder(worker)
-        result = run_round(recorder, requests, rule_for(plan, requests), steps_per_poll=2)
-        trace = recorder.round_trace(plan.iteration, plan.kind.value, requests, result, MAX_NEW_TOKENS)
-        rounds.append((plan, requests, result, trace, worker.stats().steps - steps_before, list(recorder.finished)))
+        taken = take_one_round(worker, requests, plan.kind, plan.responses_kept, plan.prompts_to_complete,
+                               steps_per_poll=2, iteration=plan.iteration)
+        trace = untimed(trace_of(taken, MAX_NEW_TOKENS))
+        rounds.append((plan, requests, taken.result, trace, taken.stats.max_engine_steps,
+                       [c.request_id for c in taken.finished]))
     return rounds
 
 
@@ -59,10 +62,14 @@ def replay(plan, requests, traces):
     lengths = TraceLengths(traces)
     lengths.begin_round(plan.iteration)
     group = SimGroup(lambda rank: SimEngine(cost, lengths, NUM_SLOTS), 1)
-    recorder = TraceRecorder(group)
-    result = run_round(recorder, requests, rule_for(plan, requests), steps_per_poll=2)
-    trace = recorder.round_trace(plan.iteration, plan.kind.value, requests, result, MAX_NEW_TOKENS)
-    return result, trace, group.stats()[0].steps, recorder
+    taken = take_one_round(group, requests, plan.kind, plan.responses_kept, plan.prompts_to_complete,
+                           steps_per_poll=2, iteration=plan.iteration)
+    return taken.result, untimed(trace_of(taken, MAX_NEW_TOKENS)), group.stats()[0].steps, taken
+
+
+def untimed(trace):
+    """The trace without its wall-clock generate time (the machine's, not the policy's)."""
+    return dataclasses.replace(trace, generate_s=None)
 
 
 def test_short_round_replays_step_for_step(native_rounds):
@@ -80,9 +87,9 @@ def test_short_round_replays_step_for_step(native_rounds):
 
 def test_finish_order_is_the_native_one(native_rounds):
     plan, requests, _, _, _, native_order = native_rounds[0]
-    _, _, _, recorder = replay(plan, requests, [r[3] for r in native_rounds])
+    _, _, _, taken = replay(plan, requests, [r[3] for r in native_rounds])
     assert len(native_order) >= 6
-    assert list(recorder.finished) == native_order
+    assert [c.request_id for c in taken.finished] == native_order
 
 
 def test_long_round_replays(native_rounds):

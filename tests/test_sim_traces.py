@@ -10,17 +10,16 @@ from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingPar
 from tailflow.engines.sim.lengths import ResponseLength
 from tailflow.engines.sim.paper_lengths import PaperLikeLengths
 from tailflow.engines.sim.rollpacker import read_rollpacker_lengths
-from tailflow.engines.sim.trace import (
+from tailflow.engines.sim.trace import TraceLengths, pools_from_trace
+from tailflow.engines.track.rollout_trace import (
+    RolloutTraceLog,
     TraceError,
-    TraceLengths,
     TracePrompt,
     TraceResponse,
     TraceRound,
-    pools_from_trace,
     read_trace,
     write_trace,
 )
-from tailflow.engines.sim.trace_log import RolloutTraceLog
 from tailflow.engines.store import LocalStore
 
 
@@ -33,8 +32,10 @@ def a_round(iteration: int = 0, kind: str = "short") -> TraceRound:
     ))
 
 
-def request(rid: str) -> Request:
-    return Request(rid, (1, 2, 3), SamplingParams(max_new_tokens=50))
+def request(name: str) -> Request:
+    """"a#1": response 1 of prompt a."""
+    problem_id, _, index = name.partition("#")
+    return Request.for_problem(problem_id, int(index), (1, 2, 3), SamplingParams(max_new_tokens=50))
 
 
 def test_trace_round_trip(tmp_path):

@@ -14,9 +14,10 @@ from tailflow.engines.data.problem import Problem
 from tailflow.engines.reward.result import RewardResult
 from tailflow.engines.reward.streaming import StreamingScorer
 from tailflow.engines.reward.worker import ScoreOutcome
-from tailflow.engines.rollout.protocol import Completion, FinishReason
+from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
 from tailflow.engines.tail.completion import CompletionRule
-from tailflow.engines.tail.roll_out import notify_completed
+from tailflow.engines.round_work import RoundWork
+from tailflow.engines.tail.pipeline import LiveRound
 from tailflow.engines.train.batch import count_response_tokens
 from tailflow.engines.train.samples import samples_from_groups
 from tailflow.engines.train.stream import StreamedStep
@@ -80,14 +81,14 @@ class HeldBackPool:
         reward = self.rewards[request_id]
         return ScoreOutcome(request_id, RewardResult(reward, reward > 0, True), 0.0, 0.0)
 
-    def ready(self):
-        fresh = [r for r in self.submitted if r not in self.held and r not in self.returned]
+    def ready(self, request_ids):
+        fresh = [r for r in self.submitted if r in request_ids and r not in self.held and r not in self.returned]
         self.returned.update(fresh)
         return [self._outcome(r) for r in fresh]
 
-    def wait_all(self):
+    def wait_for(self, request_ids):
         self.held.clear()
-        return self.ready()
+        return self.ready(request_ids)
 
     def shrink_to_recent_need(self):
         pass
@@ -113,9 +114,15 @@ class Tokenizer:
         return " ".join(map(str, token_ids))
 
 
+def request(name: str) -> Request:
+    """"a#1": response 1 of prompt a."""
+    problem_id, _, index = name.partition("#")
+    return Request.for_problem(problem_id, int(index), (5, 6, 7))
+
+
 def completion(request_id: str, rng: random.Random) -> Completion:
     response = tuple(rng.randrange(3, 22) for _ in range(rng.randint(2, 12)))
-    return Completion(request_id, (5, 6, 7), response, tuple(-2.0 for _ in response), FinishReason.EOS, 0)
+    return request(request_id).completion(response, tuple(-2.0 for _ in response), FinishReason.EOS, 0)
 
 
 def test_groups_go_to_the_trainer_once_completed_and_scored_and_the_step_equals_the_unstreamed(model_path):
@@ -131,13 +138,13 @@ def test_groups_go_to_the_trainer_once_completed_and_scored_and_the_step_equals_
     kwargs = dict(lr=1e-5, max_tokens_per_micro_batch=64)  # lr: see the test above
     trainer = RecordingTrainer(PolicyTrainer(model_path, **kwargs))
     step = StreamedStep(trainer, scorer, "grpo", weight_version=0, skip_zero_advantage=True)
-    rule = CompletionRule(list(rewards), responses_kept=2, prompts_to_complete=4)
-    notify = notify_completed(rule, scorer.on_finished, step.on_completed)
+    rule = CompletionRule([request(r) for r in rewards], responses_kept=2, prompts_to_complete=4)
+    live = LiveRound(None, {}, rule, 0, RoundWork(scorer, step))  # the pipeline's view of this round
 
-    def finish(*request_ids):  # what the driver does with each batch of finished responses
+    def finish(*request_ids):  # what the pipeline does with each batch of finished responses
         batch = [done[r] for r in request_ids]
         rule.observe(batch)
-        notify(batch)
+        live.show(batch)
 
     finish("a#0", "b#0")
     assert trainer.pieces == []

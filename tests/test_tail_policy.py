@@ -10,8 +10,7 @@ import random
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from tailflow.engines.reward.scoring import problem_id_of
-from tailflow.engines.rollout.protocol import Completion, FinishReason
+from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
 from tailflow.engines.tail import (
     CompletionRule,
     LongPromptQueue,
@@ -27,16 +26,24 @@ from tailflow.engines.tail import (
 FINISHED = (FinishReason.EOS, FinishReason.STOP, FinishReason.LENGTH)
 
 
-def done(request_id: str, num_tokens: int = 3, reason: FinishReason = FinishReason.EOS) -> Completion:
-    return Completion(request_id, (1, 2), tuple(range(num_tokens)), (0.0,) * num_tokens, reason, 0)
+def request(name: str | Request) -> Request:
+    """These tests' shorthand: "a#1" is response 1 of prompt "a" (the id of `Request.for_problem`)."""
+    if isinstance(name, Request):
+        return name
+    problem_id, _, index = name.rpartition("#")
+    return Request.for_problem(problem_id, int(index), (1, 2))
 
 
-def partial(request_id: str, num_tokens: int) -> Completion:
-    return done(request_id, num_tokens, FinishReason.ABORT)
+def done(name: str | Request, num_tokens: int = 3, reason: FinishReason = FinishReason.EOS) -> Completion:
+    return request(name).completion(tuple(range(num_tokens)), (0.0,) * num_tokens, reason, 0)
 
 
-def launch(problem_ids, responses_per_prompt: int) -> list[str]:
-    return [f"{p}#{k}" for p in problem_ids for k in range(responses_per_prompt)]
+def partial(name: str, num_tokens: int) -> Completion:
+    return done(name, num_tokens, FinishReason.ABORT)
+
+
+def launch(problem_ids, responses_per_prompt: int) -> list[Request]:
+    return [Request.for_problem(p, k, (1, 2)) for p in problem_ids for k in range(responses_per_prompt)]
 
 
 # ---- completion rule on hand-written streams -------------------------------------------------
@@ -110,7 +117,8 @@ def test_rule_rejects_unknown_and_twice_finished_requests_and_early_results():
 
 @pytest.mark.parametrize(
     "request_ids, kept, to_complete",
-    [(launch("ab", 1), 2, 1), (launch("ab", 2), 2, 3), (["a#0", "a#0"], 1, 1), (launch("a", 1), 0, 1)],
+    [(launch("ab", 1), 2, 1), (launch("ab", 2), 2, 3), ([request("a#0"), request("a#0")], 1, 1),
+     (launch("a", 1), 0, 1)],
 )
 def test_rule_validates_its_round(request_ids, kept, to_complete):
     with pytest.raises(ValueError):
@@ -226,7 +234,7 @@ def run_round(rule, request_ids, rng: random.Random):
 
     Returns (every completion delivered to the rule in order, partials the engine's abort returned).
     """
-    pending = list(request_ids)
+    pending = [r.request_id for r in request_ids]
     rng.shuffle(pending)
     racing, delivered, partials, ordered_aborts = [], [], [], []
     while pending or racing:
@@ -251,7 +259,7 @@ def first_to_reach(delivered, responses_kept: int) -> list[str]:
     """Prompts in the order their R0-th response was delivered (the rule's completion order, unbounded)."""
     counts, order = {}, []
     for completion in delivered:
-        problem_id = problem_id_of(completion.request_id)
+        problem_id = completion.problem_id
         counts[problem_id] = counts.get(problem_id, 0) + 1
         if counts[problem_id] == responses_kept:
             order.append(problem_id)
@@ -286,7 +294,7 @@ def test_many_rounds_lose_no_prompt_and_train_none_twice(p0, r0, extra, ratio, i
         completed = [p for p, _ in result.completed]
         assert completed == first_to_reach(delivered, r0)[:p0]  # exactly P0, the first to reach R0
         for problem_id, kept in result.completed:
-            assert list(kept) == [c for c in delivered if problem_id_of(c.request_id) == problem_id][:r0]
+            assert list(kept) == [c for c in delivered if c.problem_id == problem_id][:r0]
         kept_ids = {c.request_id for _, kept in result.completed for c in kept}
         unkept = sum(len(c.token_ids) for c in delivered if c.request_id not in kept_ids)
         assert result.wasted_tokens == unkept + sum(len(c.token_ids) for c in partials)
@@ -296,7 +304,7 @@ def test_many_rounds_lose_no_prompt_and_train_none_twice(p0, r0, extra, ratio, i
             assert plan.fresh_prompts == launched_prompts(p0, ratio) and plan.responses_per_prompt == r0 + extra
             # every prompt past the first P0 is deferred, and only by aborting at least one of its requests
             assert len(result.deferred_problem_ids) == plan.fresh_prompts - p0
-            aborted_prompts = {problem_id_of(request_id) for request_id in result.aborted_request_ids}
+            aborted_prompts = {request(request_id).problem_id for request_id in result.aborted_request_ids}
             assert set(result.deferred_problem_ids) <= aborted_prompts
         else:
             assert result.aborted_request_ids == [] and result.deferred_problem_ids == [] and result.wasted_tokens == 0

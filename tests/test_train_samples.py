@@ -5,7 +5,8 @@ import pytest
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.reward.scoring import ScoredGroup, ScoredResponse
-from tailflow.engines.rollout.protocol import Completion, FinishReason
+from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
+from tailflow.engines.tail.taken import OverlapStats
 from tailflow.engines.train.samples import samples_from_groups
 from tailflow.engines.reward.scoring import ScoredRound
 from tailflow.tasks.train import train_policy
@@ -13,7 +14,8 @@ from tailflow.tasks.train import train_policy
 
 def group(problem_id: str, rewards: list[float], versions: list[int]) -> ScoredGroup:
     responses = tuple(
-        ScoredResponse(Completion(f"{problem_id}#{k}", (1, 2), (3, 4, 5), (-0.5,) * 3, FinishReason.EOS, version),
+        ScoredResponse(Request.for_problem(problem_id, k, (1, 2)).completion((3, 4, 5), (-0.5,) * 3, FinishReason.EOS,
+                                                                             version),
                        text="#### 1", reward=reward, correct=reward > 0)
         for k, (reward, version) in enumerate(zip(rewards, versions))
     )
@@ -42,23 +44,25 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
     """Also before the engines are put to sleep (colocated on GPUs the phases take turns): a refused step leaves
     the engines serving; an accepted one puts them to sleep first, then trains."""
     calls = []
-    train = SimpleNamespace(advantage="grpo", skip_zero_advantage=True, kl_coef=0.0, ppo_epochs=1, mini_batches=1,
-                            seed=0, stream=False)
+    train = SimpleNamespace(advantage="grpo", skips_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0,
+                            stream=False)
     config = SimpleNamespace(train=train, cluster=SimpleNamespace(device="gpu", placement="colocated"),
-                             rollout=SimpleNamespace(async_ratio=0))
+                             rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0))
     ctx = SimpleNamespace(config=config,
                           rollout=SimpleNamespace(sleep=lambda: calls.append("sleep")),
                           trainer=SimpleNamespace(start_train_step=lambda samples, **options: (
-                              calls.append((samples, options)) or SimpleNamespace(result=lambda: "stats"))),
-                          fault_point=lambda phase, iteration: None)
+                              calls.append((samples, options)) or SimpleNamespace(result=lambda: "stats", ready=lambda: True))),
+                          fault_point=lambda phase, iteration: None,
+                          pipeline=SimpleNamespace(max_staleness=0, roll_while=lambda busy, steps: OverlapStats()))
+    work = SimpleNamespace(stream=None)  # the round's observer: no stream trainer
 
     def scored(versions):
         return ScoredRound([group("a", [1.0, 0.0], versions)], stats=None, seconds=0.0)
 
     with pytest.raises(ValueError, match="a#1 \\(version 4\\)"):
-        train_policy.fn(ctx, scored([5, 4]), iteration=5, weight_version=5)
+        train_policy.fn(ctx, scored([5, 4]), work, iteration=5, weight_version=5)
     assert calls == []
-    assert train_policy.fn(ctx, scored([5, 5]), iteration=5, weight_version=5) == "stats"
+    assert train_policy.fn(ctx, scored([5, 5]), work, iteration=5, weight_version=5).stats == "stats"
     assert calls[0] == "sleep" and len(calls) == 2 and len(calls[1][0]) == 2
     assert calls[1][1] == dict(skip_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0)
 

@@ -140,7 +140,7 @@ def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_pat
     assert state.round_history == [0, 0, 1, 0]
 
     # the rollout trace (what `tailflow plan --run` reads) agrees with the metrics, response by response
-    from tailflow.engines.sim.trace_log import RolloutTraceLog
+    from tailflow.engines.track.rollout_trace import RolloutTraceLog
     from tailflow.engines.store import LocalStore
 
     trace = RolloutTraceLog(LocalStore(tmp_path), "tail-test").rounds()

@@ -27,15 +27,15 @@ ENV = "TAILFLOW_FAULT"
 class InjectedFault(RuntimeError):
     """What `raise-<phase>` raises."""
 
-_fired: set[str] = set()
-
 
 def armed(name: str) -> bool:
-    """Whether `name` (`crash-train@3`, `kill-rollout@1`) is in the spec and has not fired yet; marks it fired."""
-    wanted = {item.strip() for item in os.environ.get(ENV, "").split(",") if item.strip()}
-    if name in _fired or name not in wanted:
+    """Whether `name` (`crash-train@3`, `kill-rollout@1`) is in the spec; if so it is disarmed (taken out of
+    TAILFLOW_FAULT in this process's environment), so it fires once per process and a retried iteration does not
+    fail again. The environment is the record: no state of this module's own."""
+    wanted = [item.strip() for item in os.environ.get(ENV, "").split(",") if item.strip()]
+    if name not in wanted:
         return False
-    _fired.add(name)
+    os.environ[ENV] = ",".join(item for item in wanted if item != name)
     return True
 
 

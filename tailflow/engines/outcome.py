@@ -1,6 +1,6 @@
 """What one iteration did, phase by phase: the typed results its metrics row and next state are built from.
 
-Each phase returns its own record with its own timing (`RoundRollout.stats`,
+Each phase returns its own record with its own timing (`TakenRound.stats`,
 `ScoredRound.seconds`, `TrainStepStats.seconds`, ...); `IterationOutcome`
 gathers them so `RunState.advance` and `track.summary.metrics_row` read
 named fields, never a dict another phase filled in.
@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 from tailflow.engines.reward.scoring import ScoredRound
 from tailflow.engines.reward.timeouts import TimeoutAnchors
-from tailflow.engines.tail.roll_out import RoundRollout
-from tailflow.engines.tail.round import PlannedRound
 from tailflow.engines.tail.state import TailState
+from tailflow.engines.tail.taken import OverlapStats, TakenRound
 from tailflow.engines.train.trainer import TrainStepStats
 
 
@@ -36,10 +35,13 @@ class IterationOutcome:
     iteration: int
     attempt: int
     """0, or how many earlier tries of this iteration lost an actor."""
-    planned: PlannedRound
-    rollout: RoundRollout
+    taken: TakenRound
     scored: ScoredRound
     trained: TrainStepStats
+    overlap: OverlapStats
+    """What the rollout did while the trainer trained (asynchronous runs)."""
+    stopped_at_sync: int
+    """Requests in flight stopped for the weight sync (asynchronous runs)."""
     synced: WeightSync
     evaluated: Evaluation | None
     """None when no evaluation was due."""
@@ -49,8 +51,10 @@ class IterationOutcome:
     """The code reward's timeout anchors after this round's responses."""
     reports_anchor: bool
     """Whether the reward runs code (then the metrics row carries the task anchor)."""
+    is_async: bool
+    """rollout.async_ratio > 0 (then the metrics row carries staleness and overlap)."""
 
     @property
     def step_seconds(self) -> float:
         """`time/step_total`: rollout, reward, train and weight sync (evaluation and commit excluded)."""
-        return self.rollout.stats.seconds + self.scored.seconds + self.trained.seconds + self.synced.seconds
+        return self.taken.stats.seconds + self.scored.seconds + self.trained.seconds + self.synced.seconds

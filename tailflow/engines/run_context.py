@@ -2,7 +2,7 @@
 
 Built once by the parent flow and handed to every iteration; the Ray actors in
 it stay alive (models loaded) for the whole run. It never changes: replacing
-dead workers builds a new context (`with_workers`), so nothing that holds the
+dead workers builds a new context (`replacing`), so nothing that holds the
 old one sees half-swapped actors.
 
 A plain class on purpose, not a dataclass: Prefect walks every dataclass,
@@ -12,7 +12,7 @@ CPU between phases (+50% step time). Prefect treats a plain object as a leaf.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from tailflow.engines.faults import fault_point
 
@@ -27,16 +27,18 @@ if TYPE_CHECKING:
     from tailflow.engines.reward.spec import RewardSpec
     from tailflow.engines.reward.timeouts import TimeoutPolicy
     from tailflow.engines.rollout.protocol import SamplingParams
+    from tailflow.engines.round_work import RoundWorkFactory
     from tailflow.engines.store import ArtifactStore
     from tailflow.engines.tail.pipeline import RolloutPipeline
     from tailflow.engines.tail.state import TailSettings
     from tailflow.engines.track import MetricsLogger
+    from tailflow.engines.track.live import RoundWatcher
 
 
 class RunContext:
     __slots__ = ("run_id", "config", "store", "tokenizer", "train_problems", "eval_problems", "problems_by_id",
                  "reward", "timeouts", "sampling", "tail", "rollout", "trainer", "reward_pool", "metrics",
-                 "model_path", "model_config", "max_seq_len", "num_skipped_rows", "pipeline")
+                 "model_path", "model_config", "max_seq_len", "num_skipped_rows", "watch", "round_work", "pipeline")
 
     run_id: str
     config: RunConfig
@@ -66,34 +68,36 @@ class RunContext:
     """Longest prompt + rollout.max_new_tokens: the engines' sequence capacity."""
     num_skipped_rows: int
     """Dataset rows skipped as invalid (data.on_invalid: skip)."""
+    watch: Callable[[Sequence[Problem]], RoundWatcher] | None
+    """Live progress: a watcher for each round's finished responses (None: nobody watches)."""
+    round_work: RoundWorkFactory | None
+    """Builds each launched round's observer (scorer, stream trainer step) over these workers."""
     pipeline: RolloutPipeline | None
-    """Asynchronous runs: the rounds running ahead of training on `rollout` (None in synchronous runs). It is
-    the one part of a run that lives across iterations outside the commits; each iteration restores it from
-    the last commit unless it is already there."""
+    """The rounds on `rollout`, synchronous or running ahead of training (engines/tail/pipeline.py); None only
+    while the context is being built. It is the one part of a run that lives across iterations outside the
+    commits; each iteration restores it from the last commit unless it is already there."""
 
     def __init__(self, **fields) -> None:
-        missing = set(self.__slots__) - set(fields) - {"problems_by_id", "pipeline"}
+        optional = {"problems_by_id", "watch", "round_work", "pipeline"}
+        missing = set(self.__slots__) - set(fields) - optional
         if missing:
             raise TypeError(f"RunContext needs {', '.join(sorted(missing))}")
         fields.setdefault("problems_by_id", {problem.problem_id: problem for problem in fields["train_problems"]})
-        fields.setdefault("pipeline", None)
+        for name in optional - {"problems_by_id"}:
+            fields.setdefault(name, None)
         for name, value in fields.items():
             object.__setattr__(self, name, value)
 
     def __setattr__(self, name: str, value) -> None:
-        raise AttributeError(f"RunContext is immutable (tried to set {name}); build a new one with `with_workers`")
+        raise AttributeError(f"RunContext is immutable (tried to set {name}); build a new one with `replacing`")
 
-    def with_workers(self, rollout: RolloutGroup, trainer: TrainerGroup, reward_pool: RewardPool) -> RunContext:
-        """The same run with new worker groups (after an actor died)."""
-        fields = {name: getattr(self, name) for name in self.__slots__}
-        pipeline = self.pipeline.rebound(rollout) if self.pipeline is not None else None
-        return RunContext(**{**fields, "rollout": rollout, "trainer": trainer, "reward_pool": reward_pool,
-                             "pipeline": pipeline})
-
-    def with_pipeline(self, pipeline: RolloutPipeline) -> RunContext:
-        """The same run with an asynchronous rollout pipeline (built over this context's rollout workers)."""
-        fields = {name: getattr(self, name) for name in self.__slots__}
-        return RunContext(**{**fields, "pipeline": pipeline})
+    def replacing(self, **changes) -> RunContext:
+        """The same run with some parts replaced: new worker groups after an actor died (`flows/setup.py` then
+        builds the round observers and the pipeline over them again)."""
+        unknown = set(changes) - set(self.__slots__)
+        if unknown:
+            raise TypeError(f"RunContext has no {', '.join(sorted(unknown))}")
+        return RunContext(**{**{name: getattr(self, name) for name in self.__slots__}, **changes})
 
     def fault_point(self, phase: str, iteration: int) -> None:
         """The crash point `phase` of engines/faults.py (a no-op unless TAILFLOW_FAULT is set)."""

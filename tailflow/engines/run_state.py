@@ -101,7 +101,7 @@ class RunState(BaseModel):
         return RunState(
             run_id=self.run_id, iteration=outcome.iteration + 1, weight_version=self.weight_version + 1,
             tail=outcome.tail, latest_checkpoint=self.latest_checkpoint, weights_sha256=self.weights_sha256,
-            rng=self.rng, round_history=[*self.round_history, outcome.planned.plan.round_metric],
+            rng=self.rng, round_history=[*self.round_history, outcome.taken.planned.plan.round_metric],
             reward_anchors=outcome.anchors, initial_eval_accuracy=self.initial_eval_accuracy,
             last_eval_accuracy=evaluated, pipeline=pipeline, rollout_workers_added=rollout_workers_added,
         )

@@ -23,11 +23,10 @@ from tailflow.config import RunConfig
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
-from tailflow.engines.track.live import RoundCount, RoundWatcher, watch_rounds
+from tailflow.engines.track.live import RoundCount, RoundWatcher
 from tailflow.flows.run_log import say
 
 ARTIFACT_EVERY_S = 2.0
-_current: LiveProgress | None = None
 
 
 def round_line(iteration: int, count: RoundCount, seconds: float, queue_size: int, compact: bool = False) -> str:
@@ -136,21 +135,15 @@ class TerminalDisplay:
         self.progress.stop()
 
 
-def current_live() -> LiveProgress | None:
-    return _current
-
-
 @contextmanager
 def live_progress(config: RunConfig, run_id: str, terminal: bool | None = None) -> Iterator[LiveProgress]:
-    """Show the run's live progress while inside (rich on a terminal, plain lines elsewhere)."""
-    global _current
+    """Show the run's live progress while inside (rich on a terminal, plain lines elsewhere); the run hands
+    `live.watcher` to each round's scorer and tells `live` when an iteration is done."""
     from prefect.runtime import flow_run
 
     from tailflow.engines.cluster.actor_output import actor_stderr_to
 
     live = LiveProgress(config, run_id, sys.stdout.isatty() if terminal is None else terminal)
-    _current = live
-    watch_rounds(live.watcher)
     flow_run_id = flow_run.id
     try:
         if flow_run_id:
@@ -160,6 +153,4 @@ def live_progress(config: RunConfig, run_id: str, terminal: bool | None = None) 
         else:
             yield live
     finally:
-        watch_rounds(None)
-        _current = None
         live.close()

@@ -18,7 +18,7 @@ from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import read_checkpoint
 from tailflow.engines.runs.commit import commit_state
 from tailflow.engines.runs.layout import config_key
-from tailflow.engines.sim.trace_log import RolloutTraceLog
+from tailflow.engines.track.rollout_trace import RolloutTraceLog
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -80,7 +80,7 @@ def restore_weights(ctx: RunContext, state: RunState) -> None:
 
 def restore_commit(ctx: RunContext, state: RunState) -> None:
     """Resume: the committed weights and optimizer, no metrics rows past the commit, the driver's RNG. (An
-    asynchronous run's rounds in flight are restored by its next iteration, `tasks/async_rollout.take_round`.)"""
+    asynchronous run's rounds in flight are restored by its next iteration, `tasks/rollout.take_round`.)"""
     restore_weights(ctx, state)
     if state.rng is not None:
         state.rng.restore()

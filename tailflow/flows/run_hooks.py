@@ -9,11 +9,11 @@ from typing import Any
 from uuid import UUID
 
 from tailflow.engines.runs.lease import HeldLease
-from tailflow.flows.live_progress import current_live
+from tailflow.flows.live_progress import LiveProgress
 from tailflow.flows.run_log import progress_line, say
 
 
-def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease | None) -> None:
+def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease | None, live: LiveProgress | None) -> None:
     """After iteration `row["iteration"]` committed: its progress line (in the run's logs and the iteration's),
     the writer check, and the report every `tracking.report_every` iterations."""
     line = progress_line(row)
@@ -23,7 +23,7 @@ def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease | None) ->
         say(line, flow_run_id=subflow)
     if lease is not None:
         lease.check()
-    if (live := current_live()) is not None:
+    if live is not None:
         live.iteration_done(state)
     every = ctx.config.tracking.report_every
     if every and state.iteration % every == 0 and state.iteration < ctx.config.train.iterations:

@@ -35,6 +35,7 @@ from tailflow.engines.reward.spec import reward_spec
 from tailflow.engines.reward.timeouts import TimeoutPolicy
 from tailflow.engines.rollout.protocol import Request, SamplingParams
 from tailflow.engines.rollout.requests import prompt_token_ids, sampling_requests
+from tailflow.engines.round_work import RoundWorkFactory
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.tail.pipeline import RolloutPipeline
 from tailflow.engines.tail.round import PlannedRound
@@ -130,7 +131,8 @@ def prepare_run_dir(store: ArtifactStore, config: RunConfig, run_id: str) -> Non
         store.write_text(metrics_key(run_id), "")
 
 
-def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunContext:
+def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch=None) -> RunContext:
+    """Everything the run holds; `watch` (live progress) gives a watcher for each round's finished responses."""
     model_path = resolve_model_path(config, store)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     reward = reward_spec(config.reward, model_path)
@@ -150,9 +152,9 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore) -> RunCo
         eval_problems=datasets.eval, reward=reward, timeouts=TimeoutPolicy.from_config(config.reward),
         sampling=sampling_params(config), tail=TailSettings.from_config(config), rollout=rollout,
         trainer=trainer, reward_pool=reward_pool, metrics=metrics, model_path=model_path, model_config=model_config,
-        max_seq_len=max_seq_len, num_skipped_rows=datasets.num_skipped,
+        max_seq_len=max_seq_len, num_skipped_rows=datasets.num_skipped, watch=watch,
     )
-    return ctx.with_pipeline(async_pipeline(ctx)) if config.rollout.async_ratio > 0 else ctx
+    return with_pipeline(ctx)
 
 
 def say_gpu_seats(trainer_workers: list, rollout_workers: list) -> None:
@@ -161,16 +163,21 @@ def say_gpu_seats(trainer_workers: list, rollout_workers: list) -> None:
         print(f"[tailflow] {line}", file=sys.stderr, flush=True)
 
 
-def async_pipeline(ctx: RunContext) -> RolloutPipeline:
-    """The rounds of an asynchronous run, launched with the same seeded requests a synchronous round uses."""
+def with_pipeline(ctx: RunContext) -> RunContext:
+    """The context with its rounds' observers and the rollout pipeline built over its current workers: every
+    round's requests seeded by the run seed, the iteration and the request (`sampling_requests`), whatever
+    the mode."""
     config = ctx.config
 
     def make_requests(planned: PlannedRound) -> list[Request]:
         return sampling_requests(planned.problems, planned.plan.responses_per_prompt, ctx.sampling, ctx.tokenizer,
                                  config.train.seed, planned.plan.iteration, config.data.prompt_template)
 
-    return RolloutPipeline(ctx.rollout, ctx.tail, config.rollout.async_ratio, config.rollout.partial,
-                           ctx.train_problems, ctx.problems_by_id, make_requests)
+    round_work = RoundWorkFactory(config, ctx.reward_pool, ctx.trainer, ctx.tokenizer, ctx.reward.runs_code,
+                                  ctx.watch)
+    pipeline = RolloutPipeline(ctx.rollout, ctx.tail, config.rollout.async_ratio, config.rollout.partial,
+                               ctx.train_problems, ctx.problems_by_id, make_requests, round_work)
+    return ctx.replacing(round_work=round_work, pipeline=pipeline)
 
 
 def load_for_model(config: RunConfig, model_path: str, tokenizer, runs_code: bool) -> tuple[Datasets, int]:
@@ -276,7 +283,8 @@ def restart_workers(ctx: RunContext) -> RunContext:
             group.shutdown()
         except Exception:  # noqa: BLE001 - an actor already gone is what we are recovering from
             pass
-    return ctx.with_workers(*start_workers(ctx.config, ctx.model_path, ctx.max_seq_len))
+    rollout, trainer, reward_pool = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len)
+    return with_pipeline(ctx.replacing(rollout=rollout, trainer=trainer, reward_pool=reward_pool))
 
 
 def trainer_kwargs(config: RunConfig) -> dict:

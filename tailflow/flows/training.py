@@ -16,7 +16,6 @@ from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command
 from tailflow.flows.artifacts import RunArtifacts
-from tailflow.flows.async_iteration import async_iteration
 from tailflow.flows.iteration import iteration
 from tailflow.flows.live_progress import live_progress
 from tailflow.flows.preflight import check_inputs
@@ -79,8 +78,8 @@ def rl_training(
         run_id = run_id or default_run_id()
         check_inputs(run_config)
     with (no_retry_on_user_error(), run_writer(run_config, run_id, take_over) as lease,
-          live_progress(run_config, run_id)):
-        return train(run_config, run_id, allow_change or [], lease)
+          live_progress(run_config, run_id) as live):
+        return train(run_config, run_id, allow_change or [], lease, live)
 
 
 @flow(name="rollout_workers", flow_run_name="workers-{run_id}")
@@ -100,14 +99,14 @@ def rollout_workers(run_id: str, add: int = 0, remove: int | None = None, config
         return store.uri(send_worker_command(store, run_id, command))
 
 
-def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=None) -> RunSummary:
+def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=None, live=None) -> RunSummary:
     store = open_store(run_config.storage.uri)
     committed = read_committed_state(store, run_id)
     if committed is not None:
         check_config_for_resume(store, run_id, run_config, allow_change, committed)
     else:
         prepare_run_dir(store, run_config, run_id)
-    ctx = build_context(run_config, run_id, store)
+    ctx = build_context(run_config, run_id, store, watch=live.watcher if live is not None else None)
     steer_rollout(ctx, committed.rollout_workers_added if committed is not None else 0)
     try:
         if committed is not None:
@@ -125,7 +124,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
         for step in range(state.iteration, run_config.train.iterations):
             ctx, state = run_iteration(ctx, state, step)
             rows = ctx.metrics.rows()
-            after_iteration(ctx, state, rows[-1], lease)
+            after_iteration(ctx, state, rows[-1], lease, live)
             artifacts.progress(state.iteration)
             artifacts.metrics(rows)
             artifacts.checkpoint_link(ctx.store.uri(state.latest_checkpoint), step)
@@ -159,10 +158,9 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
     the workers in use after it. With `rollout.elastic` (the default) a rollout worker's death never gets here:
     its group replaces it and moves its requests (docs/operations.md, elastic rollout workers)."""
     retries = ctx.config.train.iteration_retries
-    run_one = async_iteration if ctx.pipeline is not None else iteration
     for attempt in range(retries + 1):
         try:
-            return ctx, run_one(ctx, state.without_pipeline(), step, attempt)
+            return ctx, iteration(ctx, state.without_pipeline(), step, attempt)
         except ACTOR_FAILURES as error:
             if attempt == retries:
                 shutdown_workers(ctx)  # the caller's context may hold the workers this replaced

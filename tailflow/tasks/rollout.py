@@ -1,34 +1,57 @@
-"""Rollout: launch the round's requests and run them under its completion rule."""
+"""Rollout: take the iteration's round from the pipeline; stop and resume the rollout around the weight sync.
+
+One module for every mode (engines/tail/pipeline.py): a synchronous round is rolled out when it is taken; an
+asynchronous one was launched earlier and the rounds after it keep running.
+"""
 from __future__ import annotations
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tailflow.engines.reward.streaming import StreamingScorer
 from tailflow.engines.run_context import RunContext
-from tailflow.engines.sim.recorder import TraceRecorder
-from tailflow.engines.sim.trace_log import RolloutTraceLog
-from tailflow.engines.tail.roll_out import RoundRollout, roll_out_round
-from tailflow.engines.tail.round import PlannedRound
-from tailflow.engines.train.stream import StreamedStep
+from tailflow.engines.run_state import RunState
+from tailflow.engines.runs.commit import read_committed_state
+from tailflow.engines.tail.pipeline_state import PipelineState
+from tailflow.engines.tail.taken import TakenRound
+from tailflow.engines.track.rollout_trace import RolloutTraceLog, trace_of
 
 
-# Never cached: a cache hit would silently skip the call into a stateful Ray actor.
+# Never cached: each of these drives stateful Ray actors.
 @task(cache_policy=NO_CACHE)
-def run_rollout(ctx: RunContext, planned: PlannedRound, scorer: StreamingScorer,
-                stream: StreamedStep | None = None) -> RoundRollout:
-    """Generate the round; with streamed scoring, `scorer` gets each response as it finishes, and with the
-    stream trainer (`stream`), the trainer each completed prompt's group once it is scored. With
-    `storage.rollout_trace`, the round's trace (every response's length, finish step, kept or aborted) is
-    appended to the run's rollout_trace.jsonl, for the simulator."""
-    ctx.fault_point("rollout", planned.plan.iteration)
-    on_finished = scorer.on_finished if scorer.streaming else None
-    on_completed = stream.on_completed if stream is not None else None
-    recorder = TraceRecorder(ctx.rollout)
-    rollout = roll_out_round(recorder, planned, ctx.sampling, ctx.tokenizer, ctx.config.data.prompt_template,
-                             ctx.config.train.seed, ctx.tail.steps_per_poll, on_finished, on_completed)
+def take_round(ctx: RunContext, state: RunState, iteration: int) -> TakenRound:
+    """Round `iteration`, once its completion rule is done; with `storage.rollout_trace` its trace row (every
+    launched response's length, finish step, kept or aborted) is appended to the run's rollout_trace.jsonl.
+
+    Rounds launched from here on are scored with `state`'s timeout anchors. A pipeline that is not where the last
+    commit left it (a new run, a resumed one, a retried iteration) is restored from that commit, read from the
+    store (`state` comes without its pipeline: `RunState.without_pipeline`)."""
+    pipeline = ctx.pipeline
+    ctx.round_work.anchors = state.reward_anchors
+    if not pipeline.is_at(iteration):
+        committed = read_committed_state(ctx.store, ctx.run_id)
+        if committed is None or committed.iteration != iteration:
+            raise RuntimeError(f"iteration {iteration} of run {ctx.run_id} must start from the commit after "
+                               f"iteration {iteration - 1}, but the store's latest commit is "
+                               f"{'none' if committed is None else committed.iteration}")
+        pipeline.restore(committed.pipeline or PipelineState(), committed.tail, iteration, committed.weight_version)
+    ctx.fault_point("rollout", iteration)
+    taken = pipeline.take(iteration)
     if ctx.config.storage.rollout_trace:
-        RolloutTraceLog(ctx.store, ctx.run_id).append(recorder.round_trace(
-            rollout.iteration, planned.plan.kind.value, rollout.requests, rollout.result,
-            ctx.sampling.max_new_tokens, rollout.stats.seconds))
-    return rollout
+        RolloutTraceLog(ctx.store, ctx.run_id).append(trace_of(taken, ctx.sampling.max_new_tokens))
+    return taken
+
+
+@task(cache_policy=NO_CACHE)
+def pause_rollout(ctx: RunContext) -> int:
+    """Stop the requests in flight, keeping their tokens: the engines go idle for the weight sync. Returns how
+    many were stopped (none in a synchronous run)."""
+    return ctx.pipeline.pause()
+
+
+@task(cache_policy=NO_CACHE)
+def resume_rollout(ctx: RunContext, version: int) -> PipelineState | None:
+    """Resubmit them under weights `version`; what is resubmitted, with the rounds running ahead, is what the
+    commit records (None: nothing, as in every synchronous run)."""
+    ctx.pipeline.resume(version)
+    snapshot = ctx.pipeline.snapshot()
+    return None if snapshot.is_empty else snapshot

@@ -57,8 +57,8 @@ class InFlight:
         """An aborted completion from the tokens streamed (a request whose worker is gone, or never started)."""
         request, prefix = self.requests[request_id], self.streamed[request_id]
         mixed = any(v != weight_version for v in prefix.weight_versions)
-        return Completion(request_id, request.prompt_token_ids, prefix.token_ids, prefix.logprobs,
-                          FinishReason.ABORT, weight_version, prefix.weight_versions if mixed else ())
+        return request.completion(prefix.token_ids, prefix.logprobs, FinishReason.ABORT, weight_version,
+                                  prefix.weight_versions if mixed else ())
 
     def forget(self, request_id: str) -> None:
         self.requests.pop(request_id, None)

@@ -12,6 +12,11 @@ below `min_workers`: a round of slow code keeps its workers, a run of quick
 rounds gives them back one by one without starting and stopping actors
 every round.
 
+Several scorers share the pool at once (an asynchronous run scores the round
+being trained and the rounds running ahead; evaluation scores in between):
+outcomes are kept by request id until the scorer that sent them asks
+(`ready` / `wait_for` its own ids), so no scorer ever takes another's.
+
 Reward actors ask Ray for no CPU: they mostly wait on sandboxed children or
 on a math-verify child, and a 2-core machine already gives its CPUs to the
 rollout and trainer actors. A judge model runs in the actor itself and
@@ -20,7 +25,7 @@ does use a core; on a real cluster, budget for it.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Collection, Sequence
 
 import ray
 
@@ -41,7 +46,9 @@ class RewardPool:
         self._num_threads = num_threads
         self.workers: list = []
         self._outstanding: dict = {}
-        """ObjectRef -> index of the worker scoring it."""
+        """ObjectRef -> (index of the worker scoring it, the request id it scores)."""
+        self._arrived: dict[str, ScoreOutcome] = {}
+        """Outcomes back from the workers and not yet asked for, by request id."""
         self._starting: dict[int, object] = {}
         """Index -> its `ping` call, for workers that have not answered yet."""
         self.peak_workers = 0
@@ -88,7 +95,7 @@ class RewardPool:
         """After a round: keep what its peak backlog needed; idle workers beyond that are stopped."""
         wanted = self.workers_wanted(self.peak_backlog)
         last = len(self.workers) - 1
-        if len(self.workers) > wanted and last not in set(self._outstanding.values()):
+        if len(self.workers) > wanted and last not in {index for index, _ in self._outstanding.values()}:
             self._starting.pop(last, None)
             ray.kill(self.workers.pop())
         self.peak_backlog = 0
@@ -104,39 +111,41 @@ class RewardPool:
         for item in items:
             self._grow_for(self.backlog + 1)
             load = [0] * len(self.workers)
-            for index in self._outstanding.values():
+            for index, _ in self._outstanding.values():
                 load[index] += 1
             index = min(self._ready_indices(), key=lambda i: (load[i], i))
-            self._outstanding[self.workers[index].score.remote([item])] = index
+            self._outstanding[self.workers[index].score.remote([item])] = (index, item.request_id)
             self.peak_backlog = max(self.peak_backlog, self.backlog)
 
-    def ready(self, timeout_s: float = 0.0) -> list[ScoreOutcome]:
-        """Outcomes finished by now (waiting up to `timeout_s` for the first); a failed call raises."""
-        if not self._outstanding:
-            return []
-        if timeout_s > 0:
-            ray.wait(list(self._outstanding), num_returns=1, timeout=timeout_s)
-        done, _ = ray.wait(list(self._outstanding), num_returns=len(self._outstanding), timeout=0)
-        outcomes = []
-        for ref in done:
-            del self._outstanding[ref]
-            outcomes.extend(ray.get(ref))
-        return outcomes
+    def ready(self, request_ids: Collection[str]) -> list[ScoreOutcome]:
+        """The outcomes of `request_ids` finished by now (never waiting); a failed call raises."""
+        if self._outstanding:
+            done, _ = ray.wait(list(self._outstanding), num_returns=len(self._outstanding), timeout=0)
+            self._take_in(done)
+        return [self._arrived.pop(rid) for rid in request_ids if rid in self._arrived]
 
-    def wait_all(self) -> list[ScoreOutcome]:
-        outcomes = []
-        while self._outstanding:
-            done, _ = ray.wait(list(self._outstanding), num_returns=1)
-            for ref in done:
-                del self._outstanding[ref]
-                outcomes.extend(ray.get(ref))  # a dead worker raises RayActorError: the iteration retries
-        return outcomes
+    def wait_for(self, request_ids: Collection[str]) -> list[ScoreOutcome]:
+        """The outcomes of `request_ids` (each sent by `submit` and not yet returned), waiting for all of them."""
+        wanted = set(request_ids)
+        pending = {ref for ref, (_, rid) in self._outstanding.items() if rid in wanted}
+        unknown = wanted - {self._outstanding[ref][1] for ref in pending} - set(self._arrived)
+        if unknown:
+            raise KeyError(f"requests {sorted(unknown)[:5]} were never sent to the reward pool (or taken already)")
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            pending -= set(done)
+            self._take_in(done)  # a dead worker raises RayActorError: the iteration retries
+        return [self._arrived.pop(rid) for rid in request_ids]
+
+    def _take_in(self, refs) -> None:
+        for ref in refs:
+            del self._outstanding[ref]
+            self._arrived.update((outcome.request_id, outcome) for outcome in ray.get(ref))
 
     def score_all(self, items: Sequence[ScoreItem]) -> list[ScoreOutcome]:
         """Score a batch and wait for it (evaluation, batch-after-rollout); outcomes in `items` order."""
         self.submit(items)
-        by_id = {outcome.request_id: outcome for outcome in self.wait_all()}
-        return [by_id[item.request_id] for item in items]
+        return self.wait_for([item.request_id for item in items])
 
     def worker_pid(self, index: int = 0) -> int:
         return ray.get(self.workers[index].pid.remote())
@@ -150,4 +159,5 @@ class RewardPool:
             ray.kill(worker)
         self.workers = []
         self._outstanding.clear()
+        self._arrived.clear()
         self._starting.clear()

@@ -32,6 +32,7 @@ import torch
 
 from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
+from tailflow.engines.train.samples import samples_with_signal
 from tailflow.engines.train.trainer import TrainStepStats
 from tailflow.engines.train.updates import plan_updates
 from tailflow.engines.train.worker import TrainerWorker
@@ -144,8 +145,7 @@ class TrainerGroup:
         num_tokens_total = count_response_tokens(samples)
         if num_tokens_total == 0:
             raise ValueError("train_step needs at least one response token")
-        trained = [sample for sample in samples if sample.advantage != 0.0] if skip_zero_advantage else samples
-        trained = trained or samples[:1]
+        trained = samples_with_signal(samples, skip_zero_advantage) or samples[:1]
         shards = shard_across_ranks(trained, self.world_size)
         if ppo_epochs * mini_batches == 1:
             calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))

@@ -6,13 +6,10 @@ within a group, so grouping happens here, once, by problem id.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion
-
-if TYPE_CHECKING:
-    from tailflow.engines.reward.streaming import ScoringStats
 
 
 @dataclass(frozen=True)
@@ -36,12 +33,42 @@ class ScoredGroup:
 
 
 @dataclass(frozen=True)
+class ScoringStats:
+    exposed_s: float
+    """Wall time from the end of rollout until every kept response was scored: the step's reward time."""
+    busy_s: float
+    """Scoring time summed over responses (worker wall clock)."""
+    hidden_s: float
+    """The part of busy_s that ran before rollout ended."""
+    num_scored: int
+    num_unused: int
+    """Scored responses the round did not keep (their prompt was deferred, or they raced an abort)."""
+    num_timeouts: int
+    """Code executions that timed out, in kept responses."""
+    workers: int
+    """Most reward workers alive during the round."""
+
+    @property
+    def overlap_ratio(self) -> float:
+        return self.hidden_s / self.busy_s if self.busy_s > 0 else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "time/reward_overlap_ratio": self.overlap_ratio,
+            "reward/timeouts": self.num_timeouts,
+            "time/reward_workers": self.workers,
+            "time/reward_busy": self.busy_s,
+            "reward/unused_scores": self.num_unused,
+        }
+
+
+@dataclass(frozen=True)
 class ScoredRound:
     """A round's scored groups (launch order) and how its scoring went; `seconds` is the scoring phase's wall
     time after rollout (`time/step_reward`)."""
 
     groups: list[ScoredGroup]
-    stats: "ScoringStats"
+    stats: ScoringStats
     seconds: float
 
     def observed_times(self) -> list[tuple[Problem, bool, float | None]]:
@@ -50,21 +77,16 @@ class ScoredRound:
                 for response in group.responses]
 
 
-def problem_id_of(request_id: str) -> str:
-    """Request ids are `<problem_id>#<k>`; the problem id is everything before the last '#'."""
-    return request_id.rpartition("#")[0]
-
-
 def group_completions(problems: Sequence[Problem], completions: Sequence[Completion]) -> dict[str, list[Completion]]:
     """Completions by problem id, in the order of `problems`; each list in response-index order."""
     by_problem: dict[str, list[Completion]] = {problem.problem_id: [] for problem in problems}
     for completion in completions:
-        problem_id = problem_id_of(completion.request_id)
+        problem_id = completion.problem_id
         if problem_id not in by_problem:
             raise KeyError(f"completion {completion.request_id} belongs to no problem of this round")
         by_problem[problem_id].append(completion)
     for group in by_problem.values():
-        group.sort(key=lambda c: int(c.request_id.rpartition("#")[2]))
+        group.sort(key=lambda c: c.index)
     return by_problem
 
 

@@ -19,50 +19,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.reward.scoring import ScoredGroup, ScoredRound, groups_from_outcomes, problem_id_of
+from tailflow.engines.reward.scoring import ScoredGroup, ScoredRound, ScoringStats, groups_from_outcomes
 from tailflow.engines.reward.worker import ScoreItem, ScoreOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason
-from tailflow.engines.track.live import round_watcher
 
 if TYPE_CHECKING:
     from tailflow.engines.cluster.reward_pool import RewardPool
-
-
-@dataclass(frozen=True)
-class ScoringStats:
-    exposed_s: float
-    """Wall time from the end of rollout until every kept response was scored: the step's reward time."""
-    busy_s: float
-    """Scoring time summed over responses (worker wall clock)."""
-    hidden_s: float
-    """The part of busy_s that ran before rollout ended."""
-    num_scored: int
-    num_unused: int
-    """Scored responses the round did not keep (their prompt was deferred, or they raced an abort)."""
-    num_timeouts: int
-    """Code executions that timed out, in kept responses."""
-    workers: int
-    """Most reward workers alive during the round."""
-
-    @property
-    def overlap_ratio(self) -> float:
-        return self.hidden_s / self.busy_s if self.busy_s > 0 else 0.0
-
-    def metrics(self) -> dict[str, float]:
-        return {
-            "time/reward_overlap_ratio": self.overlap_ratio,
-            "reward/timeouts": self.num_timeouts,
-            "time/reward_workers": self.workers,
-            "time/reward_busy": self.busy_s,
-            "reward/unused_scores": self.num_unused,
-        }
 
 
 class StreamingScorer:
     """One round's scoring; build a new one per round."""
 
     def __init__(self, pool: RewardPool, tokenizer, problems: Sequence[Problem],
-                 timeout_of: Callable[[Problem], float | None], streaming: bool = True) -> None:
+                 timeout_of: Callable[[Problem], float | None], streaming: bool = True,
+                 watcher: Callable[[Sequence[Completion]], None] | None = None) -> None:
+        """`watcher` (live progress: flows/live_progress.py) sees every finished response, when streaming."""
         self.pool = pool
         self.tokenizer = tokenizer
         self.problems_by_id = {problem.problem_id: problem for problem in problems}
@@ -73,10 +44,10 @@ class StreamingScorer:
         self.texts: dict[str, str] = {}
         """Each response's text, decoded once when it is sent to the reward."""
         self.rollout_ended_at: float | None = None
-        self.watcher = round_watcher(problems) if streaming else None  # live progress (engines/track/live.py)
+        self.watcher = watcher if streaming else None
 
     def item_for(self, completion: Completion) -> ScoreItem:
-        problem = self.problems_by_id[problem_id_of(completion.request_id)]
+        problem = self.problems_by_id[completion.problem_id]
         text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
         self.texts[completion.request_id] = text
         return ScoreItem(completion.request_id, text, problem, self.timeout_of(problem))
@@ -91,7 +62,7 @@ class StreamingScorer:
                  if c.finish_reason is not FinishReason.ABORT and c.request_id not in self._sent]
         self._sent.update(item.request_id for item in items)
         self.pool.submit(items)
-        self._collect(self.pool.ready())
+        self._collect(self.pool.ready(self._sent - self._outcomes.keys()))
 
     def scored_group(self, problem_id: str, kept: Sequence[Completion]) -> ScoredGroup | None:
         """A completed prompt's group if every kept response has been scored by the last `on_finished` (which
@@ -111,7 +82,7 @@ class StreamingScorer:
         missing = [self.item_for(c) for c in kept if c.request_id not in self._sent]
         self._sent.update(item.request_id for item in missing)
         self.pool.submit(missing)
-        self._collect(self.pool.wait_all())
+        self._collect(self.pool.wait_for(self._sent - self._outcomes.keys()))
         exposed_s = time.perf_counter() - started
         kept_ids = {c.request_id for c in kept}
         outcomes = {request_id: self._outcomes[request_id] for request_id in kept_ids}

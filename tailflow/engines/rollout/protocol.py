@@ -72,10 +72,33 @@ class ResponsePrefix:
 @dataclass(frozen=True)
 class Request:
     request_id: str
+    """Unique within a round (the engines' key)."""
     prompt_token_ids: tuple[int, ...]
     params: SamplingParams = field(default_factory=SamplingParams)
     prefix: ResponsePrefix | None = None
     """Continue a response sampled so far (partial rollout across a weight update, migration); None: start."""
+    problem_id: str = ""
+    """The prompt this response answers: its group (GRPO normalises within it) and the completion rule's unit.
+    Empty: the request is a group of its own (its id is used)."""
+    index: int = 0
+    """Which of its prompt's responses this is (0, 1, ...): the group's order."""
+
+    def __post_init__(self) -> None:
+        if not self.problem_id:
+            object.__setattr__(self, "problem_id", self.request_id)
+
+    @classmethod
+    def for_problem(cls, problem_id: str, index: int, prompt_token_ids: tuple[int, ...],
+                    params: SamplingParams | None = None) -> "Request":
+        """Response `index` of `problem_id`; its id `<problem_id>#<index>` is only a key, never parsed."""
+        return cls(f"{problem_id}#{index}", prompt_token_ids, params or SamplingParams(), problem_id=problem_id,
+                   index=index)
+
+    def completion(self, token_ids: tuple[int, ...], logprobs: tuple[float, ...], finish_reason: FinishReason,
+                   weight_version: int, token_weight_versions: tuple[int, ...] = ()) -> "Completion":
+        """What this request came back as: engines build every `Completion` here, so identity travels along."""
+        return Completion(self.request_id, self.prompt_token_ids, tuple(token_ids), tuple(logprobs), finish_reason,
+                          weight_version, tuple(token_weight_versions), self.problem_id, self.index)
 
 
 @dataclass(frozen=True)
@@ -97,6 +120,14 @@ class Completion:
     finish_reason: FinishReason
     weight_version: int
     token_weight_versions: tuple[int, ...] = ()
+    problem_id: str = ""
+    """The request's `problem_id` (empty: the request id)."""
+    index: int = 0
+    """The request's `index` within its prompt's group."""
+
+    def __post_init__(self) -> None:
+        if not self.problem_id:
+            object.__setattr__(self, "problem_id", self.request_id)
 
     @property
     def oldest_weight_version(self) -> int:

@@ -1,6 +1,7 @@
 """Problems -> engine requests: ids, prompt tokens and per-request seeds.
 
-Request ids are `<problem_id>#<k>` so completions find their group again.
+Each request carries its problem id and response index (`Request.for_problem`), so completions find their
+group by field; the id `<problem_id>#<k>` is only a key.
 Seeds are a stable hash of (run seed, iteration, problem, k): the same request
 samples the same tokens in any worker, in any order.
 """
@@ -38,11 +39,12 @@ def sampling_requests(
     requests = []
     for problem, k in launch_order(problems, responses_per_prompt):
         seeded = SamplingParams(**{**params.__dict__, "seed": request_seed(seed, iteration, problem.problem_id, k)})
-        requests.append(Request(f"{problem.problem_id}#{k}", prompts[problem.problem_id], seeded))
+        requests.append(Request.for_problem(problem.problem_id, k, prompts[problem.problem_id], seeded))
     return requests
 
 
 def greedy_requests(problems: Sequence[Problem], max_new_tokens: int, tokenizer, template: str = "{prompt}") -> list[Request]:
     """One greedy request per problem (evaluation); the engine stops at the model's EOS."""
     params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
-    return [Request(f"{problem.problem_id}#0", prompt_token_ids(problem, tokenizer, template), params) for problem in problems]
+    return [Request.for_problem(problem.problem_id, 0, prompt_token_ids(problem, tokenizer, template), params)
+            for problem in problems]

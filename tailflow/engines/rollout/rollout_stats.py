@@ -15,6 +15,8 @@ class RolloutStats:
     bubble_ratio: float
     """1 - busy slot-steps / available slot-steps, over the engines' decode steps of this phase."""
     num_truncated: int
+    max_engine_steps: int = 0
+    """Decode steps of the engine that ran most (the simulator's round length in steps)."""
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -37,4 +39,5 @@ def summarize_rollout(
         tokens_generated=tokens,
         bubble_ratio=1.0 - busy / available if available else 0.0,
         num_truncated=sum(1 for c in completions if c.finish_reason == FinishReason.LENGTH),
+        max_engine_steps=max((a.steps - b.steps for a, b in zip(after, before)), default=0),
     )

@@ -85,12 +85,5 @@ class Sequence:
 
     def to_completion(self, reason: FinishReason, weight_version: int) -> Completion:
         mixed = any(version != weight_version for version in self.weight_versions)
-        return Completion(
-            request_id=self.request_id,
-            prompt_token_ids=self.request.prompt_token_ids,
-            token_ids=tuple(self.token_ids),
-            logprobs=tuple(self.logprobs),
-            finish_reason=reason,
-            weight_version=weight_version,
-            token_weight_versions=tuple(self.weight_versions) if mixed else (),
-        )
+        return self.request.completion(tuple(self.token_ids), tuple(self.logprobs), reason, weight_version,
+                                       tuple(self.weight_versions) if mixed else ())

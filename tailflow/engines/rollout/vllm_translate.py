@@ -138,6 +138,5 @@ class InFlight:
 
     def to_completion(self, reason: FinishReason, weight_version: int) -> Completion:
         mixed = any(version != weight_version for version in self.weight_versions)
-        return Completion(self.request_id, self.request.prompt_token_ids, tuple(self.token_ids),
-                          tuple(self.logprobs), reason, weight_version,
-                          tuple(self.weight_versions) if mixed else ())
+        return self.request.completion(tuple(self.token_ids), tuple(self.logprobs), reason, weight_version,
+                                       tuple(self.weight_versions) if mixed else ())

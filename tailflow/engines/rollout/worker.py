@@ -135,7 +135,7 @@ class RolloutWorker:
         return [tagged.completion for tagged in self.step_many_tagged(max_steps)]
 
     poll = step_many
-    """The name `tailflow.engines.tail.driver.StreamingRollout` uses: an in-process worker drives a round too."""
+    """The name the rollout pipeline's `StreamingRollout` uses (`LocalRollout` drives rounds in-process)."""
 
     def step_many_tagged(self, max_steps: int) -> list[FinishedAt]:
         """As `step_many`, each completion with the step that finished it: a group of workers merges by it
@@ -211,3 +211,17 @@ def in_flight_tokens(engine) -> list[tuple[str, list[int], list[float], list[int
     """(request id, response tokens, log-probs, weight versions) of each request the engine holds, running first
     (both engines' `in_flight()`)."""
     return [(seq.request_id, seq.token_ids, seq.logprobs, seq.weight_versions) for seq in engine.in_flight()]
+
+
+class LocalRollout:
+    """One in-process worker as the rollout pipeline's `StreamingRollout` (benches and tests drive rounds on it
+    without Ray): every call is the worker's own, except `stats`, which lists its one engine as a group does."""
+
+    def __init__(self, worker: RolloutWorker) -> None:
+        self.worker = worker
+
+    def __getattr__(self, name: str):
+        return getattr(self.worker, name)
+
+    def stats(self) -> list[EngineStats]:
+        return [self.worker.stats()]

@@ -182,7 +182,7 @@ class SimEngine:
 
     def _completion(self, seq: SimSequence, reason: FinishReason) -> Completion:
         tokens = PlaceholderTokens(seq.num_generated)
-        return Completion(seq.request_id, seq.request.prompt_token_ids, tokens, tokens, reason, self.weight_version)
+        return seq.request.completion(tokens, tokens, reason, self.weight_version)
 
     # ---- control -----------------------------------------------------------------------------
 

@@ -14,7 +14,6 @@ import random
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
-from tailflow.engines.reward.scoring import problem_id_of
 from tailflow.engines.rollout.protocol import FinishReason, Request
 
 
@@ -80,7 +79,7 @@ class PromptPoolLengths:
         self.iteration = iteration
 
     def length_of(self, request: Request) -> ResponseLength:
-        problem_id = problem_id_of(request.request_id)
+        problem_id = request.problem_id
         if problem_id not in self.pools:
             raise KeyError(f"{self.source}: no response lengths for prompt {problem_id!r}")
         rng = seeded_rng("pool", self.seed, self.iteration, request.request_id)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from tailflow.engines.reward.scoring import problem_id_of
 from tailflow.engines.rollout.protocol import Request
 from tailflow.engines.sim.lengths import ResponseLength, capped, seeded_rng
 
@@ -84,7 +83,7 @@ class PaperLikeLengths:
         self.iteration = iteration
 
     def length_of(self, request: Request) -> ResponseLength:
-        return self.draw(problem_id_of(request.request_id), request.request_id, self.iteration,
+        return self.draw(request.problem_id, request.request_id, self.iteration,
                          min(self.max_new_tokens, request.params.max_new_tokens))
 
     def draw(self, problem_id: str, request_id: str, iteration: int, cap: int) -> ResponseLength:

@@ -22,10 +22,12 @@ from tailflow.engines.sim.lengths import LengthSource
 from tailflow.engines.sim.costs import CostModel, CostModelError
 from tailflow.engines.sim.presets import hardware_preset, model_preset
 from tailflow.engines.sim.roofline import RooflineCost
-from tailflow.engines.sim.simulate import PolicySettings, SimRound, simulate_policy
+from tailflow.engines.sim.simulate import SimRound, simulate_policy
 from tailflow.engines.sim.step_time import (
     LinearStepCost, NonRolloutCost, StageShares, mean_step_time, shares_from_baseline)
 from tailflow.engines.sim.table_cost import TableCost
+from tailflow.engines.tail.planner import ceil_product
+from tailflow.engines.tail.state import TailSettings
 
 PAPER_FACTORS = (1.0, 1.125, 1.25, 1.5)
 """Figure 11: eta for the prompt ratio and for responses (ceil(eta x R0))."""
@@ -59,7 +61,7 @@ class PlanRequest:
     def settings(self) -> list[tuple[float, int]]:
         r0 = self.responses_kept
         if self.grid == "paper":
-            return [(p, math.ceil(round(f * r0, 9))) for p in PAPER_FACTORS for f in PAPER_FACTORS]
+            return [(p, ceil_product(f, r0)) for p in PAPER_FACTORS for f in PAPER_FACTORS]
         if self.grid == "fine":
             return [(p, r) for p in FINE_PROMPT_RATIOS for r in range(r0, math.ceil(1.5 * r0) + 1)]
         raise ValueError(f"--grid: unknown grid {self.grid!r}; known: paper, fine")
@@ -155,8 +157,8 @@ def step_cost_model(request: PlanRequest, cluster: RolloutCluster, sync: Sequenc
 def simulate_setting(request: PlanRequest, lengths: LengthSource, cluster: RolloutCluster, prompt_ratio: float,
                      responses: int) -> list[SimRound]:
     enabled = (prompt_ratio, responses) != (1.0, request.responses_kept)
-    policy = PolicySettings(request.prompts_per_step, request.responses_kept, prompt_ratio, responses, enabled,
-                            request.steps_per_poll, request.seed)
+    policy = TailSettings(request.prompts_per_step, request.responses_kept, prompt_ratio, responses, enabled,
+                          data_seed=request.seed, steps_per_poll=request.steps_per_poll)
     group = lambda: SimGroup.of(cluster.cost, lengths, cluster.num_replicas, NUM_SLOTS, cluster.kv_budget_tokens)
     return simulate_policy(policy, lengths, group, request.rounds)
 

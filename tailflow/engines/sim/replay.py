@@ -13,17 +13,22 @@ from typing import Sequence
 from tailflow.engines.rollout.protocol import Request, SamplingParams
 from tailflow.engines.sim.engine import PlaceholderTokens
 from tailflow.engines.sim.group import SimGroup
-from tailflow.engines.sim.simulate import SimRound, simulate_round
-from tailflow.engines.sim.trace import TraceLengths, TraceRound
+from tailflow.engines.data.problem import Problem
+from tailflow.engines.sim.simulate import SimRound, sim_round
+from tailflow.engines.sim.trace import TraceLengths
 from tailflow.engines.tail.launch import launch_order
+from tailflow.engines.tail.pipeline import RolloutPipeline
 from tailflow.engines.tail.planner import RoundKind, RoundPlan
+from tailflow.engines.tail.round import PlannedRound
+from tailflow.engines.tail.state import TailSettings, TailState
+from tailflow.engines.track.rollout_trace import TraceRound
 
 
 def traced_requests(trace_round: TraceRound) -> list[Request]:
     params = SamplingParams(max_new_tokens=trace_round.max_new_tokens)
     per_prompt = max(len(p.responses) for p in trace_round.prompts)
     launched = {(p.problem_id, r.index) for p in trace_round.prompts for r in p.responses}
-    return [Request(f"{p.problem_id}#{k}", PlaceholderTokens(p.prompt_tokens), params)
+    return [Request.for_problem(p.problem_id, k, PlaceholderTokens(p.prompt_tokens), params)
             for p, k in launch_order(trace_round.prompts, per_prompt) if (p.problem_id, k) in launched]
 
 
@@ -36,13 +41,28 @@ def traced_plan(trace_round: TraceRound, prompts_per_step: int, responses_kept: 
 
 def replay_rounds(rounds: Sequence[TraceRound], group: SimGroup, prompts_per_step: int, responses_kept: int,
                   steps_per_poll: int = 2) -> list[SimRound]:
-    """`group` must draw its lengths from `TraceLengths(rounds)` (`replay_on` builds both)."""
+    """`group` must draw its lengths from `TraceLengths(rounds)` (`replay_on` builds both). The rounds run on the
+    product's pipeline, planned as the trace says instead of by the data cursor."""
     lengths = group.engines[0].lengths
+    by_iteration = {r.iteration: r for r in rounds}
+    planned = {r.iteration: PlannedRound(traced_plan(r, prompts_per_step, responses_kept),
+                                         [Problem(p.problem_id, "", "") for p in r.prompts], TailState())
+               for r in rounds}
+
+    def requests_of(planned_round: PlannedRound) -> list[Request]:
+        lengths.begin_round(planned_round.plan.iteration)
+        return traced_requests(by_iteration[planned_round.plan.iteration])
+
+    settings = TailSettings(prompts_per_step, responses_kept, steps_per_poll=steps_per_poll)
+    pipeline = RolloutPipeline(group, settings, 0.0, False, [], {}, requests_of,
+                               plan=lambda tail, j, live: planned[j])
     replayed = []
     for trace_round in rounds:
-        lengths.begin_round(trace_round.iteration)
-        plan = traced_plan(trace_round, prompts_per_step, responses_kept)
-        replayed.append(simulate_round(group, plan, traced_requests(trace_round), steps_per_poll)[0])
+        pipeline.start(TailState(), trace_round.iteration)
+        started, preempted, busy_before = group.clock_s, group.num_preemptions, [e.busy_s for e in group.engines]
+        taken = pipeline.take(trace_round.iteration)
+        busy = sum(e.busy_s - b for e, b in zip(group.engines, busy_before))
+        replayed.append(sim_round(taken, group, group.clock_s - started, busy, group.num_preemptions - preempted))
     return replayed
 
 

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from tailflow.engines.sim.lengths import PromptPoolLengths
-from tailflow.engines.sim.trace import TraceError
+from tailflow.engines.track.rollout_trace import TraceError
 
 DEFAULT_PROMPT_TOKENS = 256
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tailflow.engines.sim.lengths import LengthSource
-from tailflow.engines.sim.trace import TraceError
+from tailflow.engines.track.rollout_trace import TraceError
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,8 @@ def load_lengths(spec: LengthSpec) -> tuple[LengthSource, str]:
     """The source and one line saying what it is."""
     from tailflow.engines.sim.paper_lengths import PaperLikeLengths
     from tailflow.engines.sim.rollpacker import read_rollpacker_lengths
-    from tailflow.engines.sim.trace import pools_from_trace, read_trace
+    from tailflow.engines.sim.trace import pools_from_trace
+    from tailflow.engines.track.rollout_trace import read_trace
 
     spec.check()
     if spec.paper_prompts:
@@ -52,7 +53,7 @@ def load_lengths(spec: LengthSpec) -> tuple[LengthSource, str]:
 
 
 def run_trace(run_id: str, storage_uri: str):
-    from tailflow.engines.sim.trace_log import RolloutTraceLog
+    from tailflow.engines.track.rollout_trace import RolloutTraceLog
     from tailflow.engines.store import open_store
 
     log = RolloutTraceLog(open_store(storage_uri), run_id)

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from tailflow.engines.reward.scoring import problem_id_of
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
 from tailflow.engines.tail.planner import RoundKind, RoundPlan
@@ -48,18 +47,18 @@ class RoundResult:
 class CompletionRule:
     """One round's completion state; `observe` each batch of finished requests, abort what it returns."""
 
-    def __init__(self, requests: Sequence[str | Request], responses_kept: int, prompts_to_complete: int) -> None:
+    def __init__(self, requests: Sequence[Request], responses_kept: int, prompts_to_complete: int) -> None:
         if responses_kept < 1 or prompts_to_complete < 1:
             raise ValueError(f"R0={responses_kept} and P0={prompts_to_complete} must both be >= 1")
-        request_ids = [r.request_id if isinstance(r, Request) else r for r in requests]
+        request_ids = [r.request_id for r in requests]
         if len(set(request_ids)) != len(request_ids):
             raise ValueError("request ids of one round must be unique")
         self.responses_kept = responses_kept
         self.prompts_to_complete = prompts_to_complete
         self._requests_of: dict[str, list[str]] = {}
         """problem id -> its request ids; dict order is launch order."""
-        for request_id in request_ids:
-            self._requests_of.setdefault(problem_id_of(request_id), []).append(request_id)
+        for request in requests:
+            self._requests_of.setdefault(request.problem_id, []).append(request.request_id)
         short = [p for p, ids in self._requests_of.items() if len(ids) < responses_kept]
         if short:
             raise ValueError(f"prompts {short} have fewer than responses_kept={responses_kept} requests")
@@ -83,6 +82,10 @@ class CompletionRule:
     def num_aborted(self) -> int:
         return len(self._aborted)
 
+    def aborted_request_ids(self) -> list[str]:
+        """Every request this rule ordered aborted, in the order it did."""
+        return list(self._aborted)
+
     def in_flight_request_ids(self) -> list[str]:
         """Launched, not finished, not aborted: what the engines still owe this round, in launch order."""
         return list(self._in_flight)
@@ -101,7 +104,7 @@ class CompletionRule:
             if completion.finish_reason is FinishReason.ABORT:  # aborted by someone else: lost
                 self._wasted[request_id] = len(completion.token_ids)
                 continue
-            problem_id = problem_id_of(request_id)
+            problem_id = completion.problem_id
             self._finished[problem_id].append(completion)
             if len(self._finished[problem_id]) == self.responses_kept:
                 self._completed.append(problem_id)
@@ -151,15 +154,15 @@ class WaitForAllRule(CompletionRule):
     the rule did not order) leaves its prompt unfinished: the caller defers it.
     """
 
-    def __init__(self, requests: Sequence[str | Request], responses_kept: int) -> None:
-        num_prompts = len({problem_id_of(r.request_id if isinstance(r, Request) else r) for r in requests})
+    def __init__(self, requests: Sequence[Request], responses_kept: int) -> None:
+        num_prompts = len({r.problem_id for r in requests})
         super().__init__(requests, responses_kept, num_prompts)
         extra = [p for p, ids in self._requests_of.items() if len(ids) != responses_kept]
         if extra:
             raise ValueError(f"prompts {extra} were not launched with exactly responses_kept={responses_kept} requests")
 
 
-def rule_for(plan: RoundPlan, requests: Sequence[str | Request]) -> CompletionRule:
+def rule_for(plan: RoundPlan, requests: Sequence[Request]) -> CompletionRule:
     """The rule that drives `plan`'s round: speculative for SHORT, wait-for-all otherwise."""
     if plan.kind is RoundKind.SHORT:
         return CompletionRule(requests, plan.responses_kept, plan.prompts_to_complete)

@@ -1,32 +1,41 @@
-"""Asynchronous rollout with bounded staleness: rounds that run ahead of training (ROLL-Flash, composed with
-tail batching).
+"""The one rollout driver: rounds under their completion rules, synchronous or running ahead of training.
 
-Round j is the batch iteration j trains. With `rollout.async_ratio` alpha >= 1
-the rollout workers do not wait for the trainer: round j is launched as soon as
+Round j is the batch iteration j trains. Every run, whatever its mode, goes
+through this class; `rollout.async_ratio` alpha is a parameter of it:
 
-- j <= w + floor(alpha), where w is the round the engines' weights will
-  train (the trainer's current step): round j's first tokens are sampled by
-  those weights or later ones and trained at iteration j, so no trained token
-  is more than floor(alpha) versions stale (the bound holds by construction:
-  no group ever has to be aborted for it);
-- and the prompts in flight (launched, not yet completed) stay within
-  ceil(alpha * P0) + P0. The round the trainer needs next is always launched.
+- alpha 0 (synchronous): round j is launched once the engines hold the
+  weights iteration j trains, and nothing else is in flight: roll out, then
+  train, with or without tail batching.
+- alpha >= 1 (ROLL-Flash's bounded staleness): round j is launched as soon as
+  j <= w + floor(alpha), w the round the engines' weights will train, and the
+  prompts in flight (launched, not yet completed) stay within
+  ceil(alpha * P0) + P0; the round the trainer needs next is always launched.
+  No trained token is then more than floor(alpha) versions stale, by
+  construction: no group ever has to be aborted for it.
 
-Each round keeps its own completion rule (a short round aborts its stragglers
-and queues their prompts, a long round waits for all: `completion.py`), so
-tail batching works inside every round unchanged; a finished request goes to
-the rule of the round that launched it. A round that completes settles at once
-(its deferred prompts join the long-prompt queue, where the next round planned
+Both are one rule: launch j while j <= w + floor(alpha) (and, ahead of the
+trainer, within the in-flight cap). Each round keeps its own completion rule
+(a short round aborts its stragglers and queues their prompts, a long round
+waits for all: `completion.py`), so tail batching works in every mode; a
+finished request goes to the rule of the round that launched it. The loop is
+the whole mechanism: step the engines a little, show the rules what finished,
+abort what they say at once. A round that completes settles at once (its
+deferred prompts join the long-prompt queue, where the next round planned
 sees them) and waits, finished, for its iteration.
+
+Each round has an observer, built when it is launched (`observe`): streamed
+scoring, the live progress line and the stream trainer see every response as
+it finishes, in every mode. A synchronous round that waits for all and that
+nobody watches response by response runs as one batch call (`generate`): on
+one worker the engine runs the same steps either way.
 
 Weight sync: `pause` stops every request in flight and keeps what it has;
 after the engines load the new weights, `resume` resubmits them, continuing
 from their tokens (`partial`: each token keeps the version and log-prob that
-sampled it, the prefix is re-prefilled with the new weights) or from scratch.
-Always stopping and resubmitting, even where an engine could continue in
-place, is what makes a resumed run equal to an uninterrupted one: a commit is
-taken right after `resume`, and a resumed run resubmits the same requests with
-the same tokens in the same order (`snapshot` / `restore`).
+sampled it) or from scratch. Always stopping and resubmitting is what makes a
+resumed run equal to an uninterrupted one: a commit is taken right after
+`resume` (`snapshot` / `restore`). Synchronous runs have nothing in flight
+there.
 
 Nothing here reads the clock to decide anything: what runs is decided by the
 order of engine steps, so a run on one rollout worker that advances a fixed
@@ -38,17 +47,56 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from typing import AbstractSet, Callable, Mapping, Protocol, Sequence
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
-from tailflow.engines.rollout.rollout_stats import RolloutStats, summarize_rollout
-from tailflow.engines.tail.completion import CompletionRule, RoundResult, rule_for
-from tailflow.engines.tail.driver import StreamingRollout, stalled_error
+from tailflow.engines.rollout.rollout_stats import summarize_rollout
+from tailflow.engines.tail.completion import CompletionRule, WaitForAllRule, rule_for
 from tailflow.engines.tail.pipeline_state import PipelineState, SavedCompletion, SavedRound
-from tailflow.engines.tail.roll_out import RoundRollout
 from tailflow.engines.tail.round import PlannedRound, begin_round, settle_round
-from tailflow.engines.tail.state import TailSettings, TailState
+from tailflow.engines.tail.state import TailSettings, TailState, in_flight_cap
+from tailflow.engines.tail.taken import OverlapStats, TakenRound, staleness_of
+
+KeptGroups = Sequence[tuple[str, tuple[Completion, ...]]]
+
+
+class StreamingRollout(Protocol):
+    """What the pipeline drives: a `RolloutGroup`, or the simulator's `SimGroup`."""
+
+    def generate(self, requests: Sequence[Request]) -> list[Completion]: ...
+    def submit(self, requests: Sequence[Request]) -> None: ...
+    def poll(self, max_steps: int) -> list[Completion]: ...
+    def abort(self, request_ids: Sequence[str]) -> list[Completion]: ...
+    def has_unfinished(self) -> bool:
+        """Any engine still holds a request (running or waiting)."""
+    def stats(self) -> list[EngineStats]: ...
+
+
+class RoundObserver(Protocol):
+    """Sees one round as it runs: finished responses (finish order), then the prompts they completed."""
+
+    watches_each_response: bool
+    """False: the round may run as one batch call and nothing is shown until it ends."""
+
+    def on_finished(self, completions: Sequence[Completion]) -> None: ...
+    def on_completed(self, completed: KeptGroups) -> None: ...
+
+
+class Unobserved:
+    """The observer of a round nobody watches."""
+
+    watches_each_response = False
+
+    def on_finished(self, completions: Sequence[Completion]) -> None:
+        pass
+
+    def on_completed(self, completed: KeptGroups) -> None:
+        pass
+
+
+class RolloutStalled(RuntimeError):
+    """Requests are in flight for a round but no engine is working on them (lost by an engine)."""
 
 
 @dataclass
@@ -58,61 +106,48 @@ class LiveRound:
     """By request id, in launch order."""
     rule: CompletionRule
     launched_version: int
+    observer: RoundObserver
+    is_batch: bool = False
+    """Run as one `generate` call when taken (synchronous, wait-for-all, unwatched)."""
     observed: list[Completion] = field(default_factory=list)
     """Every completion shown to the rule, in order."""
     aborted: list[Completion] = field(default_factory=list)
     """Partials of the requests the rule aborted."""
+    finish_steps: dict[str, tuple[int, int]] = field(default_factory=dict)
+    num_completed_shown: int = 0
+    """Completed prompts already handed to the observer's `on_completed`."""
     settled: bool = False
 
-
-@dataclass(frozen=True)
-class TakenRound:
-    """Round i as the trainer takes it, with how stale its responses are."""
-
-    planned: PlannedRound
-    rollout: RoundRollout
-    staleness: dict[int, int]
-    """Versions between the trained weights and a response's oldest token -> number of responses."""
-    mixed_version_responses: int
-    """Kept responses whose tokens come from more than one weight version (continued across a sync)."""
-    rounds_ahead: int
-    """Rounds launched beyond this one when it was taken."""
-    prompts_in_flight: int
-
-
-@dataclass(frozen=True)
-class OverlapStats:
-    """What the rollout did while the trainer ran a step."""
-
-    seconds: float
-    """Wall time the driver spent driving the rollout while the train step ran."""
-    engine_steps: int
-    """Engine steps asked for (per worker) meanwhile."""
-    finished: int
-    """Responses finished meanwhile."""
-    tokens: int
-    """Tokens generated meanwhile (not in the next round's `rollout/tokens`, which counts from the sync)."""
+    def show(self, completions: Sequence[Completion]) -> None:
+        """The observer sees what finished (less what the rule aborted) and the prompts that completed."""
+        aborted = set(self.rule.aborted_request_ids())
+        self.observer.on_finished([c for c in completions if c.request_id not in aborted])
+        completed = self.rule.completed_problem_ids()[self.num_completed_shown:]
+        self.num_completed_shown += len(completed)
+        self.observer.on_completed([(pid, tuple(self.rule.kept(pid))) for pid in completed])
 
 
 class RolloutPipeline:
-    """The live rounds of an asynchronous run, over the run's rollout workers.
+    """The live rounds of a run over its rollout workers.
 
-    `make_requests` turns a planned round into its seeded requests (the same ones a synchronous round would
-    launch). `position` is the round the trainer takes next; None until `restore` has set it up from a commit.
+    `make_requests` turns a planned round into its seeded requests; `observe(planned, launched_version)` builds
+    a round's observer when it is launched; `plan(tail, j, live_problem_ids)` plans round j (default: tail
+    batching's `begin_round` over `problems`; a replay of a traced run plans the rounds it had). `position` is
+    the round the trainer takes next; None until `restore` has set it up from a commit.
     """
 
     def __init__(self, rollout: StreamingRollout, settings: TailSettings, alpha: float, partial: bool,
                  problems: Sequence[Problem], problems_by_id: Mapping[str, Problem],
-                 make_requests: Callable[[PlannedRound], list[Request]]) -> None:
-        if alpha < 1:
-            raise ValueError(f"an asynchronous pipeline needs async_ratio >= 1, got {alpha}")
-        self.rollout = rollout
-        self.settings = settings
-        self.alpha = alpha
-        self.partial = partial
-        self.problems = problems
-        self.problems_by_id = problems_by_id
+                 make_requests: Callable[[PlannedRound], list[Request]],
+                 observe: Callable[[PlannedRound, int], RoundObserver] | None = None,
+                 plan: Callable[[TailState, int, AbstractSet[str]], PlannedRound] | None = None) -> None:
+        if 0 < alpha < 1:
+            raise ValueError(f"async_ratio must be 0 (synchronous) or >= 1, got {alpha}")
+        self.rollout, self.settings, self.alpha, self.partial = rollout, settings, alpha, partial
+        self.problems, self.problems_by_id = problems, problems_by_id
         self.make_requests = make_requests
+        self.observe = observe or (lambda planned, version: Unobserved())
+        self.plan = plan or self._plan_from_data
         self.position: int | None = None
         self.weights_round = 0
         """The round the engines' current weights train (the staleness bound counts from it)."""
@@ -120,11 +155,16 @@ class RolloutPipeline:
         self.tail = TailState()
         self.rounds: dict[int, LiveRound] = {}
         self.round_of: dict[str, int] = {}
-        """In-flight request id -> the round that launched it."""
+        """Request id -> the round that launched it, for every request of a round not yet taken (a request the
+        rule aborted too: one that finished in the same poll still goes to its rule, which counts the waste)."""
         self.resubmitted: list[Completion] | None = []
         """What the last `resume` resubmitted (the commit's `in_flight`); None once the engines stepped again."""
         self.paused: list[Completion] | None = None
         self.stats_mark: list[EngineStats] | None = None
+
+    @property
+    def is_async(self) -> bool:
+        return self.alpha > 0
 
     @property
     def max_staleness(self) -> int:
@@ -133,68 +173,60 @@ class RolloutPipeline:
 
     @property
     def max_prompts_in_flight(self) -> int:
-        p0 = self.settings.prompts_per_step
-        return math.ceil(round(self.alpha * p0, 9)) + p0
-
-    def rebound(self, rollout: StreamingRollout) -> "RolloutPipeline":
-        """A pipeline with these settings over new rollout workers (after an actor died), to be restored."""
-        return RolloutPipeline(rollout, self.settings, self.alpha, self.partial, self.problems, self.problems_by_id,
-                               self.make_requests)
+        """ceil(alpha * P0) + P0 (`state.in_flight_cap`)."""
+        return in_flight_cap(self.alpha, self.settings.prompts_per_step)
 
     # ---- from and to a commit ------------------------------------------------------------------
+
+    def start(self, tail: TailState, iteration: int = 0, version: int = 0) -> None:
+        """Nothing running yet, round `iteration` next (benches and the simulator; a run restores a commit)."""
+        self.restore(PipelineState(), tail, iteration, version)
 
     def is_at(self, iteration: int) -> bool:
         return self.position == iteration and self.paused is None
 
     def restore(self, saved: PipelineState, tail: TailState, iteration: int, version: int) -> None:
-        """Set up the live rounds of the commit before `iteration` and resubmit its requests in flight.
-
-        Anything this pipeline still had in the engines (an iteration that failed after the commit) is
-        aborted first."""
-        if self.round_of:
-            self.rollout.abort(list(self.round_of))
+        """Set up the live rounds of the commit before `iteration` and resubmit its requests in flight. Anything
+        this pipeline still had in the engines (an iteration that failed after the commit) is aborted first."""
+        in_flight_before = self._in_flight_ids()
+        if in_flight_before:
+            self.rollout.abort(in_flight_before)
         self.rounds, self.round_of, self.tail = {}, {}, tail
         self.position, self.version, self.paused = iteration, version, None
         for saved_round in saved.rounds:
             self._replay(saved_round)
-        in_flight = {rid for live in self.rounds.values() for rid in live.rule.in_flight_request_ids()}
+        in_flight = self._in_flight_ids()
         saved_ids = [c.request_id for c in saved.in_flight]
-        if set(saved_ids) != in_flight or len(saved_ids) != len(in_flight):
+        if set(saved_ids) != set(in_flight) or len(saved_ids) != len(in_flight):
             raise ValueError(f"the committed pipeline is inconsistent: its rules wait for {sorted(in_flight)} but "
                              f"its requests in flight are {saved_ids}")
-        partials = [c.completion(self._request(c.request_id).prompt_token_ids) for c in saved.in_flight]
-        self.paused = partials
+        self.paused = [c.completion(self._request(c.request_id)) for c in saved.in_flight]
         self.resume(version)
 
     def _replay(self, saved: SavedRound) -> None:
-        plan = saved.plan()
-        problems = [self.problems_by_id[pid] for pid in saved.problem_ids]
-        planned = PlannedRound(plan, problems, self.tail)
-        requests = self.make_requests(planned)
-        prompt_of = {r.request_id: r.prompt_token_ids for r in requests}
-        live = LiveRound(planned, {r.request_id: r for r in requests}, rule_for(plan, requests), saved.launched_version)
-        for completion in saved.observed:
-            live.rule.observe([completion.completion(prompt_of[completion.request_id])])
-            live.observed.append(completion.completion(prompt_of[completion.request_id]))
-        live.aborted = [c.completion(prompt_of[c.request_id]) for c in saved.aborted]
+        """Rebuild a live round by showing its rule (and its observer) what it had seen, in that order."""
+        planned = PlannedRound(saved.plan, [self.problems_by_id[pid] for pid in saved.problem_ids], self.tail)
+        requests = {r.request_id: r for r in self.make_requests(planned)}
+        live = LiveRound(planned, requests, rule_for(saved.plan, list(requests.values())), saved.launched_version,
+                         self.observe(planned, saved.launched_version))
+        self.rounds[saved.plan.iteration] = live
+        self.round_of.update((rid, saved.plan.iteration) for rid in requests)
+        live.observed = [c.completion(requests[c.request_id]) for c in saved.observed]
+        for completion in live.observed:
+            live.rule.observe([completion])
+        live.aborted = [c.completion(requests[c.request_id]) for c in saved.aborted]
+        live.show(live.observed)  # scored again: nothing a commit held is lost
         live.settled = live.rule.is_done
-        self.rounds[plan.iteration] = live
-        self.round_of.update((rid, plan.iteration) for rid in live.rule.in_flight_request_ids())
 
     def snapshot(self) -> PipelineState:
         """The committed form; only right after `resume` (the engines have not stepped since)."""
         if self.resubmitted is None or self.paused is not None:
             raise RuntimeError("snapshot() is only valid right after resume(): the engines have stepped since")
-        rounds = [SavedRound(kind=live.planned.plan.kind, iteration=j, fresh_prompts=live.planned.plan.fresh_prompts,
-                             queued=list(live.planned.plan.queued),
-                             responses_per_prompt=live.planned.plan.responses_per_prompt,
-                             responses_kept=live.planned.plan.responses_kept,
-                             prompts_to_complete=live.planned.plan.prompts_to_complete,
-                             problem_ids=[p.problem_id for p in live.planned.problems],
+        rounds = [SavedRound(plan=live.planned.plan, problem_ids=[p.problem_id for p in live.planned.problems],
                              launched_version=live.launched_version,
                              observed=[SavedCompletion.of(c) for c in live.observed],
                              aborted=[SavedCompletion.of(c) for c in live.aborted])
-                  for j, live in sorted(self.rounds.items())]
+                  for _, live in sorted(self.rounds.items())]
         return PipelineState(rounds=rounds, in_flight=[SavedCompletion.of(c) for c in self.resubmitted])
 
     # ---- driving -------------------------------------------------------------------------------
@@ -204,34 +236,48 @@ class RolloutPipeline:
         if not self.is_at(iteration):
             raise RuntimeError(f"the pipeline is at round {self.position} (paused: {self.paused is not None}), "
                                f"not {iteration}: restore it from the last commit first")
-        started = time.perf_counter()
-        before = self.stats_mark
+        started, before = time.perf_counter(), self.stats_mark
         self._launch()
         live = self.rounds[iteration]
+        if live.is_batch:
+            self._generate(live)
         while not live.rule.is_done:
             self.poll(self.settings.steps_per_poll)
         del self.rounds[iteration]
+        self.round_of = {rid: j for rid, j in self.round_of.items() if j != iteration}
         self.position = iteration + 1
+        taken = self._taken(live, before, time.perf_counter() - started)
+        self._launch()  # asynchronous: the next round starts while this one is scored and trained
+        return taken
+
+    def _taken(self, live: LiveRound, before: list[EngineStats] | None, seconds: float) -> TakenRound:
         result = live.rule.result(live.aborted)
         problems, completions = result.trained_in_launch_order(live.planned.problems)
-        stats = summarize_rollout(completions, before, self.rollout.stats(), time.perf_counter() - started)
-        rollout = RoundRollout(iteration, list(live.requests.values()), result, stats, problems, completions)
-        staleness: dict[int, int] = {}
-        for completion in completions:
-            lag = self.version - completion.oldest_weight_version
-            staleness[lag] = staleness.get(lag, 0) + 1
-        self._launch()  # the next round starts while this one is scored and trained
-        return TakenRound(live.planned, rollout, dict(sorted(staleness.items())),
-                          sum(1 for c in completions if c.token_weight_versions), len(self.rounds),
-                          self.prompts_in_flight())
+        return TakenRound(
+            live.planned, list(live.requests.values()), result,
+            summarize_rollout(completions, before, self.rollout.stats(), seconds), problems, completions,
+            list(live.observed), list(live.aborted), dict(live.finish_steps), live.observer,
+            staleness_of(completions, self.version), sum(1 for c in completions if c.token_weight_versions),
+            len(self.rounds), self.prompts_in_flight())
+
+    def _generate(self, live: LiveRound) -> None:
+        """A batch round: every request to completion in one call, shown to the rule in request order."""
+        completions = self.rollout.generate(list(live.requests.values()))
+        steps = getattr(self.rollout, "finish_steps", {})
+        live.rule.observe(completions)
+        live.observed = list(completions)
+        live.finish_steps = {c.request_id: steps[c.request_id] for c in completions if c.request_id in steps}
+        self._settle()
 
     def roll_while(self, busy: Callable[[], bool], fixed_steps: int = 0) -> OverlapStats:
         """Drive the rollout while the trainer works: until `busy()` is false, or exactly `fixed_steps` engine
         steps (the deterministic mode; `busy` is then not asked). Stops early only if nothing is left to run."""
+        if not self._in_flight_ids():
+            return OverlapStats()
         started, steps, finished, before = time.perf_counter(), 0, 0, self.rollout.stats()
         per_poll = self.settings.steps_per_poll
         while (steps < fixed_steps) if fixed_steps else busy():
-            if not self.round_of:
+            if not self._in_flight_ids():
                 break
             n = min(per_poll, fixed_steps - steps) if fixed_steps else per_poll
             finished += self.poll(n)
@@ -240,32 +286,38 @@ class RolloutPipeline:
         return OverlapStats(time.perf_counter() - started, steps, finished, tokens)
 
     def poll(self, max_steps: int) -> int:
-        """Step the engines, give each finished request to its round's rule, abort what the rules say; settle
-        rounds that completed and launch what that allows. Returns how many requests finished."""
+        """Step the engines, show each finished request to its round's rule, abort what the rules say, show the
+        observers; settle rounds that completed and launch what that allows. Returns how many finished."""
         self.resubmitted = None
         finished = self.rollout.poll(max_steps)
         if not finished and not self.rollout.has_unfinished():
             waiting = [live.rule for live in self.rounds.values() if not live.rule.is_done]
             if waiting:
                 raise stalled_error(waiting[0])
-        to_abort: list[str] = []
-        for completion in finished:
-            j = self.round_of.pop(completion.request_id, None)
-            if j is None:
-                continue  # not in flight for any round (a late completion of an aborted request): discarded
-            live = self.rounds[j]
-            live.observed.append(completion)
-            aborted = live.rule.observe([completion])
-            for request_id in aborted:
-                self.round_of.pop(request_id, None)
-            to_abort += [(j, request_id) for request_id in aborted]
-        if to_abort:
-            owner = dict((rid, j) for j, rid in to_abort)
-            for partial in self.rollout.abort([rid for _, rid in to_abort]):
-                self.rounds[owner[partial.request_id]].aborted.append(partial)
+        by_round: dict[int, list[Completion]] = {}
+        for completion in finished:  # owners first: a request its rule aborts in this batch still goes to it
+            j = self.round_of.get(completion.request_id)
+            if j is not None:
+                by_round.setdefault(j, []).append(completion)
+        to_abort = {rid: j for j, completions in by_round.items() for rid in self._observe(j, completions)}
+        for partial in self.rollout.abort(list(to_abort)) if to_abort else ():
+            self.rounds[to_abort[partial.request_id]].aborted.append(partial)
+        for j, completions in by_round.items():
+            self.rounds[j].show(completions)
         self._settle()
         self._launch()
         return len(finished)
+
+    def _observe(self, j: int, completions: list[Completion]) -> list[str]:
+        """Show round j's rule its finished requests in order; the request ids it aborts."""
+        live, to_abort = self.rounds[j], []
+        steps = getattr(self.rollout, "finish_steps", {})
+        for completion in completions:
+            live.observed.append(completion)
+            if completion.request_id in steps:
+                live.finish_steps[completion.request_id] = steps[completion.request_id]
+            to_abort += live.rule.observe([completion])
+        return to_abort
 
     def _settle(self) -> None:
         for live in self.rounds.values():
@@ -276,30 +328,43 @@ class RolloutPipeline:
     def _launch(self) -> None:
         while True:
             j = max(self.rounds, default=self.position - 1) + 1
-            ahead = j != self.position
-            if ahead and j > self.weights_round + self.max_staleness:
+            if j > self.weights_round + self.max_staleness:
                 return
             live_problems = {p.problem_id for live in self.rounds.values() for p in live.planned.problems}
-            planned = begin_round(self.tail, j, self.settings, self.problems, self.problems_by_id, live_problems)
-            if ahead and self.prompts_in_flight() + planned.plan.num_prompts > self.max_prompts_in_flight:
+            planned = self.plan(self.tail, j, live_problems)
+            if j != self.position and self.prompts_in_flight() + planned.plan.num_prompts > self.max_prompts_in_flight:
                 return
-            requests = self.make_requests(planned)
+            self._start(planned)
+
+    def _plan_from_data(self, tail: TailState, j: int, live_problems: AbstractSet[str]) -> PlannedRound:
+        """Round j by tail batching's planner; a fresh draw skips prompts earlier rounds still run."""
+        return begin_round(tail, j, self.settings, self.problems, self.problems_by_id, live_problems)
+
+    def _start(self, planned: PlannedRound) -> None:
+        requests = self.make_requests(planned)
+        rule = rule_for(planned.plan, requests)
+        observer = self.observe(planned, self.version)
+        is_batch = not self.is_async and isinstance(rule, WaitForAllRule) and not observer.watches_each_response
+        live = LiveRound(planned, {r.request_id: r for r in requests}, rule, self.version, observer, is_batch)
+        self.tail = planned.tail
+        self.rounds[planned.plan.iteration] = live
+        self.round_of.update((r.request_id, planned.plan.iteration) for r in requests)
+        if not is_batch:
             self.rollout.submit(requests)
-            self.tail = planned.tail
-            self.rounds[j] = LiveRound(planned, {r.request_id: r for r in requests}, rule_for(planned.plan, requests),
-                                       self.version)
-            self.round_of.update((r.request_id, j) for r in requests)
 
     def prompts_in_flight(self) -> int:
         """Prompts launched and not completed (a completed prompt waits for training, it is not in flight)."""
         return sum(len(live.rule.unfinished_problem_ids()) for live in self.rounds.values() if not live.rule.is_done)
 
+    def _in_flight_ids(self) -> list[str]:
+        return [rid for _, live in sorted(self.rounds.items()) for rid in live.rule.in_flight_request_ids()]
+
     # ---- weight sync -----------------------------------------------------------------------------
 
     def pause(self) -> int:
         """Stop every request in flight (the engines are then idle and may load weights); returns how many."""
-        ids = [rid for _, live in sorted(self.rounds.items()) for rid in live.rule.in_flight_request_ids()]
-        partials = {c.request_id: c for c in self.rollout.abort(ids)}
+        ids = self._in_flight_ids()
+        partials = {c.request_id: c for c in self.rollout.abort(ids)} if ids else {}
         lost = [rid for rid in ids if rid not in partials]
         if lost:
             raise RuntimeError(f"pausing the rollout: {len(lost)} requests in flight are held by no engine "
@@ -326,3 +391,10 @@ class RolloutPipeline:
 
     def _request(self, request_id: str) -> Request:
         return self.rounds[self.round_of[request_id]].requests[request_id]
+
+
+def stalled_error(rule: CompletionRule) -> RolloutStalled:
+    in_flight = rule.in_flight_request_ids()
+    return RolloutStalled(f"rollout stalled: {len(in_flight)} requests in flight but no engine has unfinished work "
+                          f"(lost by an engine?): {', '.join(in_flight)}")
+

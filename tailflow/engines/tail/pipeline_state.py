@@ -16,11 +16,10 @@ about 30 bytes per token.
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
-from tailflow.engines.rollout.protocol import Completion, FinishReason
-from tailflow.engines.tail.planner import RoundKind, RoundPlan
-from tailflow.engines.tail.queue import QueuedPrompt
+from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
+from tailflow.engines.tail.planner import RoundPlan
 
 
 class SavedCompletion(BaseModel):
@@ -40,9 +39,10 @@ class SavedCompletion(BaseModel):
                    weight_version=completion.weight_version,
                    token_weight_versions=list(completion.token_weight_versions))
 
-    def completion(self, prompt_token_ids: tuple[int, ...]) -> Completion:
-        return Completion(self.request_id, prompt_token_ids, tuple(self.token_ids), tuple(self.logprobs),
-                          self.finish_reason, self.weight_version, tuple(self.token_weight_versions))
+    def completion(self, request: Request) -> Completion:
+        """This completion again, with the identity and prompt of `request` (rebuilt from the round's plan)."""
+        return request.completion(tuple(self.token_ids), tuple(self.logprobs), self.finish_reason,
+                                  self.weight_version, tuple(self.token_weight_versions))
 
 
 class SavedRound(BaseModel):
@@ -50,13 +50,7 @@ class SavedRound(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    kind: RoundKind
-    iteration: int
-    fresh_prompts: int
-    queued: list[QueuedPrompt]
-    responses_per_prompt: int
-    responses_kept: int
-    prompts_to_complete: int
+    plan: RoundPlan
     problem_ids: list[str]
     """The round's prompts in launch order."""
     launched_version: int
@@ -66,9 +60,16 @@ class SavedRound(BaseModel):
     aborted: list[SavedCompletion]
     """Partial responses the rule had aborted (what they wasted counts in `tail/wasted_tokens`)."""
 
-    def plan(self) -> RoundPlan:
-        return RoundPlan(self.kind, self.iteration, self.fresh_prompts, tuple(self.queued), self.responses_per_prompt,
-                         self.responses_kept, self.prompts_to_complete)
+    @model_validator(mode="before")
+    @classmethod
+    def _read_flat_plans(cls, data):
+        """Commits written before the plan was one field kept its fields at the top level."""
+        plan_fields = ("kind", "iteration", "fresh_prompts", "queued", "responses_per_prompt", "responses_kept",
+                       "prompts_to_complete")
+        if isinstance(data, dict) and "plan" not in data and "kind" in data:
+            data = dict(data)
+            data["plan"] = {name: data.pop(name) for name in plan_fields}
+        return data
 
 
 class PipelineState(BaseModel):
@@ -79,3 +80,8 @@ class PipelineState(BaseModel):
     in_flight: list[SavedCompletion] = []
     """The requests in flight at the commit, with the tokens they had (finish reason `abort`), in the order they
     were resubmitted."""
+
+    @property
+    def is_empty(self) -> bool:
+        """Nothing running ahead and nothing in flight (always so in a synchronous run)."""
+        return not self.rounds and not self.in_flight

@@ -48,9 +48,15 @@ class RoundPlan:
         return int(self.kind is RoundKind.LONG)
 
 
+def ceil_product(ratio: float, count: int) -> int:
+    """ceil(ratio * count), robust to float error (1.1 * 10 is 11.000000000000002): every ratio of a count
+    (launched prompts, responses, prompts in flight) is rounded up with this one function."""
+    return math.ceil(round(ratio * count, 9))
+
+
 def launched_prompts(prompts_per_step: int, prompt_ratio: float) -> int:
-    """ceil(prompt_ratio * P0), robust to float error (1.1 * 10 is 11.000000000000002)."""
-    return math.ceil(round(prompt_ratio * prompts_per_step, 9))
+    """ceil(prompt_ratio * P0): the prompts a short round launches."""
+    return ceil_product(prompt_ratio, prompts_per_step)
 
 
 def make_round_plan(

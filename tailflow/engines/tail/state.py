@@ -14,7 +14,9 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tailflow.config import default_responses_launched
 from tailflow.engines.data.cursor import DataCursor
+from tailflow.engines.tail.planner import ceil_product
 from tailflow.engines.tail.queue import LongPromptQueue, QueuedPrompt
 
 
@@ -33,25 +35,36 @@ class TailState(BaseModel):
 
 @dataclass(frozen=True)
 class TailSettings:
-    """The round-shaping settings of a run, read from the config once at setup."""
+    """The round-shaping settings of a run (the config's data/rollout/tail fields, read once at setup) or of a
+    simulated one: the one record of them the policy, the pipeline and the simulator read."""
 
     prompts_per_step: int
     """P0: prompts trained per step."""
     responses_kept: int
     """R0: responses kept (and trained) per prompt."""
-    prompt_ratio: float
+    prompt_ratio: float = 1.25
     """Short rounds launch ceil(prompt_ratio * P0) prompts."""
-    responses_launched: int
-    """Responses launched per prompt in a short round."""
-    enabled: bool
+    responses_launched: int | None = None
+    """Responses launched per prompt in a short round; None: the config's default, R0 + ceil(R0 / 4)."""
+    enabled: bool = True
     """Tail batching on; off, every step is the synchronous baseline."""
-    data_seed: int
+    data_seed: int = 0
     """The seeded order fresh prompts are drawn in."""
-    steps_per_poll: int
+    steps_per_poll: int = 2
     """Engine steps between looks at what finished (the round driver's granularity)."""
+
+    def __post_init__(self) -> None:
+        if self.responses_launched is None:
+            object.__setattr__(self, "responses_launched", default_responses_launched(self.responses_kept))
 
     @classmethod
     def from_config(cls, config) -> "TailSettings":
         return cls(prompts_per_step=config.data.prompts_per_step, responses_kept=config.rollout.n,
                    prompt_ratio=config.tail.prompt_ratio, responses_launched=config.responses_launched,
                    enabled=config.tail.enabled, data_seed=config.data.seed, steps_per_poll=config.tail.steps_per_poll)
+
+
+def in_flight_cap(alpha: float, prompts_per_step: int) -> int:
+    """ceil(alpha * P0) + P0: the most prompts launched and not completed while rounds run ahead of training
+    (ROLL-Flash's bound on what an asynchronous rollout may have outstanding)."""
+    return ceil_product(alpha, prompts_per_step) + prompts_per_step

@@ -4,12 +4,13 @@ from __future__ import annotations
 from typing import Any
 
 from tailflow.engines.outcome import IterationOutcome
+from tailflow.engines.tail.taken import OverlapStats, TakenRound
 from tailflow.engines.train.samples import num_zero_signal_groups
 
 
 def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) -> dict[str, Any]:
     """`initial_eval_accuracy` goes into row 0 only (the run's starting point on the same plots)."""
-    scored, rollout, plan = outcome.scored, outcome.rollout, outcome.planned.plan
+    scored, taken, plan = outcome.scored, outcome.taken, outcome.taken.planned.plan
     responses = [response for group in scored.groups for response in group.responses]
     lengths = [len(response.completion.token_ids) for response in responses]
     row: dict[str, Any] = {
@@ -19,7 +20,7 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
         "time/step_train": outcome.trained.seconds,
         "time/step_model_update": outcome.synced.seconds,
         "time/step_total": outcome.step_seconds,
-        **rollout.stats.metrics(),
+        **taken.stats.metrics(),
         "token/response_length/mean": sum(lengths) / len(lengths),
         "token/response_length/max": max(lengths),
         "token/response_length/min": min(lengths),
@@ -33,8 +34,8 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
     row.update({
         "tail/round": plan.round_metric,
         "tail/long_queue_size": len(outcome.tail.queue),
-        "tail/aborted_requests": len(rollout.result.aborted_request_ids),
-        "tail/wasted_tokens": rollout.result.wasted_tokens,
+        "tail/aborted_requests": len(taken.result.aborted_request_ids),
+        "tail/wasted_tokens": taken.result.wasted_tokens,
         "tail/fresh_prompts": plan.fresh_prompts,
     })
     row.update(scored.stats.metrics())
@@ -43,4 +44,27 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
     row["iteration/attempt"] = outcome.attempt
     if outcome.iteration == 0:
         row["eval/accuracy_initial"] = initial_eval_accuracy
+    if outcome.is_async:
+        row.update(async_metrics(taken, outcome.overlap, outcome.stopped_at_sync))
+    return row
+
+
+def async_metrics(taken: TakenRound, overlap: OverlapStats, stopped_at_sync: int) -> dict[str, Any]:
+    """An asynchronous iteration's own metrics: how stale its batch was, and what the rollout did meanwhile.
+    `async/staleness/<k>`: trained responses whose oldest token is k weight versions older than the weights
+    that trained them (the histogram the iteration's artifact shows)."""
+    responses = sum(taken.staleness.values())
+    row: dict[str, Any] = {
+        "async/staleness_mean": sum(lag * n for lag, n in taken.staleness.items()) / max(responses, 1),
+        "async/staleness_max": max(taken.staleness, default=0),
+        "async/mixed_version_responses": taken.mixed_version_responses,
+        "async/rounds_ahead": taken.rounds_ahead,
+        "async/prompts_in_flight": taken.prompts_in_flight,
+        "async/requests_stopped_at_sync": stopped_at_sync,
+        "async/engine_steps_during_train": overlap.engine_steps,
+        "async/finished_during_train": overlap.finished,
+        "async/tokens_during_train": overlap.tokens,
+        "time/rollout_during_train": overlap.seconds,
+    }
+    row.update({f"async/staleness/{lag}": n for lag, n in taken.staleness.items()})
     return row

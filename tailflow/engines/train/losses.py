@@ -122,9 +122,6 @@ def ppo_clip_loss(
 
 PolicyLoss = Literal["ppo_clip", "ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr"]
 POLICY_LOSSES: tuple[str, ...] = PolicyLoss.__args__
-OFF_POLICY_LOSSES = ("ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr")
-"""The losses that correct for the behaviour (rollout) policy with its log-probs: they allow responses
-sampled by other weights (async training) or by a truncated distribution (top-p, top-k)."""
 PROXIMAL_LOSSES = ("ppo_clip", "decoupled_ppo")
 """The losses that clip against the proximal policy (the weights at the start of the step): with several
 optimizer updates per step the trainer computes its log-probs once before the first; the others never read it."""

@@ -45,6 +45,13 @@ def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight
     return samples
 
 
+def samples_with_signal(samples: list[TrainSample], skip_zero_advantage: bool) -> list[TrainSample]:
+    """The samples a step backpropagates: all of them, or (`train.skip_zero_advantage` without a KL term) those
+    whose advantage is not 0, which alone have a policy gradient. The one place the filter is written: the
+    whole step (`TrainerGroup.start_train_step`) and the streamed one (`StreamedStep`) both use it."""
+    return [sample for sample in samples if sample.advantage != 0.0] if skip_zero_advantage else samples
+
+
 def num_zero_signal_groups(groups: Sequence[ScoredGroup]) -> int:
     return sum(1 for group in groups if len(set(group.rewards)) <= 1)
 

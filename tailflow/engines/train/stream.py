@@ -27,7 +27,7 @@ from typing import Protocol, Sequence
 from tailflow.engines.reward.scoring import ScoredGroup, ScoredRound
 from tailflow.engines.rollout.protocol import Completion
 from tailflow.engines.train.batch import TrainSample, count_response_tokens
-from tailflow.engines.train.samples import samples_from_groups
+from tailflow.engines.train.samples import samples_from_groups, samples_with_signal
 from tailflow.engines.train.trainer import TrainStepStats
 
 
@@ -96,7 +96,7 @@ class StreamedStep:
         return samples_from_groups(groups, self.estimator, weight_version=self.weight_version)
 
     def _trained(self, samples: list[TrainSample]) -> list[TrainSample]:
-        return [sample for sample in samples if sample.advantage != 0.0] if self.skip_zero_advantage else samples
+        return samples_with_signal(samples, self.skip_zero_advantage)
 
     def _send(self, samples: list[TrainSample]) -> None:
         if samples:

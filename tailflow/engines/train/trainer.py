@@ -51,6 +51,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
+from tailflow.config import OFF_POLICY_LOSSES
 from tailflow.engines.models import load_model
 from tailflow.engines.train.batch import (
     MicroBatch,
@@ -60,7 +61,6 @@ from tailflow.engines.train.batch import (
     split_by_token_budget,
 )
 from tailflow.engines.train.losses import (
-    OFF_POLICY_LOSSES,
     PROXIMAL_LOSSES,
     POLICY_LOSSES,
     LossAggregation,

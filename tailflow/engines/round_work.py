@@ -1,0 +1,75 @@
+"""A round's observer: its scorer, and with the stream trainer its optimizer step, built when it is launched.
+
+The rollout pipeline (engines/tail/pipeline.py) asks `RoundWorkFactory` for
+one per round and shows it every response as it finishes: streamed scoring
+(reward.streaming) and the live progress line work the same in every mode,
+synchronous or asynchronous; a synchronous round with `train.stream` also
+feeds each completed, scored group to the trainer during rollout.
+
+A round's code tests get the timeout the anchors of the last commit before
+its launch imply (`anchors`, set by the iteration that takes rounds from that
+commit): every response of a synchronous round, whatever order the reward
+workers finish in, gets the same timeout. (A resumed asynchronous run scores
+the finished responses of rounds launched ahead again with the anchors it
+resumed from, one commit newer: for code rewards whose runs come near the
+timeout, that can score differently from the uninterrupted run.)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Sequence
+
+from tailflow.engines.data.problem import Problem
+from tailflow.engines.reward.streaming import StreamingScorer
+from tailflow.engines.reward.timeouts import TimeoutAnchors, TimeoutPolicy
+from tailflow.engines.rollout.protocol import Completion
+from tailflow.engines.tail.round import PlannedRound
+from tailflow.engines.track.live import RoundWatcher
+from tailflow.engines.train.stream import StreamedStep
+
+if TYPE_CHECKING:
+    from tailflow.config import RunConfig
+    from tailflow.engines.cluster.reward_pool import RewardPool
+    from tailflow.engines.cluster.trainer_group import TrainerGroup
+
+
+@dataclass
+class RoundWork:
+    scorer: StreamingScorer
+    stream: StreamedStep | None = None
+    """The round's optimizer step fed during rollout (train.stream); None: trained after scoring."""
+
+    @property
+    def watches_each_response(self) -> bool:
+        return self.scorer.streaming
+
+    def on_finished(self, completions: Sequence[Completion]) -> None:
+        self.scorer.on_finished(completions)
+
+    def on_completed(self, completed: Sequence[tuple[str, tuple[Completion, ...]]]) -> None:
+        if self.stream is not None:
+            self.stream.on_completed(completed)
+
+
+class RoundWorkFactory:
+    """Builds each launched round's `RoundWork` from the run's reward pool, trainer and settings."""
+
+    def __init__(self, config: RunConfig, pool: RewardPool, trainer: TrainerGroup, tokenizer, runs_code: bool,
+                 watch: Callable[[Sequence[Problem]], RoundWatcher] | None = None) -> None:
+        """`watch` (live progress) gives a watcher for a round launching these problems."""
+        self.config, self.pool, self.trainer, self.tokenizer = config, pool, trainer, tokenizer
+        self.timeouts = TimeoutPolicy.from_config(config.reward) if runs_code else None
+        self.watch = watch
+        self.anchors = TimeoutAnchors()
+        """The code reward's timeout anchors of the last commit (the iteration taking rounds sets them)."""
+
+    def __call__(self, planned: PlannedRound, launched_version: int) -> RoundWork:
+        anchors, timeouts = self.anchors, self.timeouts
+        timeout_of = (lambda problem: timeouts.timeout_s(problem, anchors)) if timeouts else (lambda problem: None)
+        watcher = self.watch(planned.problems) if self.watch is not None else None
+        scorer = StreamingScorer(self.pool, self.tokenizer, planned.problems, timeout_of,
+                                 self.config.reward.streaming, watcher)
+        train = self.config.train
+        stream = StreamedStep(self.trainer, scorer, train.advantage, weight_version=launched_version,
+                              skip_zero_advantage=train.skips_zero_advantage) if train.stream else None
+        return RoundWork(scorer, stream)

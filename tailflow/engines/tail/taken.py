@@ -1,0 +1,74 @@
+"""What the rollout pipeline hands over: a round as the trainer takes it, and what the rollout did meanwhile.
+
+One record for every mode: a synchronous round (alpha 0) is taken the moment
+its rule is done, with nothing ahead of it and nothing stale; an asynchronous
+one may have rounds running ahead and responses sampled by older weights.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from tailflow.engines.data.problem import Problem
+from tailflow.engines.rollout.protocol import Completion, Request
+from tailflow.engines.rollout.rollout_stats import RolloutStats
+from tailflow.engines.tail.completion import RoundResult
+from tailflow.engines.tail.round import PlannedRound
+
+
+@dataclass(frozen=True)
+class TakenRound:
+    """Round `iteration` once its completion rule is done: what it launched, what it kept, how stale it is."""
+
+    planned: PlannedRound
+    requests: list[Request]
+    """Every request launched, in launch order (`launch.py`)."""
+    result: RoundResult
+    stats: RolloutStats
+    """The engines' work from the last weight sync to the moment the round was taken."""
+    problems: list[Problem]
+    """The completed prompts, in launch order."""
+    completions: list[Completion]
+    """Their kept responses, prompt by prompt in launch order (what the trainer sees)."""
+    finished: list[Completion]
+    """Every finished response the rule saw, in the order it saw them (kept or not): the rollout trace's."""
+    aborted: list[Completion]
+    """Partials of the requests the rule aborted."""
+    finish_steps: dict[str, tuple[int, int]]
+    """Finished request id -> (worker, engine step of the round), where the rollout reports it (traces)."""
+    observer: Any
+    """The round's observer (its scorer and, with the stream trainer, its step), built when it was launched."""
+    staleness: dict[int, int]
+    """Versions between the trained weights and a response's oldest token -> number of responses."""
+    mixed_version_responses: int
+    """Kept responses whose tokens come from more than one weight version (continued across a sync)."""
+    rounds_ahead: int
+    """Rounds launched beyond this one when it was taken (0 when synchronous)."""
+    prompts_in_flight: int
+
+    @property
+    def iteration(self) -> int:
+        return self.planned.plan.iteration
+
+
+@dataclass(frozen=True)
+class OverlapStats:
+    """What the rollout did while the trainer ran a step (all zero when synchronous)."""
+
+    seconds: float = 0.0
+    """Wall time the driver spent driving the rollout while the train step ran."""
+    engine_steps: int = 0
+    """Engine steps asked for (per worker) meanwhile."""
+    finished: int = 0
+    """Responses finished meanwhile."""
+    tokens: int = 0
+    """Tokens generated meanwhile (not in the next round's `rollout/tokens`, which counts from the sync)."""
+
+
+def staleness_of(completions: Sequence[Completion], version: int) -> dict[int, int]:
+    """Versions between `version` (the weights that will train) and each response's oldest token -> count."""
+    staleness: dict[int, int] = {}
+    for completion in completions:
+        lag = version - completion.oldest_weight_version
+        staleness[lag] = staleness.get(lag, 0) + 1
+    return dict(sorted(staleness.items()))

@@ -1,0 +1,45 @@
+"""The suite's own rules (conftest.py): in CI a skip for anything but a missing GPU fails the run, and every
+long / e2e / bench test is also slow, so the fast subset (-m "not slow") leaves them all out."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+SKIPS = '''
+import pytest
+
+def test_needs_a_package():
+    pytest.skip("bwrap is not installed")
+
+def test_needs_a_gpu():
+    pytest.skip("torch sees no CUDA device here")
+
+@pytest.mark.long
+def test_long():
+    pass
+'''
+
+
+def run_pytest(folder: Path, ci: bool, *args: str) -> subprocess.CompletedProcess:
+    env = {key: value for key, value in os.environ.items() if key != "CI"}
+    if ci:
+        env["CI"] = "true"
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args, str(folder)],
+                          cwd=folder, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_in_ci_a_skip_for_a_missing_dependency_fails_the_run_and_a_missing_gpu_does_not(tmp_path):
+    shutil.copy(Path(__file__).parent / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "test_skips.py").write_text(SKIPS)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow\n    long\n    e2e\n    bench\n")
+    outside = run_pytest(tmp_path, ci=False)
+    assert outside.returncode == 0, outside.stdout
+    inside = run_pytest(tmp_path, ci=True)
+    assert inside.returncode == 1, inside.stdout
+    assert "test_needs_a_package: Skipped: bwrap is not installed" in inside.stdout
+    assert "test_needs_a_gpu" not in inside.stdout.split("a failure in CI")[1].split("short test summary")[0]
+    fast = run_pytest(tmp_path, False, "-m", "not slow")
+    assert "1 deselected" in fast.stdout  # the long test is slow too
