@@ -122,6 +122,11 @@ def time_native(workload: Workload, num_slots: int, seed: int) -> Timing:
     return Timing("native engine", seconds, sum(lengths), lengths)
 
 
+VLLM_ENGINES: list = []
+"""Every vLLM engine this process built, kept alive: one that is collected tears down vLLM's process-wide
+distributed state under the others (vllm_engine.py)."""
+
+
 def time_vllm(workload: Workload, num_slots: int, seed: int) -> Timing:
     """As `time_native`, through the vLLM engine (EOS off: the forced lengths); its start-up is not timed."""
     from tailflow.engines.rollout.vllm_engine import VllmEngine
@@ -133,6 +138,7 @@ def time_vllm(workload: Workload, num_slots: int, seed: int) -> Timing:
             model_dir = Path(scratch)
             workload.model.save_pretrained(model_dir)
         engine = VllmEngine.from_pretrained(model_dir, num_slots, max_seq_len, seed=seed, eos_token_ids=())
+    VLLM_ENGINES.append(engine)
     engine.generate(engine_requests(workload, seed)[:2])  # warm-up
     start = time.perf_counter()
     requests = engine_requests(workload, seed)

