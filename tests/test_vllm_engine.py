@@ -209,3 +209,12 @@ def test_only_the_layerwise_reload_loads_new_weights_on_the_cpu_backend(pool, qw
     fresh_dir = write_model(tmp_path / "other", "qwen2", seed=11, head_dim=HEAD_DIM)
     fresh = run_all(pool.make(fresh_dir, 1, 64), [Request("f", prompt, greedy(12))])["f"]
     assert before.token_ids != reloaded.token_ids == fresh.token_ids
+
+
+def test_an_engine_starts_in_a_process_that_imported_flask(pool, qwen2_dir):
+    """vLLM's start-up kernel scan stops on Flask's unbound proxies (the suite imports Flask with moto's S3 server;
+    found when scripts/test.sh ran this module after collecting the rest): the engine hides them from it."""
+    import flask  # noqa: F401 (puts flask.globals' proxies in sys.modules)
+
+    engine = pool.another(qwen2_dir, num_slots=1, max_seq_len=64)
+    assert len(run_all(engine, [Request("f", (3, 4), greedy(3))])["f"].token_ids) == 3

@@ -50,6 +50,7 @@ from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishRea
 from tailflow.engines.rollout.sequence import derive_seed
 from tailflow.engines.rollout.vllm_translate import (InFlight, VllmCalls, engine_kwargs, eos_ids_and_vocab_of,
                                                      finish_reason_of, sampled_logprobs, sampling_kwargs)
+from tailflow.engines.rollout.vllm_kernel_scan import modules_hidden_from_vllm_scan
 from tailflow.engines.rollout.vllm_weights import check_weight_names, checkpoint_shapes
 from tailflow.engines.rollout.vllm_worker_hooks import install_prefix_draws
 
@@ -67,13 +68,15 @@ def require_vllm() -> None:
 def build_llm_engine(kwargs: dict) -> Any:
     """vLLM's `LLMEngine` in this process. vLLM's CPU worker replaces `torch.set_num_threads` with a no-op for
     the whole process (it expects to own a process of its own); an in-process engine binds no threads, so the
-    original function and thread count are put back."""
+    original function and thread count are put back. Modules vLLM's start-up scan would stop on (Flask's
+    proxies: `vllm_kernel_scan.py`) are hidden from it meanwhile."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process engine core: one step() is one step
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.engine.llm_engine import LLMEngine
     set_num_threads, num_threads = torch.set_num_threads, torch.get_num_threads()
     try:
-        return LLMEngine.from_engine_args(EngineArgs(**kwargs), enable_multiprocessing=False)
+        with modules_hidden_from_vllm_scan():
+            return LLMEngine.from_engine_args(EngineArgs(**kwargs), enable_multiprocessing=False)
     finally:
         torch.set_num_threads = set_num_threads
         torch.set_num_threads(num_threads)
