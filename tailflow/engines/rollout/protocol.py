@@ -1,7 +1,7 @@
 """What crosses the rollout boundary: requests in, completions out.
 
 Every rollout engine speaks this protocol (the native torch engine, on CPU
-or CUDA, and the vLLM engine, written but never run: docs/gpu.md), so
+or CUDA, and the vLLM engine: run on vLLM's CPU build, on GPUs written, not run: docs/gpu.md), so
 the tail-batching policy and the flows never depend on which engine runs
 underneath.
 """
