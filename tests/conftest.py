@@ -85,10 +85,39 @@ NEEDS_A_GPU = ("CUDA", "GPU")
 ci_skips: list[str] = []
 
 
+def pytest_addoption(parser):
+    parser.addoption("--vllm-only", action="store_true",
+                     help="run only the tests marked vllm (scripts/test.sh runs them so, in .venv-vllm)")
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
+    select_vllm_tests(config, items)
+
+
+def select_vllm_tests(config, items) -> None:
+    """Tests marked `vllm` need vLLM's CPU build, which lives in an environment of its own (.venv-vllm, made by
+    scripts/test.sh with scripts/install_vllm.sh): where vLLM is not installed they are deselected, said in
+    one line, and `--vllm-only` (the second pytest run of scripts/test.sh) runs just them, failing at once if
+    vLLM is missing there. Deselected, never skipped: they run, in the other environment."""
+    import importlib.util
+
+    has_vllm = importlib.util.find_spec("vllm") is not None
+    vllm_only = config.getoption("--vllm-only")
+    if vllm_only and not has_vllm:
+        raise pytest.UsageError("--vllm-only: vLLM is not installed in this Python environment "
+                                "(scripts/install_vllm.sh installs vLLM's CPU build)")
+    if has_vllm and not vllm_only:
+        return
+    dropped = [item for item in items if (item.get_closest_marker("vllm") is None) == vllm_only]
+    if dropped:
+        items[:] = [item for item in items if item not in set(dropped)]
+        config.hook.pytest_deselected(items=dropped)
+        if not vllm_only:
+            config._tailflow_vllm_note = (f"{len(dropped)} tests marked vllm deselected: vLLM is not installed "
+                                          "here; scripts/test.sh runs them in .venv-vllm")
 
 
 def skip_reason(report) -> str:
@@ -105,7 +134,10 @@ def pytest_runtest_logreport(report):
             ci_skips.append(f"{report.nodeid}: {reason}")
 
 
-def pytest_terminal_summary(terminalreporter):
+def pytest_terminal_summary(terminalreporter, config):
+    note = getattr(config, "_tailflow_vllm_note", None)
+    if note:
+        terminalreporter.write_line(note)
     if ci_skips:
         terminalreporter.section("skipped in CI for a missing dependency (a failure in CI)")
         for line in ci_skips:

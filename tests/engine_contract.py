@@ -133,13 +133,33 @@ def greedy(max_new_tokens: int, **extra) -> SamplingParams:
 
 
 @torch.no_grad()
-def full_forward_logprobs(model, completion: Completion) -> torch.Tensor:
-    """[T, vocab] log-softmax at each response position (teacher-forced on the engine's tokens)."""
+def full_forward_logits(model, completion: Completion) -> torch.Tensor:
+    """[T, vocab] fp32 logits at each response position (teacher-forced on the engine's tokens)."""
     device = next(model.parameters()).device
     ids = torch.tensor([completion.prompt_token_ids + completion.token_ids], device=device)
     start = len(completion.prompt_token_ids) - 1
-    logits = model(ids).logits[0, start:start + len(completion.token_ids)].float()
-    return torch.log_softmax(logits, dim=-1).cpu()
+    return model(ids).logits[0, start:start + len(completion.token_ids)].float().cpu()
+
+
+def full_forward_logprobs(model, completion: Completion) -> torch.Tensor:
+    """[T, vocab] log-softmax at each response position (temperature 1, unfiltered)."""
+    return torch.log_softmax(full_forward_logits(model, completion), dim=-1)
+
+
+def sampling_logprobs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """[T, vocab] log-probs of the distribution a request samples from: softmax(logits / temperature), the
+    top_k most likely tokens, then the fewest of those (most likely first) whose mass reaches top_p of theirs,
+    renormalised; -inf outside."""
+    probs = torch.softmax(logits.double() / params.temperature, dim=-1)
+    sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
+    keep = torch.ones_like(sorted_probs, dtype=torch.bool)
+    if params.top_k > 0:
+        keep[:, params.top_k:] = False
+    sorted_probs = sorted_probs * keep
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep &= mass_before < params.top_p * sorted_probs.sum(dim=-1, keepdim=True)
+    kept = torch.zeros_like(probs).scatter(1, order, (sorted_probs * keep))
+    return (kept / kept.sum(dim=-1, keepdim=True)).log()
 
 
 class EngineContract:
@@ -170,14 +190,17 @@ class EngineContract:
             assert completion.finish_reason == (FinishReason.EOS if ended_by_eos else FinishReason.LENGTH)
 
     def test_sampled_logprobs_match_a_full_forward(self, engine_case: EngineCase, model_dir: Path):
+        """The recorded log-prob is that of the distribution the token was drawn from (the protocol's
+        `Completion.logprobs`): the full forward's logits / temperature, top-k then top-p, renormalised."""
         reference = reference_model(model_dir, engine_case)
         engine = engine_case.make(model_dir, num_slots=2, max_seq_len=96, seed=7)
-        params = SamplingParams(temperature=1.0, top_p=0.9, max_new_tokens=16)
+        params = SamplingParams(temperature=0.7, top_k=40, top_p=0.9, max_new_tokens=16)
         done = run_all(engine, [Request(f"s{i}", p, params) for i, p in enumerate(prompts([4, 11, 2], seed=1))])
         errors = []
         for completion in done.values():
-            logprobs = full_forward_logprobs(reference, completion)
+            logprobs = sampling_logprobs(full_forward_logits(reference, completion), params)
             expected = logprobs.gather(1, torch.tensor(completion.token_ids)[:, None])[:, 0]
+            assert torch.isfinite(expected).all(), "a token outside the top-k / top-p filter was sampled"
             errors.append((torch.tensor(completion.logprobs) - expected).abs())
         errors = torch.cat(errors)
         if engine_case.exact:

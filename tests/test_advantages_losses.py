@@ -31,6 +31,17 @@ def test_grpo_equal_rewards_give_zero():
     assert grpo_advantages(torch.tensor([[1.0, 1.0, 1.0, 1.0]])).abs().max() == 0
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+@pytest.mark.parametrize("value", [0.1, 0.7, 2 / 3, 0.8])
+def test_equal_rewards_that_float32_cannot_average_exactly_give_exactly_zero(estimator, value):
+    """Eight equal rewards whose float32 mean is off by an ulp: GRPO's std division used to turn that ulp into
+    a same-sign advantage of 0.007-0.056 for the whole group (issue 25, item 1)."""
+    rewards = torch.tensor([[value] * 8, [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0]])
+    advantages = compute_advantages(rewards, estimator)
+    assert advantages[0].tolist() == [0.0] * 8
+    assert (advantages[1] != 0.0).all()  # a group with signal keeps it
+
+
 def test_dr_grpo_only_centres():
     got = compute_advantages(torch.tensor([[1.0, 0.0, 0.0, 1.0], [2.0, 0.0, 1.0, 1.0]]), "dr_grpo")
     # group means .5 and 1

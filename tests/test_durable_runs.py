@@ -48,16 +48,17 @@ def cli_env(prefect_api):
     return env
 
 
-def run_cli(args: list[str], env: dict, fault: str | None = None) -> subprocess.CompletedProcess:
+def run_cli(args: list[str], env: dict, fault: str | None = None, hang_s: int = 300) -> subprocess.CompletedProcess:
+    """`tailflow <args>` in a process group of its own; killed and failed as hung after `hang_s`."""
     child_env = dict(env, **({"TAILFLOW_FAULT": fault} if fault else {}))
     process = subprocess.Popen([sys.executable, "-m", "tailflow.cli", *args], env=child_env, start_new_session=True,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        output, _ = process.communicate(timeout=300)
+        output, _ = process.communicate(timeout=hang_s)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
-        pytest.fail(f"{' '.join(args)} (TAILFLOW_FAULT={fault}) hung for 300 s:\n{output[-4000:]}")
+        pytest.fail(f"{' '.join(args)} (TAILFLOW_FAULT={fault}) hung for {hang_s} s:\n{output[-4000:]}")
     finally:
         try:
             os.killpg(process.pid, signal.SIGKILL)  # what the driver started dies with it

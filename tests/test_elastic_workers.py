@@ -47,11 +47,22 @@ def kill_at_poll(group: RolloutGroup, at: int, rank: int) -> None:
     group.poll = killing_poll
 
 
-@pytest.fixture(scope="module")
-def group3(ray_session, model_dir):
-    group = RolloutGroup(str(model_dir), 3, num_slots=2, max_seq_len=64, seed=0, num_threads=1, num_cpus=0.5)
+def three_workers(model_dir, engine: str):
+    group = RolloutGroup(str(model_dir), 3, num_slots=2, max_seq_len=64, seed=0, num_threads=1, num_cpus=0.5,
+                         engine=engine)
     yield group
     group.shutdown()
+
+
+@pytest.fixture(scope="module")
+def group3(ray_session, model_dir):
+    yield from three_workers(model_dir, "native")
+
+
+@pytest.fixture(scope="module")
+def vllm_group3(ray_session, model_dir):
+    """Three vLLM engines (vLLM's CPU build), one per Ray actor."""
+    yield from three_workers(model_dir, "vllm")
 
 
 def play(group: RolloutGroup, requests, kind: RoundKind, kill_at: int | None, steps_per_poll: int = 3):
@@ -79,7 +90,11 @@ def kept_tokens(result) -> dict[str, tuple[int, ...]]:
 
 
 @pytest.mark.parametrize("kind", ["short", "long"])
-def test_a_worker_sigkilled_mid_round_is_migrated_not_restarted(group3, kind):
+@pytest.mark.parametrize("engine", ["native", pytest.param("vllm", marks=pytest.mark.vllm)])
+def test_a_worker_sigkilled_mid_round_is_migrated_not_restarted(request, engine, kind):
+    """On either engine: the requests of a worker killed without notice continue on the others from the tokens
+    it had reported, drawing what they would have drawn (the vLLM engine's sampler takes the prefix's draws)."""
+    group3 = request.getfixturevalue("group3" if engine == "native" else "vllm_group3")
     requests = round_requests(num_prompts=6, per_prompt=3, max_new_tokens=30)
     round_kind = RoundKind.SHORT if kind == "short" else RoundKind.LONG
     # A long round runs as `generate`, polling every 64 steps: each worker has 3 x 30 steps to run.

@@ -4,7 +4,7 @@ The native engine on CPU always runs, eagerly and with its decode padded to
 the CUDA-graph buckets (fp32, exact). The native engine on CUDA skips, saying
 why, where torch sees no GPU; `scripts/gpu_evidence.sh` runs this file on a
 lent GPU. Another engine joins by adding a class with its own `engine_case`
-(`tests/test_vllm_engine.py` does so for the vLLM engine, skipping without vLLM and CUDA: docs/gpu.md).
+(`tests/test_vllm_engine.py` does so for the vLLM engine, on vLLM's CPU build: docs/gpu.md).
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ class TestNativeEngineBucketedOnCPU(EngineContract):
 
 
 class TestNativeEngineOnVllmShapesOnCPU(EngineContract):
-    """The head size the vLLM contract uses (32: its attention backends refuse the default models' 12), so the
-    contract is known to hold on those models before vLLM first runs it."""
+    """The head size the vLLM contract uses (32: vLLM's attention backends refuse the default models' 12), so
+    the models the vLLM class runs on are checked on the native engine too."""
 
     @pytest.fixture
     def engine_case(self) -> EngineCase:

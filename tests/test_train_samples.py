@@ -7,7 +7,7 @@ from tailflow.engines.data.problem import Problem
 from tailflow.engines.reward.scoring import ScoredGroup, ScoredResponse
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
 from tailflow.engines.tail.taken import OverlapStats
-from tailflow.engines.train.samples import samples_from_groups
+from tailflow.engines.train.samples import num_zero_signal_groups, samples_from_groups, samples_with_signal
 from tailflow.engines.reward.scoring import ScoredRound
 from tailflow.tasks.train import train_policy
 
@@ -30,6 +30,20 @@ def test_samples_carry_dr_grpo_advantages_of_their_group():
     assert samples[0].response_token_ids == (3, 4, 5) and samples[0].rollout_logprobs == (-0.5,) * 3
 
 
+@pytest.mark.parametrize("estimator", ["grpo", "dr_grpo", "rloo"])
+def test_equal_reward_groups_are_skipped_and_counted_alike(estimator):
+    """Groups of equal non-dyadic rewards (a format reward, a share of tests, tied judge scores) get advantage
+    0.0, so the zero-advantage skip leaves them out, and num_zero_signal_groups counts exactly those."""
+    groups = [group("tied", [0.1] * 8, [0] * 8), group("thirds", [2 / 3] * 8, [0] * 8),
+              group("mixed", [0.7, 0.7, 0.1, 0.7, 0.7, 0.7, 0.7, 0.7], [0] * 8), group("judge", [0.8] * 8, [0] * 8)]
+    samples = samples_from_groups(groups, estimator, weight_version=0)
+    trained = samples_with_signal(samples, skip_zero_advantage=True)
+    assert {sample.reward for sample in trained} == {0.7, 0.1} and len(trained) == 8  # the mixed group only
+    groups_without_signal = sum(1 for start in range(0, len(samples), 8)
+                                if all(sample.advantage == 0.0 for sample in samples[start:start + 8]))
+    assert num_zero_signal_groups(groups) == groups_without_signal == 3
+
+
 def test_completions_of_other_weights_are_refused_naming_requests_and_versions():
     groups = [group("a", [1.0, 0.0], [3, 3]), group("b", [1.0, 0.0], [2, 3])]
     with pytest.raises(ValueError) as error:
@@ -48,7 +62,7 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
                             stream=False)
     config = SimpleNamespace(train=train, cluster=SimpleNamespace(device="gpu", placement="colocated"),
                              rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0))
-    ctx = SimpleNamespace(config=config,
+    ctx = SimpleNamespace(config=config, sampling=SimpleNamespace(temperature=1.0),
                           rollout=SimpleNamespace(sleep=lambda: calls.append("sleep")),
                           trainer=SimpleNamespace(start_train_step=lambda samples, **options: (
                               calls.append((samples, options)) or SimpleNamespace(result=lambda: "stats", ready=lambda: True))),

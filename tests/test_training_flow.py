@@ -149,6 +149,13 @@ def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_pat
         outcomes = [response.outcome for prompt in trace_round.prompts for response in prompt.responses]
         assert outcomes.count("kept") == 4 * 4 and outcomes.count("aborted") == row["tail/aborted_requests"]
         assert len(trace_round.prompts) == (4 if trace_round.round == "long" else 6)
+        # the length bias in the metrics row (from the completion rule) is the trace's, recorded apart
+        responses = [response for prompt in trace_round.prompts for response in prompt.responses]
+        kept = [response.length for response in responses if response.outcome == "kept"]
+        assert row["tail/kept_length_mean"] == pytest.approx(sum(kept) / len(kept))
+        assert row["tail/launched_length_mean"] == pytest.approx(sum(r.length for r in responses) / len(responses))
+    assert rows[2]["tail/kept_length_mean"] == rows[2]["tail/completed_length_mean"] \
+        == rows[2]["tail/launched_length_mean"]  # the long round keeps everything it launched
 
     # the run's report, drawn at its end, and the lease released
     for name in ("reward", "lengths", "step_times", "long_queue", "wasted_tokens"):

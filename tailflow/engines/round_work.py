@@ -71,5 +71,6 @@ class RoundWorkFactory:
                                  self.config.reward.streaming, watcher)
         train = self.config.train
         stream = StreamedStep(self.trainer, scorer, train.advantage, weight_version=launched_version,
-                              skip_zero_advantage=train.skips_zero_advantage) if train.stream else None
+                              skip_zero_advantage=train.skips_zero_advantage,
+                              rollout_temperature=self.config.rollout.temperature) if train.stream else None
         return RoundWork(scorer, stream)

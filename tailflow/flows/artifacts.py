@@ -20,6 +20,7 @@ SHOWN = (
     "time/step_total", "time/step_generate", "time/step_reward", "time/step_train", "time/step_model_update",
     "reward/mean", "reward/accuracy", "token/response_length/mean", "token/response_length/max",
     "rollout/bubble_ratio", "tail/round", "tail/long_queue_size", "tail/aborted_requests", "tail/wasted_tokens",
+    "tail/kept_length_mean", "tail/completed_length_mean", "tail/launched_length_mean",
     "time/reward_overlap_ratio", "time/reward_workers", "reward/timeouts", "actor/pg_loss", "actor/grad_norm", "eval/accuracy",
 )
 

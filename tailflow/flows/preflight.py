@@ -1,5 +1,5 @@
 """Check the user's inputs before anything is written: the model directory, the tokenizer, every dataset row,
-the TensorBoard package when asked for, and that `cluster.address` lets this driver attach.
+the TensorBoard package and vLLM when asked for, and that `cluster.address` lets this driver attach.
 
 A bad dataset used to surface inside `build_context`, after `prepare_run_dir`
 had written `<run>/config.yaml`, leaving a run that `tailflow runs list` shows
@@ -15,6 +15,7 @@ from transformers import AutoTokenizer
 from tailflow.config import RunConfig
 from tailflow.engines.cluster.attach import check_attach
 from tailflow.engines.reward.spec import reward_spec
+from tailflow.engines.rollout.vllm_engine import require_vllm
 from tailflow.engines.store import open_store
 from tailflow.engines.track.tensorboard import require_tensorboard
 from tailflow.flows.setup import load_for_model, resolve_model_path
@@ -28,4 +29,6 @@ def check_inputs(config: RunConfig) -> None:
     load_for_model(config, model_path, AutoTokenizer.from_pretrained(model_path), runs_code)
     if config.tracking.tensorboard:
         require_tensorboard()
+    if config.rollout.engine == "vllm":
+        require_vllm()
     check_attach(config.cluster.address)

@@ -318,7 +318,7 @@ def trainer_kwargs(config: RunConfig) -> dict:
         clip_low=train.clip_low, clip_high=train.clip_high,
         max_tokens_per_micro_batch=train.max_tokens_per_micro_batch, seed=train.seed,
         loss_agg=train.loss_agg, max_new_tokens=config.rollout.max_new_tokens, loss=train.loss, is_cap=train.is_cap,
-        temperature=config.rollout.temperature or 1.0,
+        temperature=config.rollout.temperature,
         backend="nccl" if torch_device(config.cluster.device) == "cuda" else "gloo",
     )
 

@@ -47,7 +47,7 @@ def start_step(ctx: RunContext, scored: ScoredRound, weight_version: int, max_st
     """The step on `scored`'s groups as `train.*` configures it, issued on the ranks without waiting."""
     train = ctx.config.train
     samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version,
-                                  max_staleness=max_staleness)
+                                  max_staleness=max_staleness, rollout_temperature=ctx.sampling.temperature)
     if takes_turns(ctx.config):  # colocated on GPUs: the engines free the GPU memory the trainer is about to use
         offload_rollout(ctx.rollout)
     return ctx.trainer.start_train_step(samples, skip_zero_advantage=train.skips_zero_advantage,

@@ -43,6 +43,8 @@ class ScoringStats:
     num_scored: int
     num_unused: int
     """Scored responses the round did not keep (their prompt was deferred, or they raced an abort)."""
+    unused_reward_sum: float
+    """Their rewards summed (`engines/track/tail_bias.py`: the unkept responses' mean reward)."""
     num_timeouts: int
     """Code executions that timed out, in kept responses."""
     workers: int

@@ -92,6 +92,7 @@ class StreamingScorer:
         stats = ScoringStats(
             exposed_s=exposed_s, busy_s=busy, hidden_s=hidden, num_scored=len(self._outcomes),
             num_unused=len(self._outcomes) - len(kept_ids),
+            unused_reward_sum=sum(o.result.reward for r, o in self._outcomes.items() if r not in kept_ids),
             num_timeouts=sum(outcome.result.timeouts for outcome in outcomes.values()),
             workers=self.pool.peak_workers,
         )

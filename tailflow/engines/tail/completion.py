@@ -4,7 +4,22 @@ RollPacker's short round (arXiv 2509.21009): a prompt *completes* when R0 of its
 responses have finished (EOS, STOP or LENGTH); its other responses are aborted
 at once and the first R0 to finish are kept. When P0 prompts have completed,
 every other in-flight request is aborted and those prompts are deferred to the
-long-prompt queue. Partial responses are discarded (the update stays on-policy).
+long-prompt queue. Partial responses are discarded.
+
+This is not on-policy sampling. A completed prompt keeps the first R0 of its R
+launched responses to finish, i.e. its shortest, and loses its longest R - R0:
+the trained sample is shorter than the policy's, and less rewarded where longer
+answers are more often right (issue 25 reports a simulation with this rule:
+policy mean length 37.8 / reward 0.441, trained 26.1 / 0.361; not re-run
+here). It is RollPacker's design (its
+Fig. 8 shows accuracy held), not a correction. `RoundResult.unkept_lengths`
+lets `engines/track/tail_bias.py` measure it every round
+(`tail/kept_length_mean` against `tail/completed_length_mean` and
+`tail/launched_length_mean`). With R = R0 (`tail.responses_launched` =
+`rollout.n`) a completed prompt keeps every response it launched: only whole
+prompts are deferred (to a long round that trains all their responses), so
+each trained group is an unbiased sample of the policy for its prompt; what
+remains is the order prompts are trained in (short ones first).
 
 Completions are processed strictly in the order given (the engine's finish
 order), so the outcome is deterministic even when several prompts complete in
@@ -14,7 +29,7 @@ already aborted (a race with another worker) is ignored and counted as waste.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from tailflow.engines.data.problem import Problem
@@ -32,6 +47,10 @@ class RoundResult:
     """Every request the rule ordered aborted, in the order it did."""
     wasted_tokens: int
     """Tokens generated but not trained on: aborted partials, finished-but-not-kept responses."""
+    unkept_lengths: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Problem id -> the lengths of its launched responses that were not kept, in launch order: a finished one's
+    length, an aborted one's tokens so far (a lower bound of the length it would have reached). Every launched
+    prompt is here; a completed one with its R - R0 aborted siblings (none when R = R0)."""
 
     def trained_in_launch_order(self, launched: Sequence[Problem]) -> tuple[list[Problem], list[Completion]]:
         """The completed problems in launch order and all their kept completions.
@@ -143,7 +162,10 @@ class CompletionRule:
         for problem_id in self.unfinished_problem_ids():
             wasted.update((c.request_id, len(c.token_ids)) for c in self._finished[problem_id])
         completed = [(p, tuple(self.kept(p))) for p in self._completed]
-        return RoundResult(completed, self.unfinished_problem_ids(), list(self._aborted), sum(wasted.values()))
+        unkept = {problem_id: tuple(wasted[r] for r in request_ids if r in wasted)
+                  for problem_id, request_ids in self._requests_of.items()}
+        return RoundResult(completed, self.unfinished_problem_ids(), list(self._aborted), sum(wasted.values()),
+                           unkept)
 
 
 class WaitForAllRule(CompletionRule):

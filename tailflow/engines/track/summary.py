@@ -5,6 +5,7 @@ from typing import Any
 
 from tailflow.engines.outcome import IterationOutcome
 from tailflow.engines.tail.taken import OverlapStats, TakenRound
+from tailflow.engines.track.tail_bias import tail_bias
 from tailflow.engines.train.samples import num_zero_signal_groups
 
 
@@ -37,6 +38,7 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
         "tail/aborted_requests": len(taken.result.aborted_request_ids),
         "tail/wasted_tokens": taken.result.wasted_tokens,
         "tail/fresh_prompts": plan.fresh_prompts,
+        **tail_bias(taken.result, scored.stats.unused_reward_sum, scored.stats.num_unused).metrics(),
     })
     row.update(scored.stats.metrics())
     if outcome.reports_anchor:

@@ -27,7 +27,12 @@ class TrainSample:
     advantage: float
     rollout_logprobs: tuple[float, ...] | None = None
     reward: float = 0.0
-    """The response's reward (TOPR treats responses with a positive reward as plain policy gradient)."""
+    """The response's reward (for the record: every loss reads the advantage, TOPR's positive set included)."""
+    rollout_temperature: float | None = None
+    """The temperature the response was sampled at: `rollout_logprobs` are log-probs of that tempered (and, with
+    top-k / top-p, filtered and renormalised) distribution (`Completion.logprobs`). None: not known. An
+    off-policy loss compares them with the trainer's log-probs at its own temperature, so `PolicyTrainer`
+    refuses samples whose temperature is not its own."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:

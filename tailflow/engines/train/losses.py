@@ -227,18 +227,25 @@ def cispo_loss(logprobs, behaviour_logprobs, advantages, mask, eps_low=0.2, eps_
                             loss_denominator, truncated=weight != ratio)
 
 
-def topr_loss(logprobs, behaviour_logprobs, advantages, is_positive, mask, num_tokens_total=None,
-              loss_denominator=None):
+def topr_loss(logprobs, behaviour_logprobs, advantages, mask, num_tokens_total=None, loss_denominator=None):
     """TOPR (Le Roux et al. 2025, "Tapered Off-Policy REINFORCE", eq. 9): plain policy gradient for responses
-    with a positive reward, truncated importance sampling for the rest:
+    with a positive advantage, truncated importance sampling for the rest:
 
-        weight = 1 where is_positive[b], else clip(r, 0, 1)                              [B, T]
+        weight = 1 where A[b] > 0, else clip(r, 0, 1),   r = pi / mu                     [B, T]
         loss   = sum(-sg(weight) * A * logprobs * mask) / loss_denominator
 
-    is_positive [B] bool: the response's reward is > 0.
+    The positive set is chosen by the sign of the advantage, the paper's R - b (its baseline form), never by
+    the reward alone: with partial credit, a format reward or judge scores every reward may be positive, and a
+    below-baseline response would then be pushed down with weight 1, untruncated, which is what TOPR exists
+    to prevent. A = 0 has no gradient either way.
+
+    Where this differs from the paper: the paper truncates the SEQUENCE ratio pi(tau) / mu(tau) (one weight per
+    response); here r is the per-token ratio, each token's weight truncated on its own (as `tis_loss` does), so
+    a response's tokens may get different weights. The per-token form is what the other importance-weighted
+    losses here use and stays finite for long responses, where a product of hundreds of ratios does not.
     """
     ratio = behaviour_ratio(logprobs, behaviour_logprobs)
-    positive = is_positive.to(torch.bool).unsqueeze(1)
+    positive = (advantages > 0).unsqueeze(1)
     weight = torch.where(positive, torch.ones_like(ratio), torch.clamp(ratio, 0.0, 1.0))
     return weighted_pg_loss(logprobs, weight, behaviour_logprobs, advantages, mask, num_tokens_total,
                             loss_denominator, truncated=~positive & (ratio > 1.0))

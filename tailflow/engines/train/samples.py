@@ -1,8 +1,10 @@
 """Scored groups -> training samples: where rewards become advantages.
 
 Groups whose responses all got the same reward carry no GRPO signal (every
-advantage is 0); they are kept so token counts match the paper's
-token-level aggregation, and counted in `num_zero_signal_groups`.
+advantage is exactly 0.0, `advantages.has_equal_rewards`); they are kept so
+token counts match the paper's token-level aggregation, counted in
+`num_zero_signal_groups` by the same test, and left out of the forward and
+backward by `samples_with_signal` (train.skip_zero_advantage).
 """
 from __future__ import annotations
 
@@ -12,15 +14,17 @@ import torch
 
 from tailflow.engines.reward.scoring import ScoredGroup
 from tailflow.engines.rollout.protocol import Completion
-from tailflow.engines.train.advantages import compute_advantages
+from tailflow.engines.train.advantages import compute_advantages, has_equal_rewards
 from tailflow.engines.train.batch import TrainSample
 
 
 def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight_version: int,
-                        max_staleness: int = 0) -> list[TrainSample]:
+                        max_staleness: int = 0, rollout_temperature: float | None = None) -> list[TrainSample]:
     """One TrainSample per response; groups must all have the same size (R0) and every completion must come
     from weights no older than `weight_version - max_staleness` and no newer than `weight_version`, the
-    weights being trained (`check_weight_version`; 0: exactly those weights)."""
+    weights being trained (`check_weight_version`; 0: exactly those weights). `rollout_temperature`: the
+    temperature the completions were sampled at (rollout.temperature), which their log-probs are of; None: not
+    known (the off-policy losses then refuse the samples)."""
     if not groups:
         return []
     check_weight_version(groups, weight_version, max_staleness)
@@ -40,6 +44,7 @@ def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight
                     advantage=float(advantage),
                     rollout_logprobs=tuple(completion.logprobs),
                     reward=float(response.reward),
+                    rollout_temperature=rollout_temperature,
                 )
             )
     return samples
@@ -53,7 +58,8 @@ def samples_with_signal(samples: list[TrainSample], skip_zero_advantage: bool) -
 
 
 def num_zero_signal_groups(groups: Sequence[ScoredGroup]) -> int:
-    return sum(1 for group in groups if len(set(group.rewards)) <= 1)
+    """Groups whose rewards are all equal: exactly those whose every advantage is 0.0 (the same float32 test)."""
+    return sum(1 for group in groups if bool(has_equal_rewards(torch.tensor([group.rewards]))[0]))
 
 
 def check_weight_version(groups: Sequence[ScoredGroup], weight_version: int, max_staleness: int = 0) -> None:

@@ -49,9 +49,11 @@ class StreamedStep:
     """One iteration's optimizer step, fed group by group during rollout; build one per iteration."""
 
     def __init__(self, trainer: StreamTrainer, scores: GroupScores, estimator: str, *, weight_version: int,
-                 skip_zero_advantage: bool) -> None:
+                 skip_zero_advantage: bool, rollout_temperature: float | None = None) -> None:
+        """`rollout_temperature`: the round's sampling temperature (`samples_from_groups`)."""
         self.trainer, self.scores, self.estimator = trainer, scores, estimator
         self.weight_version, self.skip_zero_advantage = weight_version, skip_zero_advantage
+        self.rollout_temperature = rollout_temperature
         self._waiting: dict[str, tuple[Completion, ...]] = {}
         """Completed prompts whose responses are not all scored yet, in completion order."""
         self.sent: dict[str, ScoredGroup] = {}
@@ -93,7 +95,8 @@ class StreamedStep:
                        seconds=time.perf_counter() - started, streamed_groups=self.num_streamed_groups)
 
     def _samples(self, groups: Sequence[ScoredGroup]) -> list[TrainSample]:
-        return samples_from_groups(groups, self.estimator, weight_version=self.weight_version)
+        return samples_from_groups(groups, self.estimator, weight_version=self.weight_version,
+                                   rollout_temperature=self.rollout_temperature)
 
     def _trained(self, samples: list[TrainSample]) -> list[TrainSample]:
         return samples_with_signal(samples, self.skip_zero_advantage)

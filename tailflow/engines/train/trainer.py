@@ -102,7 +102,10 @@ class TrainStepStats:
     """Response tokens in the global batch (the loss denominator)."""
     num_samples: int
     logprob_diff_vs_rollout: float | None = None
-    """Mean |trainer log-prob - rollout log-prob| over tokens that carry rollout log-probs."""
+    """Mean |log pi - log mu| over the response tokens sampled at the trainer's temperature: pi the trainer's
+    softmax(logits / T), mu the engine's sampling distribution at the same T (None: no such token). Without
+    top-k / top-p it is the engines' and trainers' numeric disagreement (plus staleness, async); with them mu
+    is renormalised over the tokens kept, so it also holds -log(mass kept) of each token's step."""
     skipped_samples: int = 0
     """Samples left out of the forward and backward (zero advantage, `train.skip_zero_advantage`)."""
     seconds: float = 0.0
@@ -136,9 +139,8 @@ class MicroBatchInputs:
     behaviour_logprobs: torch.Tensor
     """The rollout engine's log-probs of the sampled tokens (0 where none were reported)."""
     has_behaviour: torch.Tensor
-    """1 where `behaviour_logprobs` holds a value."""
-    is_positive: torch.Tensor
-    """[B] bool: the response's reward is > 0 (TOPR)."""
+    """1 where `behaviour_logprobs` holds a value of a sample drawn at the trainer's temperature (what
+    actor/logprob_diff_vs_rollout compares)."""
     proximal_logprobs: torch.Tensor | None = None
     """The weights' log-probs at the start of a step of several updates; None: the forward's own, detached."""
 
@@ -255,6 +257,7 @@ class PolicyTrainer:
             update = updates[0]
             return self.train_step([samples[i] for i in update.indices], update.num_tokens, update.num_sequences,
                                    update.num_metric_tokens)
+        self._check_rollout_logprobs(samples)  # all of them before the first update steps
         proximal = self._proximal_logprobs(samples) if self.loss in PROXIMAL_LOSSES else None
         sums = dict.fromkeys(SUMMED_STATS, 0.0)
         grad_norms = []
@@ -303,6 +306,7 @@ class PolicyTrainer:
     def _backward(self, samples: list[TrainSample], metric_tokens: int, denominator: int,
                   proximal: dict[int, torch.Tensor] | None = None, allow_empty: bool = False) -> dict[str, float]:
         """Forward and backward of every micro-batch of `samples` (gradients accumulate); their SUMMED_STATS."""
+        self._check_rollout_logprobs(samples)
         totals = dict.fromkeys(SUMMED_STATS, 0.0) | {"samples": float(len(samples))}
         for part in self._plan_micro_batches(samples, allow_empty):
             batch = self._collate(part)
@@ -310,6 +314,23 @@ class PolicyTrainer:
             for name, value in self._accumulate_gradients(batch, inputs, metric_tokens, denominator).items():
                 totals[name] += value
         return totals
+
+    def _check_rollout_logprobs(self, samples: list[TrainSample]) -> None:
+        """An off-policy loss weighs by pi / mu, pi the trainer's softmax(logits / temperature) and mu the
+        distribution that sampled the token (its recorded log-prob): refuse, before any gradient, samples without
+        a log-prob for every response token or sampled at another (or an unknown) temperature."""
+        if self.loss not in OFF_POLICY_LOSSES:
+            return
+        if any(sample.rollout_logprobs is None for sample in samples):
+            raise ValueError(f"train.loss {self.loss!r} needs the rollout log-prob of every response token; "
+                             "some samples have none")
+        others = {sample.rollout_temperature for sample in samples} - {self.temperature}
+        if others:
+            raise ValueError(
+                f"train.loss {self.loss!r} weighs by pi / mu with pi at this trainer's temperature {self.temperature}, "
+                f"but samples were sampled at temperature {sorted(others, key=str)} (None: not recorded), so their "
+                "log-probs are of another distribution: construct PolicyTrainer with temperature=rollout.temperature "
+                "and build the samples with rollout_temperature (samples_from_groups)")
 
     def _plan_micro_batches(self, samples: list[TrainSample], allow_empty: bool = False) -> list[list[TrainSample]]:
         """Token-budget micro-batches, padded with [] up to the largest count on any rank. No samples on any rank:
@@ -359,20 +380,18 @@ class PolicyTrainer:
         ref_logprobs = self._logprobs(self.ref_model, batch)[1] if self.ref_model is not None else None
         if not part:  # a filler row (this rank has fewer micro-batches than another)
             zeros = torch.zeros_like(batch.response_mask)
-            return MicroBatchInputs(ref_logprobs, zeros, zeros, torch.zeros(1, dtype=torch.bool, device=self.device),
-                                    None if proximal is None else zeros)
+            return MicroBatchInputs(ref_logprobs, zeros, zeros, None if proximal is None else zeros)
         behaviour, present = (t.to(self.device) for t in rollout_logprobs_matrix(part, batch.input_ids.shape[1]))
-        if self.loss in OFF_POLICY_LOSSES and bool(((present == 0) & (batch.response_mask > 0)).any()):
-            raise ValueError(f"train.loss {self.loss!r} needs the rollout log-prob of every response token; "
-                             "some samples have none")
-        is_positive = torch.tensor([sample.reward > 0 for sample in part], device=self.device)
+        # like with like: only rows sampled at this trainer's temperature enter actor/logprob_diff_vs_rollout
+        present = present * torch.tensor([[float(s.rollout_temperature == self.temperature)] for s in part],
+                                         device=self.device)
         proximal_matrix = None
         if proximal is not None:
             proximal_matrix = torch.zeros_like(batch.response_mask)
             for row, sample in enumerate(part):
                 start = len(sample.prompt_token_ids) - 1
                 proximal_matrix[row, start:start + sample.num_response_tokens] = proximal[id(sample)]
-        return MicroBatchInputs(ref_logprobs, behaviour, present, is_positive, proximal_matrix)
+        return MicroBatchInputs(ref_logprobs, behaviour, present, proximal_matrix)
 
     def _policy_loss(self, logprobs: torch.Tensor, batch: MicroBatch, inputs: MicroBatchInputs,
                      metric_tokens: int, denominator: int):
@@ -393,7 +412,7 @@ class PolicyTrainer:
             return tis_loss(logprobs, behaviour, *args, **totals)
         if self.loss == "cispo":
             return cispo_loss(logprobs, behaviour, *args, self.clip_low, self.clip_high, **totals)
-        return topr_loss(logprobs, behaviour, batch.advantages, inputs.is_positive, batch.response_mask, **totals)
+        return topr_loss(logprobs, behaviour, *args, **totals)
 
     def _accumulate_gradients(
         self, batch: MicroBatch, inputs: MicroBatchInputs, metric_tokens: int, denominator: int
