@@ -48,7 +48,9 @@ def test_dry_run_writes_a_calibration_the_simulator_reads(tmp_path):
     cost = TableCost.from_file(tmp_path / "gpu_calibration_dryrun-cpu_tiny.json")
     assert cost.table.kind == "measured" and cost.table.engine == "native" and cost.table.attention == "padded"
     assert cost.table.rows == (1, 2) and cost.table.context == (16, 32)
-    assert cost.decode_s(2, 40, 20) > 0 and cost.prefill_s(32, 2) > 0
+    # a prefill is measured as (its step - the decode median), floored at 0: on the tiny model that difference is
+    # within timing noise, so only its sign is a fact here (a loaded machine measured exactly 0.0 once)
+    assert cost.decode_s(2, 40, 20) > 0 and cost.prefill_s(32, 2) >= 0
 
     record = json.loads((tmp_path / "gpu_evidence_dryrun-cpu_contract-calibrate-throughput-rounds-turns.json"
                          ).read_text())
