@@ -22,24 +22,28 @@ def test_an_interval_schedule_creates_a_run_that_a_worker_completes(operated_pre
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.client.schemas.schedules import IntervalSchedule
+    from prefect.client.schemas.sorting import FlowRunSort
 
     parameters = {"run_id": "scheduled", "overrides": tiny_run(str(tmp_path), iterations=1)}
     with api(operated_prefect), get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("rl_training/rl-training")  # as `tailflow deploy` made it
         created_at = time.time()
+        # due in 30 s, then hourly: one run within the test (minutely ones start while the first still holds
+        # the run's lease, which refuses them)
+        first = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=30)
         (schedule,) = client.create_deployment_schedules(
-            deployment.id, [(IntervalSchedule(interval=dt.timedelta(minutes=1)), True)], parameters=parameters,
-            max_scheduled_runs=1)
+            deployment.id, [(IntervalSchedule(interval=dt.timedelta(hours=1), anchor_date=first), True)],
+            parameters=parameters, max_scheduled_runs=1)
     try:
         of_deployment = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
 
-        def scheduled_run(client):
-            return next((run for run in client.read_flow_runs(deployment_filter=of_deployment) if run.auto_scheduled),
-                        None)
+        def scheduled_run(client):  # the scheduler makes several ahead (an hour apart): the first is due now
+            runs = client.read_flow_runs(deployment_filter=of_deployment, sort=FlowRunSort.EXPECTED_START_TIME_ASC)
+            return next((run for run in runs if run.auto_scheduled), None)
 
         # the scheduler inserts a run ahead of its start time within seconds of its loop; not at all when broken
         run = wait_until(operated_prefect, scheduled_run, "a run created by the scheduler", timeout_s=240)
-        assert run.parameters["run_id"] == "scheduled" and run.expected_start_time.timestamp() >= created_at - 1
+        assert run.parameters["run_id"] == "scheduled" and run.expected_start_time.timestamp() >= created_at
         started = lambda client: not client.read_flow_run(run.id).state.is_scheduled()  # noqa: E731
         wait_until(operated_prefect, started, "the scheduled run picked up by the worker", timeout_s=600)
     finally:
