@@ -15,7 +15,8 @@ Stages (each prints its own table; run them one per device call if a call's 10 m
 
 Needs torch and transformers, plus pydantic (tail state) and pytest (contract); never Ray, Prefect or a
 network. `--dry-run` runs every stage on tiny shapes on the CPU (a test does, so the kit cannot rot).
-Writes gpu_evidence_<gpu>.json (every number printed) beside the calibration files.
+Writes gpu_evidence_<gpu>.json (every number printed) beside the calibration files: in `--out`, by default
+bench/results/, or a new temporary directory for a dry run (its path is printed).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -163,13 +165,23 @@ def run_turns(sizes: Sizes, device: str) -> dict:
     return {"model": sizes.turns_model, **asdict(result)}
 
 
+def results_dir(dry_run: bool) -> Path:
+    """Where the files go when --out is not given."""
+    if dry_run:
+        return Path(tempfile.mkdtemp(prefix="gpu-evidence-dryrun-"))
+    return REPO / "bench" / "results"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", default=",".join(STAGES), help=f"comma-separated, of {', '.join(STAGES)}")
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU: checks the kit, proves nothing")
     parser.add_argument("--device", default=None, help="default: cuda (cpu with --dry-run)")
-    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/; with --dry-run a new temporary directory (a dry run's "
+                             "numbers prove nothing and must not land among the results)")
     args = parser.parse_args(argv)
+    args.out = args.out or results_dir(args.dry_run)
     stages = [s for s in args.stages.split(",") if s]
     unknown = set(stages) - set(STAGES)
     if unknown:

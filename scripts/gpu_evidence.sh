@@ -4,7 +4,8 @@
 # STAGES: comma-separated of contract,calibrate,throughput,rounds,turns (default: all five; each prints its own table).
 # Installs the carried wheels from .whl/ (scripts/gpu_wheels.sh fetches them) into /tmp/site, never over the
 # machine's own packages. Results go to $OUT (the device tool's folder that comes back) if set, else
-# bench/results/; the whole printout is also written there as gpu_evidence_<stages>.log.
+# bench/results/ (a temporary directory for --dry-run); the whole printout is also written there as
+# gpu_evidence_<stages>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if compgen -G ".whl/*.whl" > /dev/null; then
@@ -14,7 +15,10 @@ fi
 export PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONUNBUFFERED=1
 stages="${1:-contract,calibrate,throughput,rounds,turns}"
-out="${OUT:-bench/results}"
+case " ${*:2} " in
+  *" --dry-run "*) out="${OUT:-$(mktemp -d -t gpu-evidence-dryrun-XXXXXX)}" ;;  # a dry run proves nothing: not among the results
+  *) out="${OUT:-bench/results}" ;;
+esac
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo "no nvidia-smi"
 set -o pipefail

@@ -14,11 +14,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 
-def quiet_prefect_defaults() -> None:
-    """Ephemeral-server defaults that work offline (set before prefect is imported)."""
+def quiet_prefect_defaults(command: str = "train") -> None:
+    """Ephemeral-server defaults that work offline (set before prefect is imported). Prefect's INFO records stay
+    off the terminal of a run (its own lines say where it is), but not off a worker's: there they are its
+    lifecycle (flow run submitted, started, finished), and the flow runs it starts inherit its level. A level the
+    user set is kept either way."""
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    if command != "worker":
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
 
@@ -203,7 +207,7 @@ def plan_arguments(plan) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    quiet_prefect_defaults()
+    quiet_prefect_defaults(args.command)
     from tailflow.config import load_config
 
     try:
@@ -268,11 +272,8 @@ def run_train(args, config) -> int:
     from tailflow.flows.training import rl_training
 
     allow_change = allowed_changes(args.allow_change)
-    with one_line_user_errors():
-        summary = rl_training(config_path=args.config, overrides=args.overrides, run_id=args.run_id,
-                              allow_change=allow_change, take_over=args.take_over)
-    print_summary(summary)
-    return 0
+    return run_to_its_end(lambda: rl_training(config_path=args.config, overrides=args.overrides, run_id=args.run_id,
+                                              allow_change=allow_change, take_over=args.take_over))
 
 
 def run_resume(args, config) -> int:
@@ -284,9 +285,20 @@ def run_resume(args, config) -> int:
     allow_change = allowed_changes(args.allow_change)
     store = open_store(config.storage.uri)
     resumed = config_for_resume(store, args.run_id, args.config, args.overrides, config.storage.uri)
+    return run_to_its_end(lambda: rl_training(config=resumed.model_dump(mode="json"), run_id=args.run_id,
+                                              allow_change=allow_change + ["storage.uri"], take_over=args.take_over))
+
+
+def run_to_its_end(run) -> int:
+    """Run the training flow and print its summary. Cancelled (from the UI, with a server), the run has said
+    where it stopped and how to resume: exit 1 without a traceback."""
+    from tailflow.flows.cancel import RunCancelled
+
     with one_line_user_errors():
-        summary = rl_training(config=resumed.model_dump(mode="json"), run_id=args.run_id,
-                              allow_change=allow_change + ["storage.uri"], take_over=args.take_over)
+        try:
+            summary = run()
+        except RunCancelled:
+            return 1
     print_summary(summary)
     return 0
 

@@ -338,6 +338,11 @@ class StorageConfig(Section):
     rollout_trace: bool = True
     """Write `<run>/rollout_trace.jsonl`: per iteration, every launched response's length, finish reason, engine
     step and outcome (kept, finished, aborted). `tailflow plan --run` and the simulator read it."""
+    link_expiry_s: int = Field(604800, ge=1, le=604800)
+    """On S3, how long the links in the run's Prefect artifacts (report, checkpoint manifest) stay valid, in
+    seconds: they are presigned, so they open on a private bucket. At most 7 days (signature v4's limit);
+    temporary credentials (an instance role, SSO) end them when they expire. Every redraw and commit publishes
+    fresh ones."""
 
 
 class TrackingConfig(Section):
@@ -433,23 +438,27 @@ def default_responses_launched(responses_kept: int) -> int:
     return responses_kept + math.ceil(responses_kept / 4)
 
 
-def apply_override(tree: dict[str, Any], assignment: str) -> None:
-    """Apply one `a.b.c=value` override; the value is parsed as YAML (2e-5, true, [1, 2])."""
+def apply_override(tree: dict[str, Any], assignment: str, origin: str = "override") -> None:
+    """Apply one `a.b.c=value` override; the value is parsed as YAML (2e-5, true, [1, 2]). `origin` names where
+    the override came from in an error (`--set`, a flow's `overrides`)."""
     key, sep, raw = assignment.partition("=")
     if not sep or not key.strip():
-        raise ConfigError(f"override {assignment!r} is not of the form key=value")
+        raise ConfigError(f"{origin} {assignment!r} is not of the form key=value")
     parts = key.strip().split(".")
     node = tree
     for depth, part in enumerate(parts[:-1]):
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override {key}: {'.'.join(parts[: depth + 1])} is not a section")
+            raise ConfigError(f"{origin} {assignment!r}: {'.'.join(parts[: depth + 1])} is not a section")
         node = child
     node[parts[-1]] = yaml.safe_load(raw) if raw.strip() else None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> RunConfig:
-    """Read `path` (YAML; None: all defaults), apply overrides, validate everything."""
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = (),
+                overrides_origin: str = "--set") -> RunConfig:
+    """Read `path` (YAML; None: all defaults), apply overrides, validate everything. An error names the key and
+    where its value came from: the file, or the override (`overrides_origin`: `--set` on the command line,
+    `overrides` for a flow's parameter)."""
     tree: dict[str, Any] = {}
     if path is not None:
         path = Path(path)
@@ -462,26 +471,45 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
         if not isinstance(tree, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(tree).__name__}")
     for assignment in overrides:
-        apply_override(tree, assignment)
-    return config_from_dict(tree, source=str(path) if path else "config")
+        apply_override(tree, assignment, overrides_origin)
+    return config_from_dict(tree, source=str(path) if path else "config",
+                            origins=override_origins(overrides, overrides_origin))
 
 
-def config_from_dict(tree: dict[str, Any], source: str = "config") -> RunConfig:
+def override_origins(overrides: list[str] | tuple[str, ...], origin: str) -> dict[str, str]:
+    """Each overridden key -> the override that set it, as an error names it (`--set train.lr=2`)."""
+    return {assignment.partition("=")[0].strip(): f"{origin} {assignment}" for assignment in overrides}
+
+
+def config_from_dict(tree: dict[str, Any], source: str = "config",
+                     origins: dict[str, str] | None = None) -> RunConfig:
+    """Validate `tree`. `source` names where it came from (a file; "config": defaults or a whole config given);
+    `origins` maps keys that an override set to that override, so an error names the one to fix."""
     try:
         return RunConfig.model_validate(tree)
     except ValidationError as error:
-        raise ConfigError(format_validation_error(error, source)) from None
+        raise ConfigError(format_validation_error(error, source, origins or {})) from None
 
 
-def format_validation_error(error: ValidationError, source: str) -> str:
+def format_validation_error(error: ValidationError, source: str, origins: dict[str, str]) -> str:
+    """One line per problem: the key, what is wrong, and where the value came from (an override, else `source`)."""
     lines = []
     for problem in error.errors():
-        key = ".".join(str(part) for part in problem["loc"]) or "(top level)"
+        key = ".".join(str(part) for part in problem["loc"])
+        origin = next((set_by for set_key, set_by in origins.items() if related_keys(key, set_key)
+                       or (not key and set_key in problem["msg"])), None)
+        where = f" (from {origin})" if origin else (f" (in {source})" if source != "config" else "")
         if problem["type"] == "extra_forbidden":
-            lines.append(f"{key}: unknown key")
+            lines.append(f"{key}: unknown key{where}")
         else:
-            lines.append(f"{key}: {problem['msg']} (got {problem.get('input')!r})")
-    return f"invalid {source}:\n  " + "\n  ".join(lines)
+            got = f" (got {problem.get('input')!r})" if key else ""
+            lines.append(f"{key or '(top level)'}: {problem['msg']}{got}{where}")
+    return "invalid config:\n  " + "\n  ".join(lines)
+
+
+def related_keys(key: str, set_key: str) -> bool:
+    """`key` is `set_key`, inside it, or a section holding it (`train` for an override of `train.lrr`)."""
+    return bool(key) and (key == set_key or key.startswith(f"{set_key}.") or set_key.startswith(f"{key}."))
 
 
 def config_to_yaml(config: RunConfig) -> str:

@@ -98,7 +98,8 @@ def register(definition: dict, repo: Path, pool: str):
         description=definition.get("description"), tags=definition.get("tags"),
         enforce_parameter_schema=definition.get("enforce_parameter_schema", True),
         work_pool_name=pool, work_queue_name=definition.get("work_pool", {}).get("work_queue_name"),
-        job_variables={"working_dir": str(repo)}, schedules=schedules or None,
+        job_variables={**(definition.get("work_pool", {}).get("job_variables") or {}), "working_dir": str(repo)},
+        schedules=schedules or None,
         concurrency_limit=ConcurrencyLimitConfig(**limit) if isinstance(limit, dict) else limit,
     )
     return deployment.flow_name, deployment.apply(work_pool_name=pool)

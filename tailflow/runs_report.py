@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from tailflow.config import ConfigError, RunConfig, apply_override, config_from_dict, load_config
+from tailflow.config import ConfigError, RunConfig, apply_override, config_from_dict, load_config, override_origins
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, WEIGHTS_FILE, weights_sha256
 from tailflow.engines.runs.commit import CommitError, read_committed_state
@@ -147,22 +147,24 @@ def rounds_text(history: list[int], limit: int = 60) -> str:
 
 
 def config_for_resume(store: Any, run_id: str, config_path: str | None, overrides: list[str],
-                      store_uri: str) -> RunConfig:
+                      store_uri: str, overrides_origin: str = "--set") -> RunConfig:
     """The config `tailflow resume` continues with: `-c FILE` plus `--set` as given, else the run's saved config
     with the `--set` overrides on top. storage.uri is always `store_uri`, where the run was found (a moved or
-    copied run resumes where it is). Refuses a run without a commit: there is nothing to resume."""
+    copied run resumes where it is). Refuses a run without a commit: there is nothing to resume.
+    `overrides_origin`: what an error calls the overrides (`overrides` for a flow's parameter)."""
     require_run(store, run_id)
     if read_committed_state(store, run_id) is None:
         raise RunError(f"run {run_id} has nothing to resume in {store.uri()}: it never committed an iteration; "
                        f"start it again with `tailflow train --run-id {run_id}`")
     if config_path is not None:
-        tree = load_config(config_path, overrides).model_dump(mode="json")
+        tree = load_config(config_path, overrides, overrides_origin).model_dump(mode="json")
     else:
         tree = read_run_config(store, run_id).model_dump(mode="json")
         for assignment in overrides:
-            apply_override(tree, assignment)
+            apply_override(tree, assignment, overrides_origin)
     tree["storage"]["uri"] = store_uri
-    return config_from_dict(tree, source=config_path or store.uri(config_key(run_id)))
+    return config_from_dict(tree, source=config_path or store.uri(config_key(run_id)),
+                            origins=override_origins(overrides, overrides_origin))
 
 
 def check_export_target(directory: Path) -> None:

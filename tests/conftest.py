@@ -28,6 +28,19 @@ def prefect_api():
 
 
 @pytest.fixture(scope="session")
+def operated_prefect(tmp_path_factory):
+    """A real `tailflow server` on a free port, the deployments registered by `tailflow deploy`, and a
+    `tailflow worker`: one for every test that operates tailflow from Prefect (tests/prefect_server.py)."""
+    from prefect_server import operated_server
+
+    try:
+        with operated_server(tmp_path_factory.mktemp("prefect-operated")) as server:
+            yield server
+    except RuntimeError as error:
+        pytest.fail(str(error))
+
+
+@pytest.fixture(scope="session")
 def random_tiny_model_dir(tmp_path_factory):
     """The embedded tiny Qwen2 freshly initialised (seed 0) with its tokenizer, as a HF directory."""
     from tailflow.engines.models import write_random_tiny_model

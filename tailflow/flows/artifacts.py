@@ -1,10 +1,8 @@
 """Prefect artifacts: what a person browsing the UI sees of each iteration."""
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 from prefect.artifacts import (
     create_link_artifact,
@@ -15,6 +13,7 @@ from prefect.artifacts import (
 )
 
 from tailflow.engines.run_state import RunState
+from tailflow.flows.links import checkpoint_file, publish_file_link
 
 SHOWN = (
     "time/step_total", "time/step_generate", "time/step_reward", "time/step_train", "time/step_model_update",
@@ -99,18 +98,6 @@ TABLE_COLUMNS = ("iteration", "tail/round", "time/step_total", "time/step_genera
                  "token/response_length/max", "tail/long_queue_size", "time/reward_overlap_ratio", "eval/accuracy")
 
 
-def browse_url(uri: str) -> str:
-    """Where a person looks at a stored object: the S3 console (or the configured endpoint, e.g. MinIO) for
-    s3:// URIs, a file:// URL for local paths."""
-    if uri.startswith("s3://"):
-        bucket, _, key = uri[len("s3://"):].partition("/")
-        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-        if endpoint:
-            return f"{endpoint.rstrip('/')}/{bucket}/{key}"
-        return f"https://s3.console.aws.amazon.com/s3/buckets/{bucket}?prefix={quote(key.rstrip('/') + '/')}"
-    return Path(uri).resolve().as_uri()
-
-
 def metrics_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The run's metrics, one row per iteration, the columns a person compares across iterations."""
     def cell(value: Any) -> Any:
@@ -119,7 +106,8 @@ def metrics_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class RunArtifacts:
-    """The parent flow run's artifacts: progress, the metrics table, links to the checkpoint and W&B.
+    """The parent flow run's artifacts: progress, the metrics table, links to the checkpoint (flows/links.py) and
+    W&B.
 
     Keys are per run id, so the Artifacts page shows one history per run whichever flow run (first
     attempt, retry, resume) wrote it.
@@ -143,11 +131,17 @@ class RunArtifacts:
         create_table_artifact(metrics_table(rows), key=f"{self.key}-metrics",
                               description=f"run {self.run_id}: metrics per iteration (all keys: metrics.jsonl)")
 
-    def checkpoint_link(self, checkpoint_uri: str, iteration: int) -> None:
-        create_link_artifact(browse_url(checkpoint_uri), link_text=checkpoint_uri, key=f"{self.key}-checkpoint",
-                             description=f"run {self.run_id}: committed checkpoint after iteration {iteration}")
+    def checkpoint_link(self, store, checkpoint_key: str, iteration: int, expiry_s: int) -> None:
+        publish_file_link(store, checkpoint_file(store, checkpoint_key, self.run_id, iteration),
+                          f"{self.key}-checkpoint", expiry_s)
 
     def wandb_link(self, wandb_run: Any) -> None:
-        url = getattr(wandb_run, "url", None) or Path(getattr(wandb_run, "dir", ".")).resolve().as_uri()
-        create_link_artifact(url, link_text=f"W&B run {self.run_id}", key=f"{self.key}-wandb",
-                             description="online: the W&B page; offline: the local run directory (wandb sync)")
+        url = getattr(wandb_run, "url", None)
+        if url:
+            create_link_artifact(url, link_text=f"W&B run {self.run_id}", key=f"{self.key}-wandb",
+                                 description="the W&B page of the run")
+            return
+        folder = Path(getattr(wandb_run, "dir", ".")).resolve()
+        create_markdown_artifact(markdown=f"**W&B run {self.run_id}** (offline), for `wandb sync`:\n\n"
+                                          f"```\n{folder}\n```\n",
+                                 key=f"{self.key}-wandb", description="the local W&B run directory (offline mode)")

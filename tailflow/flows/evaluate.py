@@ -16,9 +16,9 @@ from tailflow.engines.store import open_store
 from tailflow.flows.setup import load_for_model, resolve_model_path, start_rollout_and_reward
 
 
-@flow(name="evaluate")
+@flow(name="evaluate", persist_result=False)
 def evaluate_model(config_path: str | None = None, overrides: list[str] | None = None) -> float:
-    config = load_config(config_path, overrides or [])
+    config = load_config(config_path, overrides or [], overrides_origin="overrides")
     model_path = resolve_model_path(config, open_store(config.storage.uri))
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     reward = reward_spec(config.reward, model_path)

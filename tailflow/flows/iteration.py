@@ -20,6 +20,7 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.track.summary import metrics_row
 from tailflow.flows.artifacts import publish_iteration_summary, publish_rollout_membership
+from tailflow.flows.cancel import aborted_on_cancel
 from tailflow.tasks.commit import commit
 from tailflow.tasks.evaluate import evaluate_policy
 from tailflow.tasks.rollout import pause_rollout, resume_rollout, take_round
@@ -28,26 +29,27 @@ from tailflow.tasks.sync import sync_weights
 from tailflow.tasks.train import train_policy
 
 
-@flow(flow_run_name="iter-{iteration:04d}")
+@flow(flow_run_name="iter-{iteration:04d}", persist_result=False)
 def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0) -> RunState:
     """`state` is the last commit; `attempt` > 0 when an actor died in an earlier try of this iteration."""
-    taken = take_round(ctx, state, iteration)
-    scored = collect_scores(ctx, taken)
-    trained = train_policy(ctx, scored, taken.observer, iteration, state.weight_version)
-    stopped = pause_rollout(ctx)
-    synced = sync_weights(ctx, state.weight_version + 1, iteration)
-    evaluated = evaluate_policy(ctx) if ctx.config.train.evaluates_after(iteration) else None
-    in_flight = resume_rollout(ctx, synced.version)
-    outcome = IterationOutcome(
-        iteration, attempt, taken, scored, trained.stats, trained.overlap, stopped, synced, evaluated,
-        tail=ctx.pipeline.tail,
-        anchors=ctx.timeouts.updated(state.reward_anchors, scored.observed_times()),
-        reports_anchor=ctx.reward.runs_code, is_async=ctx.pipeline.is_async,
-    )
-    workers = ctx.rollout.take_membership()  # joins, leaves, migrations (elastic rollout workers)
-    row = metrics_row(outcome, state.initial_eval_accuracy) | workers.metrics()
-    next_state = commit(ctx, state.advance(outcome, pipeline=in_flight,
-                                           rollout_workers_added=ctx.rollout.workers_added()), row)
-    publish_iteration_summary(row, next_state)
-    publish_rollout_membership(ctx.run_id, iteration, workers)
-    return next_state
+    with aborted_on_cancel():  # a Cancel stops the subflow without a crash report (flows/cancel.py)
+        taken = take_round(ctx, state, iteration)
+        scored = collect_scores(ctx, taken)
+        trained = train_policy(ctx, scored, taken.observer, iteration, state.weight_version)
+        stopped = pause_rollout(ctx)
+        synced = sync_weights(ctx, state.weight_version + 1, iteration)
+        evaluated = evaluate_policy(ctx) if ctx.config.train.evaluates_after(iteration) else None
+        in_flight = resume_rollout(ctx, synced.version)
+        outcome = IterationOutcome(
+            iteration, attempt, taken, scored, trained.stats, trained.overlap, stopped, synced, evaluated,
+            tail=ctx.pipeline.tail,
+            anchors=ctx.timeouts.updated(state.reward_anchors, scored.observed_times()),
+            reports_anchor=ctx.reward.runs_code, is_async=ctx.pipeline.is_async,
+        )
+        workers = ctx.rollout.take_membership()  # joins, leaves, migrations (elastic rollout workers)
+        row = metrics_row(outcome, state.initial_eval_accuracy) | workers.metrics()
+        next_state = commit(ctx, state.advance(outcome, pipeline=in_flight,
+                                               rollout_workers_added=ctx.rollout.workers_added()), row)
+        publish_iteration_summary(row, next_state)
+        publish_rollout_membership(ctx.run_id, iteration, workers)
+        return next_state

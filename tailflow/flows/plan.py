@@ -13,7 +13,7 @@ from tailflow.engines.sim.sources import LengthSpec, load_lengths, longest_reque
 from tailflow.tasks.simulate import PlanSummary, publish_plan, search_settings
 
 
-@flow(name="plan", log_prints=True)
+@flow(name="plan", log_prints=True, persist_result=False)
 def plan_tail_batching(gpus: int, hardware: str, model: str, tp: int | None = None, run_id: str | None = None,
                        trace_path: str | None = None, rollpacker_path: str | None = None,
                        paper_prompts: int | None = None, max_new_tokens: int | None = None,

@@ -16,9 +16,10 @@ from tailflow.config import ConfigError, RunConfig, config_from_dict, config_to_
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import read_checkpoint
-from tailflow.engines.runs.commit import commit_state
+from tailflow.engines.runs.commit import commit_state, read_committed_state
 from tailflow.engines.runs.layout import config_key
 from tailflow.engines.track.rollout_trace import RolloutTraceLog
+from tailflow.flows.run_log import say
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -61,6 +62,20 @@ def check_config_for_resume(store: Any, run_id: str, requested: RunConfig, allow
                           f"--allow-change {','.join(unexpected)}")
     if changed:
         store.write_text(config_key(run_id), config_to_yaml(requested))
+
+
+def finished_state(store: Any, run_id: str, requested: RunConfig, allow_change: list[str]) -> RunState | None:
+    """The committed state of run `run_id` if it has nothing left to do with `requested`: every one of its
+    `train.iterations` committed and no config key changed but those allowed. Read before anything starts (no
+    lease needed: a commit is never half written), so resuming a finished run costs two reads."""
+    committed = read_committed_state(store, run_id)
+    if committed is None or committed.iteration < requested.train.iterations:
+        return None
+    if any(key not in allow_change for key in changed_keys(saved_config(store, run_id), requested)):
+        return None  # the run refuses this config with its own error, as any resume does
+    say(f"[tailflow] run {run_id}: already finished ({committed.iteration} of {requested.train.iterations} "
+        f"iterations committed, checkpoint {committed.latest_checkpoint or 'none'}); nothing to do")
+    return committed
 
 
 def commit_initial_state(ctx: RunContext, initial_eval_accuracy: float) -> RunState:

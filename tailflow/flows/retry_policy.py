@@ -17,11 +17,12 @@ from tailflow.config import ConfigError
 from tailflow.engines.data.dataset import DatasetError
 from tailflow.engines.models import UnsupportedModelError
 from tailflow.engines.runs.lease import LeaseLostError
-from tailflow.engines.store import StoreError
+from tailflow.engines.store import StoreAccessError
 
-USER_ERRORS = (ConfigError, DatasetError, UnsupportedModelError, LeaseLostError)
-"""Errors no retry can fix (LeaseLostError: another writer took the run). StoreError is not one: an
-unreachable store may come back."""
+USER_ERRORS = (ConfigError, DatasetError, UnsupportedModelError, LeaseLostError, StoreAccessError)
+"""Errors no retry can fix (LeaseLostError: another writer took the run; StoreAccessError: missing or refused
+credentials, no permission, no such bucket). Any other StoreError is not one: an unreachable store may come
+back."""
 
 
 @contextmanager

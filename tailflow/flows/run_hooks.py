@@ -6,16 +6,16 @@ Kept out of flows/training.py so the loop there reads as the steps it runs.
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
 from tailflow.engines.runs.lease import HeldLease
+from tailflow.flows.cancel import stop_if_cancelled
 from tailflow.flows.live_progress import LiveProgress
-from tailflow.flows.run_log import progress_line, say
+from tailflow.flows.run_log import iteration_flow_run_id, progress_line, say
 
 
 def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease | None, live: LiveProgress | None) -> None:
     """After iteration `row["iteration"]` committed: its progress line (in the run's logs and the iteration's),
-    the writer check, and the report every `tracking.report_every` iterations."""
+    the writer check, a Cancel asked for meanwhile, and the report every `tracking.report_every` iterations."""
     line = progress_line(row)
     say(line)
     subflow = iteration_flow_run_id(row["iteration"])
@@ -23,6 +23,8 @@ def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease | None, li
         say(line, flow_run_id=subflow)
     if lease is not None:
         lease.check()
+    if state.iteration < ctx.config.train.iterations:
+        stop_if_cancelled(ctx.store, ctx.run_id, ctx.config.storage.uri, row["iteration"])
     if live is not None:
         live.iteration_done(state)
     every = ctx.config.tracking.report_every
@@ -34,35 +36,18 @@ def after_run(ctx, state) -> None:
     publish_report(ctx)
 
 
-def iteration_flow_run_id(iteration: int) -> UUID | None:
-    """The newest `iter-NNNN` subflow run of this flow run (an iteration run again has several)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
-    from prefect.client.schemas.sorting import FlowRunSort
-    from prefect.runtime import flow_run
-
-    if not flow_run.id:
-        return None
-    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]),
-                                name=FlowRunFilterName(any_=[f"iter-{iteration:04d}"]))
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=runs_filter, sort=FlowRunSort.START_TIME_DESC, limit=1)
-    return runs[0].id if runs else None
-
-
 def publish_report(ctx) -> None:
-    """Redraw the report and the run's index; link it from the flow run. A report is not worth a run: a
-    failure to draw it is said, not raised."""
-    from prefect.artifacts import create_link_artifact
-
+    """Redraw the report and the run's index; link it from the flow run (a link that opens: flows/links.py). A
+    report is not worth a run: a failure to draw it is said, not raised."""
     from tailflow.engines.track.report import write_report
-    from tailflow.flows.artifacts import artifact_key, browse_url
+    from tailflow.flows.artifacts import artifact_key
+    from tailflow.flows.links import StoredFile, publish_file_link
 
     try:
         report = write_report(ctx.store, ctx.run_id)
     except Exception as error:  # noqa: BLE001 - see the docstring
         say(f"[tailflow] run {ctx.run_id}: could not draw the report: {type(error).__name__}: {error}")
         return
-    create_link_artifact(browse_url(ctx.store.uri(report.page)), link_text=f"report of run {ctx.run_id}",
-                         key=f"{artifact_key(ctx.run_id)}-report",
-                         description=f"run {ctx.run_id}: plots after {report.iterations} iterations")
+    page = StoredFile(report.page, f"report of run {ctx.run_id}",
+                      f"run {ctx.run_id}: plots after {report.iterations} iterations")
+    publish_file_link(ctx.store, page, f"{artifact_key(ctx.run_id)}-report", ctx.config.storage.link_expiry_s)

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 from uuid import UUID
 
 LOGGER_NAME = "tailflow.run"
@@ -62,12 +63,63 @@ def run_logger() -> logging.Logger:
     return logger
 
 
+class ToRunLogs(logging.Handler):
+    """Files each record under one flow run: for loggers used off the flow's thread (the lease heartbeat)."""
+
+    def __init__(self, flow_run_id: str):
+        super().__init__(logging.WARNING)
+        self.flow_run_id = flow_run_id
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            say(f"[tailflow] {record.getMessage()}", flow_run_id=self.flow_run_id, level=record.levelno)
+        except Exception:  # noqa: BLE001 - logging must not break the run
+            self.handleError(record)
+
+
+WARNING_LOGGERS = ("tailflow.lease", "tailflow.store")
+"""Loggers of engines/ whose warnings belong in a run's logs: its lease, its store."""
+
+
+@contextmanager
+def warnings_in_run_logs(flow_run_id: str | None) -> Iterator[None]:
+    """While inside, WARNING and above of `WARNING_LOGGERS` also go to flow run `flow_run_id`'s logs (the UI's
+    Logs tab), from whatever thread logs them; they reach the terminal as before."""
+    if flow_run_id is None:
+        yield
+        return
+    handler = ToRunLogs(flow_run_id)
+    for name in WARNING_LOGGERS:
+        logging.getLogger(name).addHandler(handler)
+    try:
+        yield
+    finally:
+        for name in WARNING_LOGGERS:
+            logging.getLogger(name).removeHandler(handler)
+
+
 def say(line: str, flow_run_id: UUID | str | None = None, level: int = logging.INFO) -> None:
     """One progress line to the terminal and to the current flow run's logs (or `flow_run_id`'s only)."""
     extra: dict[str, Any] = {"flow_run_id": str(flow_run_id), "api_only": True} if flow_run_id else {}
     run_logger().log(level, line, extra=extra)
     for handler in run_logger().handlers:
         handler.flush()
+
+
+def iteration_flow_run_id(iteration: int) -> UUID | None:
+    """The newest `iter-NNNN` subflow run of this flow run (an iteration run again has several)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return None
+    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]),
+                                name=FlowRunFilterName(any_=[f"iter-{iteration:04d}"]))
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=runs_filter, sort=FlowRunSort.START_TIME_DESC, limit=1)
+    return runs[0].id if runs else None
 
 
 def print_resume(ctx, state) -> None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from prefect import flow
 from prefect.runtime import flow_run
@@ -11,14 +12,18 @@ from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.run_state import RunState
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
+from tailflow.engines.runs.layout import metrics_key
 from tailflow.engines.store import open_store
+from tailflow.engines.track import MetricsLogger
 from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
 from tailflow.flows.artifacts import RunArtifacts
+from tailflow.flows.cancel import cancel_requested, ended_on_cancel
 from tailflow.flows.iteration import iteration
 from tailflow.flows.live_progress import live_progress
 from tailflow.flows.preflight import check_inputs
-from tailflow.flows.resume import check_config_for_resume, commit_initial_state, restore_commit, restore_weights
+from tailflow.flows.resume import (check_config_for_resume, commit_initial_state, finished_state, restore_commit,
+                                   restore_weights)
 from tailflow.flows.retry_policy import no_retry_on_user_error
 from tailflow.flows.run_hooks import after_iteration, after_run
 from tailflow.flows.run_log import print_resume, print_start, say
@@ -26,6 +31,10 @@ from tailflow.flows.setup import (build_context, new_run_id, prepare_run_dir, re
                                   shutdown_workers)
 from tailflow.flows.writer import run_writer
 from tailflow.tasks.evaluate import evaluate_policy
+
+
+OVERRIDES = "overrides"
+"""How a config error names a flow's `overrides` parameter (the CLI's are `--set`)."""
 
 
 def default_run_id() -> str:
@@ -49,7 +58,8 @@ class RunSummary:
     metrics_path: str
 
 
-@flow(name="rl_training", flow_run_name=run_name, retries=2, retry_delay_seconds=10)
+@flow(name="rl_training", flow_run_name=run_name, retries=2, retry_delay_seconds=10,
+      persist_result=False)  # whether an iteration ran comes from the run's store, never Prefect's results
 def rl_training(
     config_path: str | None = None,
     overrides: list[str] | None = None,
@@ -75,13 +85,17 @@ def rl_training(
         else:
             run_config = resolve_config(config_path, overrides or [], config)
         run_id = run_id or default_run_id()
+        store = open_store(run_config.storage.uri)
+        finished = finished_state(store, run_id, run_config, allow_change or [])
+        if finished is not None:  # e.g. a scheduled resume of a run that ended: no Ray, no workers
+            return summarize(store, finished, MetricsLogger(store, run_id).rows())
         check_inputs(run_config)
     with (no_retry_on_user_error(), run_writer(run_config, run_id, take_over) as lease,
           live_progress(run_config, run_id) as live):
         return train(run_config, run_id, allow_change or [], lease, live)
 
 
-@flow(name="rollout_workers", flow_run_name="workers-{run_id}")
+@flow(name="rollout_workers", flow_run_name="workers-{run_id}", persist_result=False)
 def rollout_workers(run_id: str, add: int = 0, remove: int | None = None, config_path: str | None = None,
                     overrides: list[str] | None = None) -> str:
     """Add `add` rollout workers to running run `run_id`, or remove worker `remove` (as `tailflow workers
@@ -121,14 +135,15 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
         if ctx.metrics.wandb_run is not None:
             artifacts.wandb_link(ctx.metrics.wandb_run)
         for step in range(state.iteration, run_config.train.iterations):
-            ctx, state = run_iteration(ctx, state, step)
+            with ended_on_cancel(ctx.store, run_id, run_config.storage.uri, step):
+                ctx, state = run_iteration(ctx, state, step)
             rows = ctx.metrics.rows()
             after_iteration(ctx, state, rows[-1], lease, live)
             artifacts.progress(state.iteration)
             artifacts.metrics(rows)
-            artifacts.checkpoint_link(ctx.store.uri(state.latest_checkpoint), step)
+            artifacts.checkpoint_link(ctx.store, state.latest_checkpoint, step, run_config.storage.link_expiry_s)
         after_run(ctx, state)
-        return summarize(ctx, state)
+        return summarize(ctx.store, state, ctx.metrics.rows())
     finally:
         shutdown_context(ctx)
 
@@ -143,9 +158,9 @@ def config_to_resume(config_path: str | None, overrides: list[str], config: RunC
         raise ConfigError("run_id: resume=True needs the id of the run to resume")
     if config is not None:
         return resolve_config(None, [], config), [*(allow_change or []), "storage.uri"]
-    store_uri = load_config(config_path, overrides).storage.uri
+    store_uri = load_config(config_path, overrides, OVERRIDES).storage.uri
     try:
-        resumed = config_for_resume(open_store(store_uri), run_id, config_path, overrides, store_uri)
+        resumed = config_for_resume(open_store(store_uri), run_id, config_path, overrides, store_uri, OVERRIDES)
     except RunError as error:
         raise ConfigError(str(error)) from None
     return resumed, [*(allow_change or []), "storage.uri"]
@@ -161,7 +176,7 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
         try:
             return ctx, iteration(ctx, state.without_pipeline(), step, attempt)
         except ACTOR_FAILURES as error:
-            if attempt == retries:
+            if attempt == retries or cancel_requested():  # a Cancel stops Ray's processes: nothing to restart
                 shutdown_workers(ctx)  # the caller's context may hold the workers this replaced
                 raise
             say(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
@@ -183,19 +198,19 @@ def resolve_config(config_path: str | None, overrides: list[str], config: RunCon
     if isinstance(config, RunConfig):
         return config
     if config is not None:
-        return config_from_dict(config)
-    return load_config(config_path, overrides)
+        return config_from_dict(config, source="the config parameter")
+    return load_config(config_path, overrides, OVERRIDES)
 
 
-def summarize(ctx, state: RunState) -> RunSummary:
-    rows = ctx.metrics.rows()
+def summarize(store, state: RunState, rows: list[dict[str, Any]]) -> RunSummary:
+    """`rows`: the run's metrics rows, as committed."""
     return RunSummary(
-        run_id=ctx.run_id,
-        run_dir=ctx.store.uri(ctx.run_id),
+        run_id=state.run_id,
+        run_dir=store.uri(state.run_id),
         iterations=state.iteration,
         initial_accuracy=state.initial_eval_accuracy,
         final_accuracy=state.last_eval_accuracy,
         mean_step_seconds=sum(r["time/step_total"] for r in rows) / max(len(rows), 1),
-        latest_checkpoint=ctx.store.uri(state.latest_checkpoint) if state.latest_checkpoint else None,
-        metrics_path=ctx.store.uri(ctx.metrics.key),
+        latest_checkpoint=store.uri(state.latest_checkpoint) if state.latest_checkpoint else None,
+        metrics_path=store.uri(metrics_key(state.run_id)),
     )

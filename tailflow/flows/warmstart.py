@@ -36,7 +36,7 @@ def recipe_key(recipe: dict) -> str:
     return f"warmstart/{digest}"
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def train_warm_start(config: RunConfig, output_dir: str) -> None:
     import torch
 
@@ -51,10 +51,10 @@ def train_warm_start(config: RunConfig, output_dir: str) -> None:
     tokenizer.save_pretrained(output_dir)
 
 
-@flow(name="warm_start")
+@flow(name="warm_start", persist_result=False)
 def warm_start(config_path: str | None = None, overrides: list[str] | None = None) -> str:
     """Return the artifact-store path of the warm-start checkpoint, training it if not cached."""
-    config = load_config(config_path, overrides or [])
+    config = load_config(config_path, overrides or [], overrides_origin="overrides")
     store = open_store(config.storage.uri)
     recipe = recipe_of(config)
     key = recipe_key(recipe)

@@ -6,9 +6,14 @@ returns. The lease lives in the store, not in Prefect, so it guards CLI runs
 on the ephemeral server, flow runs from a deployment and a mix of both alike.
 
 Crashed means crashed: a flow run whose process was killed cannot report its
-own end, so Prefect shows it Running for ever. The lease names the flow run
-that holds it; when a later flow run takes a lease whose holder is dead, it
-marks that flow run Crashed (unless it is this same flow run, retried).
+own end, so Prefect shows it Running for ever, and so do the iteration subflow
+and tasks it was in. The lease names the flow run that holds it; when a later
+flow run takes the lease, it marks that flow run Crashed (unless it is this same
+flow run, retried), and every iteration subflow still Running under either (an
+earlier attempt's) Crashed too, naming the flow run that replaced it. Crashing
+the subflow's tracking task run as well keeps a retried parent from reattaching
+a later iteration to it (Prefect reuses a subflow whose tracking task run is
+not final).
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from typing import Iterator
 from tailflow.config import RunConfig
 from tailflow.engines.runs.lease import HeldLease, Lease, hold_lease
 from tailflow.engines.store import open_store
-from tailflow.flows.run_log import say
+from tailflow.flows.run_log import say, warnings_in_run_logs
 
 
 def holder_name() -> str:
@@ -33,9 +38,13 @@ def run_writer(run_config: RunConfig, run_id: str, take_over: bool = False) -> I
     from prefect.runtime import flow_run
 
     own_id = str(flow_run.id) if flow_run.id else None
-    with hold_lease(open_store(run_config.storage.uri), run_id, holder_name(), take_over, own_id) as lease:
+    with (warnings_in_run_logs(own_id),
+          hold_lease(open_store(run_config.storage.uri), run_id, holder_name(), take_over, own_id) as lease):
         if lease.taken_from is not None:
             mark_crashed(lease.taken_from, own_id)
+        if own_id is not None:
+            previous = lease.taken_from.flow_run_id if lease.taken_from is not None else None
+            end_orphaned_iterations(run_id, {own_id, previous} - {None}, f"{flow_run.name} ({own_id})")
         yield lease
 
 
@@ -58,3 +67,44 @@ def mark_crashed(previous: Lease, own_id: str | None) -> None:
                    f"run {previous.run_id} was taken over by flow run {own_id}")
         client.set_flow_run_state(run.id, Crashed(message=message), force=True)
     say(f"[tailflow] run {previous.run_id}: marked flow run {run.name} ({run.id}) Crashed: {message}")
+
+
+def end_orphaned_iterations(run_id: str, parent_ids: set[str], replaced_by: str) -> list[str]:
+    """Set Crashed every iteration subflow of `parent_ids` that is not final, with its tracking task run and the
+    tasks still running inside it. Called before this attempt runs any iteration, so whatever is not final is an
+    earlier attempt's. Returns the names of the subflows ended."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
+                                                FlowRunFilterStateType)
+    from prefect.client.schemas.objects import TERMINAL_STATES
+
+    not_final = FlowRunFilterState(type=FlowRunFilterStateType(not_any_=list(TERMINAL_STATES)))
+    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=sorted(parent_ids)),
+                                state=not_final)
+    ended = []
+    with get_client(sync_client=True) as client:
+        for orphan in client.read_flow_runs(flow_run_filter=runs_filter):
+            message = (f"{orphan.name} of run {run_id} stopped without reporting (its process was killed); "
+                       f"the run was resumed from its last commit by flow run {replaced_by}")
+            crash_with_tasks(client, orphan, message)
+            ended.append(orphan.name)
+    for name in ended:
+        say(f"[tailflow] run {run_id}: marked {name} of the earlier attempt Crashed (replaced by {replaced_by})")
+    return ended
+
+
+def crash_with_tasks(client, orphan, message: str) -> None:
+    """`orphan` (a flow run), its tracking task run in the parent, and its task runs that are not final: Crashed."""
+    from prefect.client.schemas.filters import (TaskRunFilter, TaskRunFilterFlowRunId, TaskRunFilterState,
+                                                TaskRunFilterStateType)
+    from prefect.client.schemas.objects import TERMINAL_STATES
+    from prefect.states import Crashed
+
+    client.set_flow_run_state(orphan.id, Crashed(message=message), force=True)
+    inside = TaskRunFilter(flow_run_id=TaskRunFilterFlowRunId(any_=[orphan.id]),
+                           state=TaskRunFilterState(type=TaskRunFilterStateType(not_any_=list(TERMINAL_STATES))))
+    task_run_ids = [task_run.id for task_run in client.read_task_runs(task_run_filter=inside)]
+    if orphan.parent_task_run_id is not None:
+        task_run_ids.append(orphan.parent_task_run_id)
+    for task_run_id in task_run_ids:
+        client.set_task_run_state(task_run_id, Crashed(message=message), force=True)

@@ -15,7 +15,7 @@ from tailflow.engines.runs.commit import commit_state, prune_checkpoints
 from tailflow.engines.runs.layout import checkpoint_key
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def commit(ctx: RunContext, state: RunState, metrics_row: dict[str, Any]) -> RunState:
     """Every iteration: the checkpoint (model + optimizer, a Hugging Face directory), then the metrics row,
     then the state naming both, then `latest`. A crash anywhere before `latest` leaves the previous commit."""

@@ -11,7 +11,7 @@ from tailflow.engines.outcome import Evaluation
 from tailflow.engines.run_context import RunContext
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def evaluate_policy(ctx: RunContext) -> Evaluation:
     started = time.perf_counter()
     config = ctx.config

@@ -17,7 +17,7 @@ from tailflow.engines.track.rollout_trace import RolloutTraceLog, trace_of
 
 
 # Never cached: each of these drives stateful Ray actors.
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def take_round(ctx: RunContext, state: RunState, iteration: int) -> TakenRound:
     """Round `iteration`, once its completion rule is done; with `storage.rollout_trace` its trace row (every
     launched response's length, finish step, kept or aborted) is appended to the run's rollout_trace.jsonl.
@@ -41,14 +41,14 @@ def take_round(ctx: RunContext, state: RunState, iteration: int) -> TakenRound:
     return taken
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def pause_rollout(ctx: RunContext) -> int:
     """Stop the requests in flight, keeping their tokens: the engines go idle for the weight sync. Returns how
     many were stopped (none in a synchronous run)."""
     return ctx.pipeline.pause()
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def resume_rollout(ctx: RunContext, version: int) -> PipelineState | None:
     """Resubmit them under weights `version`; what is resubmitted, with the rounds running ahead, is what the
     commit records (None: nothing, as in every synchronous run)."""

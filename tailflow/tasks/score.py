@@ -9,7 +9,7 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.tail.taken import TakenRound
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def collect_scores(ctx: RunContext, taken: TakenRound) -> ScoredRound:
     """Wait for the scores still outstanding (all of them, without streaming) and group them by prompt."""
     ctx.fault_point("reward", taken.iteration)

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from prefect import task
 from prefect.artifacts import create_markdown_artifact
+from prefect.cache_policies import NO_CACHE
 
 from tailflow.engines.sim.plan import PlanReport, PlanRequest, plan
 from tailflow.engines.sim.plan_report import markdown, recommendation, text_table, write_plan
@@ -19,14 +20,14 @@ class PlanSummary:
     heatmap_path: str
 
 
-@task
+@task(cache_policy=NO_CACHE, persist_result=False)
 def search_settings(request: PlanRequest, spec: LengthSpec) -> PlanReport:
     """Every setting of the grid on the simulator (pure computation on plain inputs: safe to retry)."""
     lengths, description = load_lengths(spec)
     return plan(request, lengths, description, progress=print)
 
 
-@task
+@task(cache_policy=NO_CACHE, persist_result=False)
 def publish_plan(report: PlanReport, out_dir: str) -> PlanSummary:
     page, heatmap = write_plan(report, out_dir)
     create_markdown_artifact(key="tail-batching-plan", markdown=markdown(report, str(heatmap)),

@@ -12,7 +12,7 @@ from tailflow.engines.outcome import WeightSync
 from tailflow.engines.run_context import RunContext
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def sync_weights(ctx: RunContext, version: int, iteration: int) -> WeightSync:
     """Engines refuse new weights while a request is in flight, so no response ever mixes two versions. Colocated
     on GPUs the trainer parks first, so the engines wake into the GPU memory it held."""

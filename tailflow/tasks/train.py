@@ -28,7 +28,7 @@ class TrainedStep:
     """What the rollout did during the step (nothing when synchronous)."""
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, persist_result=False)
 def train_policy(ctx: RunContext, scored: ScoredRound, work: RoundWork, iteration: int,
                  weight_version: int) -> TrainedStep:
     """One step on the round's groups. `weight_version`: the weights the trainer holds (the responses may be at

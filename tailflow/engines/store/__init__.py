@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tailflow.engines.store.local import LocalStore, StoreError
+from tailflow.engines.store.local import LocalStore, StoreAccessError, StoreError
 from tailflow.engines.store.s3 import S3Store
 
 # Bucket names as S3 accepts them, loosely (older buckets may have capitals and underscores).
@@ -35,4 +35,5 @@ def open_store(uri: str) -> ArtifactStore:
     return S3Store(bucket, prefix)
 
 
-__all__ = ["ArtifactStore", "LocalStore", "S3Store", "StoreError", "local_working_dir", "open_store"]
+__all__ = ["ArtifactStore", "LocalStore", "S3Store", "StoreAccessError", "StoreError", "local_working_dir",
+           "open_store"]

@@ -40,6 +40,11 @@ class StoreError(OSError):
     pass
 
 
+class StoreAccessError(StoreError):
+    """The store refuses this process: no credentials, wrong ones, no permission, or no such bucket. Unlike an
+    outage, waiting does not help: the credentials or `storage.uri` must change."""
+
+
 @dataclass(frozen=True)
 class Versioned:
     """An object read for a conditional write: its bytes, the tag a write must match, and its age by the

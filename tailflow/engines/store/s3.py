@@ -15,7 +15,9 @@ What S3 does not give us, and how this file makes up for it:
   the small metrics JSONL files it is used for, with one writer per run).
 Transient faults (503 Slow Down, dropped connections, timeouts) are retried by
 botocore's "standard" retry mode; what is left after the retries surfaces as one
-StoreError line naming the s3:// URI and the reason.
+StoreError line naming the s3:// URI and the reason. Missing or refused
+credentials, a missing permission or bucket are a StoreAccessError line saying
+how to give the process credentials: no retry (of a flow run either) helps.
 
 Endpoint and credentials come from the standard AWS configuration: environment
 variables, profiles, and `AWS_ENDPOINT_URL`, which botocore (>= 1.31) honours.
@@ -25,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import mimetypes
 import os
 import tempfile
@@ -41,14 +44,22 @@ from boto3.exceptions import Boto3Error
 from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 from botocore.exceptions import (BotoCoreError, ClientError, FlexibleChecksumError, IncompleteReadError,
-                                 ReadTimeoutError, ResponseStreamingError)
+                                 NoCredentialsError, PartialCredentialsError, ReadTimeoutError, ResponseStreamingError)
 
-from tailflow.engines.store.local import StoreError, Versioned
+from tailflow.engines.store.local import StoreAccessError, StoreError, Versioned
 
 MIB = 1024 * 1024
 MANIFEST_NAME = ".manifest.json"
 NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
 LOST_RACE_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+REFUSED_CODES = {"InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "ExpiredToken", "InvalidToken",
+                 "TokenRefreshRequired", "AllAccessDisabled", "NoSuchBucket", "403", "Forbidden"}
+"""S3 error codes no retry can fix: wrong or expired credentials, no permission, no such bucket (a HEAD's
+answer has no body: its refusals are the bare status, 403)."""
+log = logging.getLogger("tailflow.store")
+CREDENTIALS_HINT = ("give the process that runs tailflow AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (a Prefect "
+                    "deployment: in its job variables `env`), AWS_PROFILE, or an instance role, and AWS_ENDPOINT_URL "
+                    "for an S3-compatible server (docs/operations.md, S3)")
 # A response body that broke off mid-read, or did not match its own checksum: worth reading again.
 BROKEN_BODY = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, FlexibleChecksumError)
 
@@ -79,22 +90,30 @@ def one_line(error: BaseException) -> str:
 
 @contextmanager
 def s3_errors(uri: str) -> Iterator[None]:
-    """Turn what boto3 raises into the store's errors: FileNotFoundError or one StoreError line."""
+    """Turn what boto3 raises into the store's errors: FileNotFoundError, or one line: StoreAccessError when the
+    credentials, permissions or bucket are wrong (no retry helps), StoreError otherwise."""
     try:
         yield
     except ClientError as error:
         code = error.response.get("Error", {}).get("Code", "")
         if code in NOT_FOUND_CODES:
             raise FileNotFoundError(f"{uri} does not exist in the artifact store") from None
+        if code in REFUSED_CODES:
+            raise StoreAccessError(f"{uri}: S3 refused the request ({one_line(error)}); {CREDENTIALS_HINT}") from None
         raise StoreError(f"{uri}: {one_line(error)}") from None
+    except (NoCredentialsError, PartialCredentialsError) as error:
+        raise StoreAccessError(f"{uri}: no usable AWS credentials ({one_line(error)}); {CREDENTIALS_HINT}") from None
     except (BotoCoreError, Boto3Error) as error:
         raise StoreError(f"{uri}: {one_line(error)}") from None
 
 
 def make_client(max_attempts: int, connect_timeout: float, read_timeout: float) -> Any:
-    config = Config(retries={"max_attempts": max_attempts, "mode": "standard"},
+    """Signature v4 for every request and presigned link (botocore presigns S3 links with the deprecated v2
+    unless told; v4 links expire after at most 7 days, `storage.link_expiry_s`'s bound). A session of its own:
+    boto3's default one keeps the credentials it found first."""
+    config = Config(retries={"max_attempts": max_attempts, "mode": "standard"}, signature_version="s3v4",
                     connect_timeout=connect_timeout, read_timeout=read_timeout)
-    return boto3.client("s3", config=config)
+    return boto3.session.Session().client("s3", config=config)  # credentials as the environment has them now
 
 
 class S3Store:
@@ -174,6 +193,13 @@ class S3Store:
     def read_text(self, key: str) -> str:
         return self.read_bytes(key).decode()
 
+    def presigned_url(self, key: str, expiry_s: int) -> str:
+        """A URL that GETs the object at `key` without credentials for `expiry_s` seconds (signed here, offline,
+        with this process's credentials; on a private bucket the plain URL answers 403)."""
+        with s3_errors(self.uri(key)):
+            return self.client.generate_presigned_url("get_object", ExpiresIn=int(expiry_s),
+                                                      Params={"Bucket": self.bucket, "Key": self.object_key(key)})
+
     def append_line(self, key: str, line: str) -> None:
         """Append one line (a JSONL row). S3 cannot append: this rewrites the whole object, so it
         suits small files with a single writer (a run's metrics), not concurrent appenders."""
@@ -193,10 +219,12 @@ class S3Store:
                     value, actual, expected = fetch()
                 except InterruptedDownload as error:
                     problem = f"download interrupted ({error})"
+                    log.warning("%s: %s; reading it again", uri, problem)
                     continue
             if expected is None or actual == expected:  # None: written by another tool, accepted unverified
                 return value
             problem = f"sha256 mismatch (stored {expected}, downloaded {actual})"
+            log.warning("%s: %s; reading it again", uri, problem)
         raise StoreError(f"{uri}: {problem} in {self.verify_attempts} attempts")
 
     # -- conditional writes (the run lease, engines/runs/lease.py) ---------------------------------

@@ -4,11 +4,13 @@ Everything comes from the run's own files (`metrics.jsonl`, `rollout_trace.jsonl
 `latest.json`), so `tailflow report RUN` draws the same report for a finished
 run, a running one or a copy in another bucket. Pages use relative links only:
 the run's folder opens from a local disk, an S3 console download or a bucket
-website alike. Commit time is not in the metrics (the row is written inside
+website alike; the report's plots are inlined in it (and also written as PNGs
+for the index), so a link to the page alone shows them. Commit time is not in the metrics (the row is written inside
 the commit), so the step-time bars show generate, reward, train, sync and eval.
 """
 from __future__ import annotations
 
+import base64
 import html
 import io
 import json
@@ -129,14 +131,16 @@ def png(draw: Callable[[Any], None]) -> bytes:
         plt.close(figure)
 
 
-def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, str]]) -> str:
+def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, bytes]]) -> str:
+    """The page, its plots (title, PNG bytes) inlined: one URL shows everything, e.g. a link presigned for
+    report.html alone on a private bucket (flows/links.py), where the plots' own URLs would answer 403."""
     evals = series(rows, "eval/accuracy")[1]
     rounds = "".join("L" if row.get("tail/round") == 1 else "S" for row in rows)
     facts = [("iterations committed", str(len(rows))), ("rounds (S short, L long)", rounds or "-"),
              ("last held-out accuracy", f"{evals[-1]:.1%}" if evals else "-")]
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
-    images = "".join(f'<figure><img src="{PLOTS_DIR}/{name}.png" alt="{html.escape(title)}"></figure>'
-                     for name, title in plots)
+    images = "".join(f'<figure><img src="data:image/png;base64,{base64.b64encode(data).decode()}" '
+                     f'alt="{html.escape(title)}"></figure>' for title, data in plots)
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>tailflow run {html.escape(run_id)}</title>"
             "<style>body{font-family:sans-serif;margin:2em}figure{display:inline-block;margin:.5em}"
             "th{text-align:left;padding-right:1em}</style></head><body>"
@@ -154,12 +158,13 @@ def write_report(store: Any, run_id: str) -> RunReport:
              ("step_times", "Step-time breakdown", lambda ax: plot_step_times(ax, rows)),
              ("long_queue", "Long-prompt queue size", lambda ax: plot_long_queue(ax, rows)),
              ("wasted_tokens", "Tokens wasted by aborts", lambda ax: plot_wasted(ax, rows))]
-    keys = []
-    for name, _, draw in plots:
+    keys, drawn = [], []
+    for name, title, draw in plots:
         keys.append(f"{run_id}/{PLOTS_DIR}/{name}.png")
-        store.write_bytes(keys[-1], png(draw))
+        drawn.append((title, png(draw)))
+        store.write_bytes(keys[-1], drawn[-1][1])
     page = f"{run_id}/{REPORT}"
-    store.write_text(page, page_html(run_id, rows, [(name, title) for name, title, _ in plots]))
+    store.write_text(page, page_html(run_id, rows, drawn))
     write_index(store, run_id)
     return RunReport(page, tuple(keys), len(rows))
 

@@ -1,0 +1,118 @@
+"""Cancel (the UI's button, `prefect flow-run cancel`): the run stops, says what is committed and how to go on,
+and its flow run and the iteration it was in end Cancelled.
+
+A worker cancels a flow run by SIGTERMing its process group: the driver gets SystemExit (Ray's SIGTERM handler,
+which, unlike Prefect's, its blocking calls pass on cleanly) and Ray's processes, in the same group, exit, so a
+Ray call in flight may fail first. Whatever error reaches the iteration or the run's loop, when the run's flow
+run is Cancelling the run writes one line (iterations committed, the checkpoint, how to resume), sets the
+iteration's subflow and its own flow run Cancelled, and stops with `RunCancelled`. That is Prefect's `Abort`
+("the orchestrator ended this run"): the engines then neither report a crash nor propose a state of their
+own, and no retry starts. A flow run no worker supervises (`tailflow train` with a server) is cancelled too:
+the run looks at its state after each commit and stops there.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator
+
+from prefect.exceptions import Abort
+
+from tailflow.engines.runs.commit import read_committed_state
+from tailflow.flows.run_log import iteration_flow_run_id, say
+
+
+class RunCancelled(Abort):
+    """The run's flow run was cancelled; the message is the line the run wrote. `state` (when set): the flow
+    run's Cancelled state, which Prefect's engine records as the run's end."""
+
+
+def cancel_requested() -> bool:
+    """Whether the run this flow run belongs to (its root flow run) is Cancelling or Cancelled. False when the
+    API cannot say: the error at hand is then reported as it is."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return False
+    try:
+        with get_client(sync_client=True) as client:
+            state = client.read_flow_run(flow_run.root_flow_run_id or flow_run.id).state
+    except Exception:  # noqa: BLE001 - see the docstring
+        return False
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
+def cancelled_line(store, run_id: str, store_uri: str, iteration: int, finished: bool) -> str:
+    """What the run says when cancelled in (or, `finished`, after) `iteration`: what is committed, how to go on."""
+    committed = read_committed_state(store, run_id)
+    done = committed.iteration if committed is not None else 0
+    checkpoint = committed.latest_checkpoint if committed is not None else None
+    where = (f"after iteration {iteration:04d}" if finished or done > iteration
+             else f"in iteration {iteration:04d} (nothing of it is kept)")
+    return (f"[tailflow] run {run_id}: cancelled {where}; {done} iterations committed "
+            f"(checkpoint {checkpoint or 'none: the initial model'}); to continue from there: "
+            f"`tailflow resume {run_id} --set storage.uri={store_uri}`, Retry on this flow run, or the "
+            f"rl-training deployment with run_id {run_id}")
+
+
+def stop_if_cancelled(store, run_id: str, store_uri: str, iteration: int) -> None:
+    """Between iterations: end the run here if its flow run was cancelled."""
+    if cancel_requested():
+        line = cancelled_line(store, run_id, store_uri, iteration, finished=True)
+        say(line)
+        raise run_cancelled(line)
+
+
+@contextmanager
+def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int) -> Iterator[None]:
+    """Around iteration `iteration` in the run's flow: whatever stops it while the run is being cancelled
+    becomes the run's line, a Cancelled subflow and flow run, and RunCancelled; any other error passes."""
+    try:
+        yield
+    except BaseException as error:
+        if not isinstance(error, RunCancelled) and not cancel_requested():
+            raise
+        line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
+        say(line)
+        cancel_iteration_subflow(iteration, line)
+        raise run_cancelled(line) from None
+
+
+@contextmanager
+def aborted_on_cancel() -> Iterator[None]:
+    """Inside an iteration's subflow: an error while the run is being cancelled stops the subflow without a
+    crash report (the run's flow then ends it Cancelled, `ended_on_cancel`)."""
+    try:
+        yield
+    except BaseException as error:
+        if isinstance(error, RunCancelled) or not cancel_requested():
+            raise
+        raise RunCancelled("the run is being cancelled") from None
+
+
+def run_cancelled(line: str) -> RunCancelled:
+    """This flow run set Cancelled (with `line`), and the exception that ends it there."""
+    from prefect.client.orchestration import get_client
+    from prefect.runtime import flow_run
+    from prefect.states import Cancelled
+
+    cancelled = RunCancelled(line)
+    if flow_run.id:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(flow_run.id, Cancelled(message=line), force=True)
+            cancelled.state = client.read_flow_run(flow_run.id).state
+    return cancelled
+
+
+def cancel_iteration_subflow(iteration: int, line: str) -> None:
+    """Set this flow run's newest `iter-NNNN` subflow Cancelled unless it completed or is Cancelled already."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    subflow_id = iteration_flow_run_id(iteration)
+    if subflow_id is None:
+        return
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(subflow_id).state
+        if state is None or not (state.is_completed() or state.is_cancelled()):
+            client.set_flow_run_state(subflow_id, Cancelled(message=line), force=True)

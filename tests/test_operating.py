@@ -1,0 +1,253 @@
+"""What operating tailflow from Prefect relies on, checked without a server of its own: no flow or task whose
+result Prefect could serve instead of running it, a finished run's resume that starts nothing, lease warnings in
+the run's logs, links a browser opens, the worker's log level, dry runs outside the checkout."""
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+import sys
+import threading
+import urllib.request
+
+import pytest
+import yaml
+
+import tailflow.flows
+import tailflow.tasks
+from tailflow.config import RunConfig, config_to_yaml
+from tailflow.engines.run_state import RunState
+from tailflow.engines.runs.commit import commit_state
+from tailflow.engines.runs.layout import config_key, metrics_key
+from tailflow.engines.store import LocalStore
+
+
+def flows_and_tasks():
+    from prefect import Flow, Task
+
+    for package in (tailflow.flows, tailflow.tasks):
+        for module_info in pkgutil.iter_modules(package.__path__):
+            module = importlib.import_module(f"{package.__name__}.{module_info.name}")
+            for name, value in vars(module).items():
+                if isinstance(value, (Flow, Task)) and value.fn.__module__ == module.__name__:
+                    yield f"{module.__name__}.{name}", value
+
+
+def test_every_flow_and_task_opts_out_of_result_persistence_and_caching():
+    """Whether an iteration ran comes from the run's store: a retried parent flow must run every subflow and task
+    again, whatever PREFECT_RESULTS_PERSIST_BY_DEFAULT or a cache policy would say."""
+    from prefect import Task
+    from prefect.cache_policies import NO_CACHE
+
+    found = dict(flows_and_tasks())
+    assert {"tailflow.flows.training.rl_training", "tailflow.flows.iteration.iteration",
+            "tailflow.tasks.commit.commit", "tailflow.tasks.rollout.take_round"} <= set(found)
+    for name, runnable in found.items():
+        assert runnable.persist_result is False, name
+        if isinstance(runnable, Task):
+            assert runnable.cache_policy is NO_CACHE, name
+
+
+def finished_run(storage, run_id: str, iterations: int) -> RunConfig:
+    """A run whose `iterations` are all committed (what its files say; no training needed to read them)."""
+    config = RunConfig.model_validate({"train": {"iterations": iterations}, "storage": {"uri": str(storage)}})
+    store = LocalStore(storage)
+    store.write_text(config_key(run_id), config_to_yaml(config))
+    store.write_text(metrics_key(run_id), "".join(
+        f'{{"iteration": {i}, "time/step_total": 2.0}}\n' for i in range(iterations)))
+    commit_state(store, RunState(run_id=run_id, iteration=iterations, initial_eval_accuracy=0.25,
+                                 last_eval_accuracy=0.5))
+    return config
+
+
+def test_resuming_a_finished_run_returns_before_anything_starts(prefect_api, tmp_path, monkeypatch):
+    """A scheduled resume of a run that has ended: no preflight, no Ray, no workers; the summary of the run."""
+    import tailflow.flows.training as training
+    from tailflow.flows.training import rl_training
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a finished run started work")
+
+    monkeypatch.setattr(training, "check_inputs", refuse)
+    monkeypatch.setattr(training, "build_context", refuse)
+    monkeypatch.setattr(training, "run_writer", refuse)
+    config = finished_run(tmp_path, "done", iterations=3)
+    (tmp_path / "run.yaml").write_text(config_to_yaml(config))
+    summary = rl_training(config_path=str(tmp_path / "run.yaml"), run_id="done")
+    assert summary.iterations == 3 and summary.final_accuracy == 0.5 and summary.mean_step_seconds == 2.0
+    resumed = rl_training(config_path=str(tmp_path / "run.yaml"), run_id="done", resume=True)
+    assert resumed.iterations == 3
+    # more iterations asked for: not finished, so the run goes on (here: into the refused preflight)
+    with pytest.raises(AssertionError, match="started work"):
+        rl_training(config_path=str(tmp_path / "run.yaml"), run_id="done", overrides=["train.iterations=4"],
+                    allow_change=["train.iterations"])
+
+
+def test_lease_and_store_warnings_reach_the_flow_runs_logs(prefect_api, tmp_path):
+    """They are logged off the flow's thread (the lease heartbeat), where Prefect's run logger cannot file them."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.runtime import flow_run
+
+    from tailflow.flows.run_log import warnings_in_run_logs
+
+    @flow(persist_result=False)
+    def holder() -> str:
+        with warnings_in_run_logs(str(flow_run.id)):
+            heartbeat = threading.Thread(target=lambda: logging.getLogger("tailflow.lease").warning(
+                "run r: lease heartbeat failed: %s", "s3://b/x: Could not connect"))
+            heartbeat.start()
+            heartbeat.join()
+            logging.getLogger("tailflow.store").warning("s3://b/k: sha256 mismatch; reading it again")
+            logging.getLogger("tailflow.lease").info("below WARNING: not filed")
+        return str(flow_run.id)
+
+    flow_run_id = holder()
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])))
+    messages = [log.message for log in logs]
+    assert "[tailflow] run r: lease heartbeat failed: s3://b/x: Could not connect" in messages
+    assert "[tailflow] s3://b/k: sha256 mismatch; reading it again" in messages
+    assert not any("below WARNING" in message for message in messages)
+
+
+def test_a_local_run_gets_paths_to_copy_not_file_links(prefect_api, tmp_path):
+    """A browser does not open file:// links from the UI: a local store's report and checkpoint artifacts show
+    the path instead."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+
+    from tailflow.flows.links import StoredFile, checkpoint_file, publish_file_link
+
+    store = LocalStore(tmp_path)
+
+    @flow(persist_result=False)
+    def publish() -> tuple[str, str]:
+        page = publish_file_link(store, StoredFile("r1/report.html", "report of run r1", "plots"), "local-report", 60)
+        checkpoint = publish_file_link(store, checkpoint_file(store, "r1/checkpoints/iter-0001", "r1", 1),
+                                       "local-checkpoint", 60)
+        return page, checkpoint
+
+    page, checkpoint = publish()
+    assert page == str(tmp_path / "r1" / "report.html")
+    assert checkpoint == str(tmp_path / "r1" / "checkpoints" / "iter-0001")
+    with get_client(sync_client=True) as client:
+        artifacts = {a.key: a for a in client.read_latest_artifacts() if a.key in ("local-report", "local-checkpoint")}
+    assert artifacts["local-report"].type == "markdown" and f"```\n{page}\n```" in artifacts["local-report"].data
+    assert "file://" not in artifacts["local-checkpoint"].data and checkpoint in artifacts["local-checkpoint"].data
+
+
+def test_s3_links_are_presigned_for_the_configured_lifetime_and_open(monkeypatch, tmp_path):
+    """On S3 the link is a signature v4 URL to the object, valid for `storage.link_expiry_s`, fetched here from a
+    local S3 server (which does not check the signature; tests/test_prefect_operations.py shows the plain URL
+    refused on a private bucket)."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    from tailflow.engines.store import S3Store
+    from tailflow.flows.links import checkpoint_file
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    try:
+        for name, value in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_DEFAULT_REGION": "us-east-1",
+                            "AWS_ENDPOINT_URL": "http://%s:%d" % server.get_host_and_port()}.items():
+            monkeypatch.setenv(name, value)
+        boto3.client("s3").create_bucket(Bucket="links")
+        store = S3Store("links", "team", cache_dir=tmp_path)
+        store.write_text("r1/report.html", "<html>report</html>")
+        store.put_dir("r1/checkpoints/iter-0002", make_checkpoint(tmp_path / "ckpt"))
+        url = store.presigned_url("r1/report.html", 3600)
+        assert "X-Amz-Algorithm=AWS4-HMAC-SHA256" in url and "X-Amz-Expires=3600" in url
+        with urllib.request.urlopen(url, timeout=30) as response:
+            assert response.read() == b"<html>report</html>" and response.headers["Content-Type"] == "text/html"
+        manifest = checkpoint_file(store, "r1/checkpoints/iter-0002", "r1", 2)
+        assert manifest.key == "r1/checkpoints/iter-0002/.manifest.json"  # an object, not the checkpoint's prefix
+        with urllib.request.urlopen(store.presigned_url(manifest.key, 60), timeout=30) as response:
+            assert b"model.safetensors" in response.read()
+    finally:
+        server.stop()
+
+
+def make_checkpoint(folder):
+    folder.mkdir()
+    (folder / "model.safetensors").write_bytes(b"weights")
+    return folder
+
+
+def test_s3_without_or_with_refused_credentials_is_one_line_and_not_retried(monkeypatch, tmp_path):
+    from tailflow.engines.store import S3Store, StoreAccessError
+    from tailflow.flows.retry_policy import USER_ERRORS
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # never reached: signing fails first
+    with pytest.raises(StoreAccessError) as missing:
+        S3Store("bucket", "team", cache_dir=tmp_path).exists("r1/latest.json")
+    message = str(missing.value)
+    assert "\n" not in message and message.startswith("s3://bucket/team/r1/latest.json: no usable AWS credentials")
+    assert "job variables `env`" in message
+    assert issubclass(StoreAccessError, USER_ERRORS)  # the flow cancels its retries for it
+
+
+def test_the_worker_logs_at_info_unless_told_otherwise(monkeypatch):
+    from tailflow.cli import quiet_prefect_defaults
+
+    monkeypatch.delenv("PREFECT_LOGGING_LEVEL", raising=False)
+    quiet_prefect_defaults("worker")
+    import os
+
+    assert "PREFECT_LOGGING_LEVEL" not in os.environ  # Prefect's INFO: flow run submitted, started, finished
+    quiet_prefect_defaults("train")
+    assert os.environ["PREFECT_LOGGING_LEVEL"] == "WARNING"  # a run's terminal shows its own lines
+    monkeypatch.setenv("PREFECT_LOGGING_LEVEL", "DEBUG")
+    quiet_prefect_defaults("train")
+    assert os.environ["PREFECT_LOGGING_LEVEL"] == "DEBUG"  # the user's setting wins
+
+
+def test_a_dry_run_of_the_gpu_evidence_kit_writes_outside_the_checkout(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "gpu_evidence.py"
+    spec = importlib.util.spec_from_file_location("gpu_evidence", path)
+    kit = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "gpu_evidence", kit)  # its dataclasses look their module up
+    spec.loader.exec_module(kit)
+    out = kit.results_dir(dry_run=True)
+    assert out.is_dir() and path.parents[1] not in out.parents and not any(out.iterdir())
+    out.rmdir()
+    assert kit.results_dir(dry_run=False) == path.parent / "results"
+
+
+def test_the_docs_name_the_deployments_and_tasks_the_code_has():
+    """Every deployment of deployments/prefect.yaml in docs/operations.md's table and deployments/README.md, with
+    the right count; the iteration's tasks as README.md lists them."""
+    import re
+    from pathlib import Path
+
+    from prefect import Task
+
+    repo = Path(__file__).resolve().parents[1]
+    definitions = yaml.safe_load((repo / "deployments" / "prefect.yaml").read_text())["deployments"]
+    deployments = [definition["name"] for definition in definitions]
+    operations = (repo / "docs" / "operations.md").read_text()
+    table = set(re.findall(r"^\| `([a-z0-9-]+)` \| `", operations, flags=re.M))
+    assert table == set(deployments)
+    numbers = {4: "four", 5: "five", 6: "six", 7: "seven", 8: "eight"}
+    for text in (operations, (repo / "deployments" / "README.md").read_text(),
+                 (repo / "deployments" / "prefect.yaml").read_text()):
+        for count, word in numbers.items():
+            assert count == len(deployments) or f"{word} deployments" not in text, word
+        for name in deployments:
+            assert f"`{name}`" in text or f"name: {name}" in text, name
+    from tailflow.flows import iteration
+
+    listed = re.search(r"tasks — ([a-z_, ]+) —", (repo / "README.md").read_text().replace("\n", " "))
+    assert listed, "README.md lists the iteration's tasks as `tasks — a, b, ... —`"
+    iteration_tasks = {name for name, value in vars(iteration).items() if isinstance(value, Task)}
+    assert {name.strip() for name in listed.group(1).split(",")} == iteration_tasks

@@ -1,0 +1,209 @@
+"""Operated from Prefect as an operator would (a server, `tailflow deploy`, `tailflow worker`, runs triggered and
+handled through the API the UI calls): Retry after a SIGKILL with Prefect's result persistence on, Cancel, and a
+deployment writing to S3 with its credentials in its job variables.
+
+The worker is started without AWS credentials and at its own log level (tests/prefect_server.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+import uuid
+
+import pytest
+from prefect_server import api, run_logs, subflow_runs, tiny_run, trigger, wait_final, wait_until
+
+from tailflow.engines.runs.commit import read_committed_state
+from tailflow.engines.store import LocalStore
+from tailflow.engines.track.metrics import without_timing
+
+pytestmark = pytest.mark.slow
+
+PERSIST = {"PREFECT_RESULTS_PERSIST_BY_DEFAULT": "true"}
+"""A common Prefect setting: with it, a retried parent used to be served its iterations' persisted results."""
+
+
+def rows_of(storage, run_id: str) -> list[dict]:
+    return [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines()]
+
+
+def retry_as_the_ui_does(server: dict, flow_run_id, job_variables: dict) -> None:
+    """The UI's Retry button: the flow run goes to AwaitingRetry (a Scheduled state) and a worker runs it again.
+    First its job variables are edited (the fault the test armed is taken out): the server accepts that of a
+    Scheduled run only, not a Crashed one, so the retry is first scheduled an hour ahead, out of the worker's
+    reach, then made due now."""
+    import datetime as dt
+
+    from prefect.client.orchestration import get_client
+    from prefect.states import AwaitingRetry
+
+    later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)
+    with api(server), get_client(sync_client=True) as client:
+        held = client.set_flow_run_state(flow_run_id, AwaitingRetry(scheduled_time=later, message="Retry from the UI"))
+        assert held.status.value == "ACCEPT", held.details
+        client.update_flow_run(flow_run_id, job_variables=job_variables)
+        due = client.set_flow_run_state(flow_run_id, AwaitingRetry(message="Retry from the UI"), force=True)
+    assert due.status.value == "ACCEPT", due.details
+
+
+def test_retry_of_a_killed_run_with_persisted_results_runs_every_iteration(operated_prefect, tmp_path):
+    reference = trigger(operated_prefect, {"run_id": "whole", "overrides": tiny_run(str(tmp_path), 4)},
+                        job_variables={"env": PERSIST})
+    killed = trigger(operated_prefect, {"run_id": "killed", "overrides": tiny_run(str(tmp_path), 4)},
+                     job_variables={"env": {**PERSIST, "TAILFLOW_FAULT": "crash-train@2"}})
+    whole, crashed = wait_final(operated_prefect, [reference.id, killed.id])
+    assert whole.state.is_completed(), whole.state.message
+    assert crashed.state.is_crashed(), crashed.state.message  # the worker saw its process die of SIGKILL
+    store = LocalStore(tmp_path)
+    assert read_committed_state(store, "killed").iteration == 2
+    assert {run.name: run.state.type.value for run in subflow_runs(operated_prefect, killed.id)}["iter-0002"] \
+        == "RUNNING"  # what a SIGKILL leaves: an iteration nobody will end
+
+    retry_as_the_ui_does(operated_prefect, killed.id, {"env": PERSIST})  # an operator's run has no fault armed
+    (retried,) = wait_final(operated_prefect, [killed.id])
+    assert retried.state.is_completed(), retried.state.message
+    # the same flow run, run again (counts include automatic retries, e.g. of a Ray start that timed out on a
+    # loaded machine)
+    assert retried.run_count > crashed.run_count and retried.name == "killed"
+
+    # every iteration ran once: the rows and the weights are the uninterrupted run's
+    expected, got = read_committed_state(store, "whole"), read_committed_state(store, "killed")
+    assert got.iteration == 4 and got.weights_sha256 == expected.weights_sha256
+    assert [without_timing(row) for row in rows_of(tmp_path, "killed")] == \
+        [without_timing(row) for row in rows_of(tmp_path, "whole")]
+    first_weights = json.loads((tmp_path / "whole" / "states" / "iter-0000.json").read_text())["weights_sha256"]
+    assert first_weights != expected.weights_sha256  # the weights moved: equal weights mean something
+
+    # the killed attempt's iteration was ended, naming the run that replaced it; one completed run per index
+    subflows = subflow_runs(operated_prefect, killed.id)
+    assert all(run.state.is_final() for run in subflows)
+    completed = sorted(run.name for run in subflows if run.state.is_completed())
+    assert completed == ["iter-0000", "iter-0001", "iter-0002", "iter-0003"]
+    (orphan,) = [run for run in subflows if not run.state.is_completed()]
+    assert orphan.name == "iter-0002" and orphan.state.is_crashed()
+    assert f"resumed from its last commit by flow run killed ({killed.id})" in orphan.state.message
+
+
+def test_cancel_ends_the_run_and_its_iteration_cancelled_and_a_resume_continues(operated_prefect, tmp_path):
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelling
+
+    store = LocalStore(tmp_path)
+    run = trigger(operated_prefect, {"run_id": "stopped", "overrides": tiny_run(str(tmp_path), 1000)})
+    def committed(client) -> bool:
+        state = read_committed_state(store, "stopped")
+        return state is not None and state.iteration >= 1
+
+    wait_until(operated_prefect, committed, "the first iteration committed", timeout_s=900)
+    with api(operated_prefect), get_client(sync_client=True) as client:  # the UI's Cancel
+        client.set_flow_run_state(run.id, Cancelling(message="Cancelled from the UI"))
+    (cancelled,) = wait_final(operated_prefect, [run.id], timeout_s=300)
+    assert cancelled.state.is_cancelled(), cancelled.state.message
+
+    done = read_committed_state(store, "stopped").iteration
+    subflows = subflow_runs(operated_prefect, run.id)
+    states = [run.state.type.value for run in subflows]
+    assert set(states) <= {"COMPLETED", "CANCELLED"} and states.count("CANCELLED") <= 1  # the one it was in, if any
+    assert done - 1 <= states.count("COMPLETED") <= done  # (done - 1: cancelled between its commit and its end)
+    records = run_logs(operated_prefect, run.id)
+    said = [record.message for record in records if "cancelled" in record.message and "[tailflow]" in record.message]
+    assert len(said) == 1, said
+    assert f"{done} iterations committed" in said[0] and "tailflow resume stopped" in said[0]
+    noise = [record.message for record in records + [r for sub in subflows for r in run_logs(operated_prefect, sub.id)]
+             if record.level >= 40]
+    assert not noise, noise  # no error, no traceback: a Cancel is not a failure
+
+    resumed = subprocess.run(
+        [sys.executable, "-m", "tailflow.cli", "resume", "stopped", "--set", f"storage.uri={tmp_path}",
+         "--set", f"train.iterations={done + 1}", "--allow-change", "train.iterations"],
+        env=dict(os.environ, PREFECT_API_URL=operated_prefect["url"]), capture_output=True, text=True, timeout=900)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert f"resuming after iteration {done - 1:04d}" in resumed.stdout
+    assert [row["iteration"] for row in rows_of(tmp_path, "stopped")] == list(range(done + 1))
+
+
+@pytest.fixture
+def private_s3():
+    """moto's S3 server with authentication on: a user allowed s3:*, its keys, a bucket. Anything else (no
+    signature, another key) is refused, as on a private AWS bucket. moto's authentication is per process:
+    switched off again afterwards."""
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    endpoint = "http://%s:%d" % server.get_host_and_port()
+    admin = {"endpoint_url": endpoint, "region_name": "us-east-1", "aws_access_key_id": "admin",
+             "aws_secret_access_key": "admin"}
+    iam = boto3.client("iam", **admin)
+    user = f"tailflow-{uuid.uuid4().hex[:8]}"
+    iam.create_user(UserName=user)
+    iam.put_user_policy(UserName=user, PolicyName="s3", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+    key = iam.create_access_key(UserName=user)["AccessKey"]
+    bucket = f"runs-{uuid.uuid4().hex[:8]}"
+    boto3.client("s3", **admin).create_bucket(Bucket=bucket)
+    set_moto_auth(endpoint, "0")  # from now on every request must be signed by a known key
+    try:
+        yield {"endpoint": endpoint, "bucket": bucket, "key_id": key["AccessKeyId"], "secret": key["SecretAccessKey"]}
+    finally:
+        set_moto_auth(endpoint, "inf")
+        server.stop()
+
+
+def set_moto_auth(endpoint: str, unauthenticated_requests: str) -> None:
+    request = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=unauthenticated_requests.encode(),
+                                     method="POST", headers={"Content-Type": "text/plain"})
+    urllib.request.urlopen(request, timeout=10).read()
+
+
+def test_a_deployment_on_s3_takes_its_credentials_from_job_variables(operated_prefect, private_s3):
+    """As docs/operations.md shows: `env` in the job variables carries the keys and the endpoint. Missing or
+    refused keys fail the flow run at once with one line, no retry."""
+    from prefect.client.orchestration import get_client
+
+    uri = f"s3://{private_s3['bucket']}/team"
+    aws = {"AWS_ACCESS_KEY_ID": private_s3["key_id"], "AWS_SECRET_ACCESS_KEY": private_s3["secret"],
+           "AWS_ENDPOINT_URL": private_s3["endpoint"], "AWS_DEFAULT_REGION": "us-east-1"}
+    runs = [trigger(operated_prefect, {"run_id": run_id, "overrides": [*tiny_run(uri, 1), "tracking.report_every=1"]},
+                    job_variables={"env": env})
+            for run_id, env in (("on-s3", aws), ("wrong-key", {**aws, "AWS_SECRET_ACCESS_KEY": "not-the-secret"}),
+                                ("no-key", {"AWS_ENDPOINT_URL": private_s3["endpoint"]}))]
+    on_s3, wrong_key, no_key = wait_final(operated_prefect, [run.id for run in runs])
+    assert on_s3.state.is_completed(), on_s3.state.message
+    for refused, reason in ((wrong_key, "S3 refused the request"), (no_key, "no usable AWS credentials")):
+        message = refused.state.message or ""
+        assert refused.state.is_failed() and reason in message, message
+        assert "job variables `env`" in message and refused.run_count == 1  # one line, and no retry
+
+    # the artifacts' links: presigned, to objects (the report page, the checkpoint's manifest)
+    with api(operated_prefect), get_client(sync_client=True) as client:
+        links = {artifact.key: artifact for artifact in client.read_latest_artifacts()
+                 if artifact.key in ("on-s3-report", "on-s3-checkpoint")}
+    report_url = link_of(links["on-s3-report"])
+    manifest_url = link_of(links["on-s3-checkpoint"])
+    assert "/team/on-s3/report.html?" in report_url and "X-Amz-Signature=" in report_url
+    assert "X-Amz-Expires=604800" in report_url  # storage.link_expiry_s, by default 7 days
+    assert "/team/on-s3/checkpoints/iter-0000/.manifest.json?" in manifest_url
+    with pytest.raises(urllib.error.HTTPError) as refused:  # the bucket is private: the plain URL answers 403
+        urllib.request.urlopen(report_url.split("?")[0], timeout=30)
+    assert refused.value.code == 403
+    # moto checks no presigned signature (its IAM emulation reads only an Authorization header): opened with its
+    # authentication off again, the link serves the page, its plots inlined
+    set_moto_auth(private_s3["endpoint"], "inf")
+    with urllib.request.urlopen(report_url, timeout=30) as response:
+        page = response.read().decode()
+        assert response.headers["Content-Type"] == "text/html"
+    assert "Run on-s3" in page and page.count('src="data:image/png;base64,') == 5
+    with urllib.request.urlopen(manifest_url, timeout=30) as response:
+        files = {entry["path"] for entry in json.loads(response.read())["files"]}
+    assert "model.safetensors" in files
+
+
+def link_of(artifact) -> str:
+    """The URL of a link artifact (stored as markdown: `[text](url)`)."""
+    return artifact.data.rsplit("](", 1)[1].rstrip(")")
