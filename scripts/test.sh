@@ -15,5 +15,6 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "${missing[@]}" >/dev/null 2>&1; }; } \
     || echo "scripts/test.sh: could not install ${missing[*]}; the tests that need them will be skipped"
 fi
-python3 -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+# the megatron extra: the Megatron backend's tests (conversion, alignment with FSDP2, kill-and-resume) run in CI
+python3 -m pip install --quiet --disable-pip-version-check -e ".[dev,megatron]"
 exec python3 -m pytest "$@"
