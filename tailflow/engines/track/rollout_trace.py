@@ -72,10 +72,6 @@ class TraceRound:
     def to_line(self) -> str:
         return json.dumps({"format": FORMAT, **asdict(self)}, separators=(",", ":"))
 
-    def response_keys(self) -> list[tuple[str, int]]:
-        """(problem id, response index) of every response, in trace order."""
-        return [(p.problem_id, r.index) for p in self.prompts for r in p.responses]
-
 
 def write_trace(path: str | Path, rounds: Iterable[TraceRound]) -> None:
     Path(path).write_text("".join(r.to_line() + "\n" for r in rounds))
