@@ -110,3 +110,48 @@ def logit_errors(rank: int, world_size: int, warmstart_dir: str) -> dict[tuple[s
                 error = ((logits - expected).abs().max() / expected.abs().max()).item()
                 errors[(name, tensor_parallel, wrong_qkv)] = error
     return errors
+
+
+def naive_split_qkv(fused, shape):
+    """`naive_fuse_qkv` undone (so the wrong layout round-trips and only Megatron's forward can tell)."""
+    d = shape.head_dim
+    return tuple(fused.split([shape.num_heads * d, shape.num_kv_heads * d, shape.num_kv_heads * d]))
+
+
+ALIGNMENT_VARIANTS = {"fsdp2": ("fsdp2", 1), "megatron_tp2": ("megatron", 2), "megatron_tp1": ("megatron", 1),
+                      "megatron_wrong_qkv": ("megatron", 2)}
+"""variant -> (train backend, tensor parallel). On 2 ranks: FSDP2 over 2 ranks, Megatron as one tensor-parallel
+group of 2, Megatron as 2 data-parallel replicas of 1, and Megatron TP=2 with its QKV fused wrongly on purpose."""
+
+
+def aligned_steps(rank: int, world_size: int, model_dir: str, trainer_kwargs: dict, batches: list,
+                  variants: tuple[str, ...]) -> dict[str, dict]:
+    """Every variant trains the same batches from the same weights, one optimizer step each; per variant, the full
+    HF weights before the first step ("initial") and per step ("steps"): pg_loss, grad_norm, entropy and the
+    weights after it (rank 0)."""
+    from tailflow.engines.train.batch import count_response_tokens, shard_across_ranks
+    from tailflow.engines.train.megatron import convert
+    from tailflow.engines.train.trainer import PolicyTrainer
+
+    runs = {}
+    for variant in variants:
+        train_backend, tensor_parallel = ALIGNMENT_VARIANTS[variant]
+        wrong = variant == "megatron_wrong_qkv"
+        layout = (convert.fuse_qkv, convert.split_qkv)
+        if wrong:
+            convert.fuse_qkv, convert.split_qkv = naive_fuse_qkv, naive_split_qkv
+        try:
+            trainer = PolicyTrainer(model_dir, rank=rank, world_size=world_size, train_backend=train_backend,
+                                    tensor_parallel=tensor_parallel, **trainer_kwargs)
+            initial, steps = trainer.full_state_dict(), []
+            for samples in batches:
+                replicas = world_size // tensor_parallel
+                mine = shard_across_ranks(samples, replicas)[rank // tensor_parallel]
+                stats = trainer.train_step(mine, count_response_tokens(samples), len(samples))
+                steps.append(dict(pg_loss=stats.pg_loss, grad_norm=stats.grad_norm, entropy=stats.entropy,
+                                  weights=trainer.full_state_dict()))
+        finally:
+            convert.fuse_qkv, convert.split_qkv = layout
+        runs[variant] = {"initial": initial, "steps": steps}
+        del trainer
+    return runs

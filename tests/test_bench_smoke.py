@@ -100,3 +100,12 @@ def test_sim_async_and_spot_quick():
                             ("sim_spot.py", r"RESULT spot_tokens_per_dollar_gain=\S+")):
         last_line = run_bench(script).strip().splitlines()[-1]
         assert re.fullmatch(pattern, last_line), last_line
+
+
+@pytest.mark.bench
+def test_trainer_backends_quick():
+    """bench/trainer.py: Megatron TP=2 against FSDP2 on 2 gloo ranks, 2 small steps."""
+    pytest.importorskip("megatron.core", reason="megatron-core (the `megatron` extra) is not installed")
+    last_line = run_bench("trainer.py", timeout=600).strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT megatron_vs_fsdp2_step=\d+\.\d\d max_loss_rel_diff=\S+ max_gradnorm_rel_diff=\S+",
+                        last_line), last_line

@@ -41,12 +41,38 @@ def build_gpt(shape: ModelShape, tensor_parallel: int, dtype: torch.dtype = torc
 
     shape.check_tensor_parallel(tensor_parallel)
     spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.qk_norm)
-    return GPTModel(
+    model = GPTModel(
         transformer_config(shape, tensor_parallel, dtype), spec,
         vocab_size=shape.padded_vocab_size(tensor_parallel), max_sequence_length=shape.max_position_embeddings,
         parallel_output=False, share_embeddings_and_output_weights=shape.tied_embeddings,
         position_embedding_type="rope", rotary_base=shape.rope_theta,
     )
+    mark_sharded_weights(model)
+    return model
+
+
+def mark_sharded_weights(model: torch.nn.Module) -> None:
+    """Mark each tensor-parallel weight as megatron-core does (`tensor_model_parallel`, `partition_dim`).
+
+    megatron-core 0.16.1 sets these marks only where it initialises the weight itself; with
+    `perform_initialization=False` (the weights are loaded) they are missing, so every rank's shard looks like a
+    replicated tensor and a grad norm that counts replicated tensors on one rank only loses the other ranks'
+    shards (found by tests/test_megatron_alignment.py: the TP=2 grad norm was about half of FSDP2's)."""
+    from megatron.core.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        set_tensor_model_parallel_attributes,
+    )
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if weight is None:
+            continue
+        if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+            set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=0, stride=1)
+        elif isinstance(module, RowParallelLinear):
+            set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=1, stride=1)
 
 
 def parameters_by_name(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
