@@ -22,7 +22,7 @@ from transformers import PreTrainedModel
 
 from tailflow.engines.models import load_model
 from tailflow.engines.train.batch import MicroBatch
-from tailflow.engines.train.policy_model import init_process_group, replace_with_copies
+from tailflow.engines.train.rank_setup import init_process_group, replace_with_copies
 
 
 class FsdpPolicyModel:

@@ -18,12 +18,9 @@ samples, so a step's samples are sharded over `data_parallel_size` replicas
 """
 from __future__ import annotations
 
-import os
-import socket
 from typing import Any, Iterator, Literal, Protocol
 
 import torch
-import torch.distributed as dist
 
 from tailflow.engines.train.batch import MicroBatch
 
@@ -66,29 +63,6 @@ class PolicyModel(Protocol):
         """The modules offloading moves (policy and reference)."""
 
 
-def init_process_group(dist_backend: str, rank: int, world_size: int, always: bool = False) -> torch.device:
-    """This rank's device, after joining the process group (env MASTER_ADDR / MASTER_PORT, set by
-    TrainerGroup). One process makes no group unless `always` (megatron-core needs one even alone: then a
-    group of one on a free local port, where no MASTER_ADDR is set)."""
-    if dist_backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    else:
-        device = torch.device("cpu")
-    if (world_size > 1 or always) and not dist.is_initialized():
-        if world_size == 1 and "MASTER_ADDR" not in os.environ:
-            dist.init_process_group(dist_backend, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}")
-        else:
-            dist.init_process_group(dist_backend, rank=rank, world_size=world_size)
-    return device
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def build_policy_model(train_backend: str, model_path: str, rank: int, world_size: int, dist_backend: str,
                        tensor_parallel: int, with_reference: bool) -> PolicyModel:
     """The `train.backend` wrapper, loaded with `model_path`'s weights (and a frozen reference copy for the
@@ -105,11 +79,3 @@ def build_policy_model(train_backend: str, model_path: str, rank: int, world_siz
 
         return MegatronPolicyModel(model_path, rank, world_size, dist_backend, tensor_parallel, with_reference)
     raise ValueError(f"unknown train backend {train_backend!r}; choose one of {list(TRAIN_BACKENDS)}")
-
-
-def replace_with_copies(tree):
-    """Replace every tensor in nested dicts / lists by a detached copy, in place (one extra tensor at a time)."""
-    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
-    for key, value in list(items):
-        tree[key] = value.detach().clone() if isinstance(value, torch.Tensor) else replace_with_copies(value)
-    return tree

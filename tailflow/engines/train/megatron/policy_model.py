@@ -33,7 +33,7 @@ from tailflow.engines.train.megatron import cpu_stand_in
 from tailflow.engines.train.megatron.convert import hf_to_megatron, megatron_to_hf
 from tailflow.engines.train.megatron.gpt import build_gpt, gpt_logits, load_megatron_state, parameters_by_name
 from tailflow.engines.train.megatron.shape import ModelShape
-from tailflow.engines.train.policy_model import init_process_group, replace_with_copies
+from tailflow.engines.train.rank_setup import init_process_group, replace_with_copies
 
 
 class MegatronPolicyModel:
