@@ -12,9 +12,10 @@ of 8 responses to arithmetic-length prompts, response lengths heavy-tailed
 default config's, whose loss reads the model's log-probs), lr 2e-4.
 
 Reported per step: each backend's seconds, their ratio, and how far apart
-their loss and grad norm are (relative to FSDP2's). The trainers drift apart
-by float noise as they step (tests/test_megatron_alignment.py bounds it);
-the first step compares identical weights. Megatron TP=2 splits every matmul
+their loss and grad norm are (relative to FSDP2's). After every step Megatron
+is given FSDP2's weights (untimed, `same_weights`), so each step compares the
+two on the same weights; without that the two runs drift apart by float noise
+as they step (tests/test_megatron_alignment.py bounds the drift over 3 steps). Megatron TP=2 splits every matmul
 over the 2 processes while FSDP2 splits the batch; on this 2-core CPU with a
 1.6M-parameter model neither has GPU-like compute, so the ratio says how
 the two wrappers' overheads compare here, not what a GPU would show.
@@ -76,7 +77,20 @@ def timed_steps(rank: int, world_size: int, batches: list) -> dict[str, list[dic
             stats = trainers[backend].train_step(mine, count_response_tokens(samples), len(samples))
             results[backend].append(dict(seconds=time.perf_counter() - started, pg_loss=stats.pg_loss,
                                          grad_norm=stats.grad_norm))
+        same_weights(trainers["fsdp2"], trainers["megatron"])
     return results
+
+
+def same_weights(source, target) -> None:
+    """Give `target` the weights `source` has now (untimed), so every step compares the backends on the same
+    weights: left alone the two trajectories drift apart, because Adam moves a weight by ~lr * sign(gradient)
+    and the weights whose gradient is below float noise take either sign (tests/test_megatron_alignment.py
+    measures the drift). Each keeps its own AdamW state."""
+    import torch.distributed as dist
+
+    full = [source.full_state_dict()]  # rank 0's; {} elsewhere
+    dist.broadcast_object_list(full, src=0)
+    target.load_checkpoint({"model": full[0], "optimizer": None, "shard": None})
 
 
 def relative(value: float, reference: float) -> float:
