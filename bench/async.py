@@ -253,7 +253,7 @@ def print_table(summaries: dict[str, SettingSummary], baseline: str) -> None:
 def simulated_async_speedup_32b() -> float:
     """The simulator's prediction for the paper's 32B setting at alpha 2 on disaggregated pools, async alone
     (tail batching off, as ROLL-Flash measures it; bench/sim_async.py prints the other settings)."""
-    from tailflow.engines.sim.async_predict import predict_async
+    from research.async_predict import predict_async
 
     return predict_async("32b", 2.0, tail=False).speedup
 

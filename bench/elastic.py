@@ -1,7 +1,7 @@
 """Elastic rollout workers (issue 17): FluidRL's join schedule, compressed, on real Ray actors.
 
-One short round per iteration (tail batching's completion rule, streamed) on a
-`RolloutGroup` that starts with one worker; every `--join-every` iterations a
+One short round per iteration (tail batching's completion rule, streamed by the
+product's rollout pipeline) on a `RolloutGroup` that starts with one worker; every `--join-every` iterations a
 worker joins in the middle of the round (a `tailflow workers add` command
 through the run's control channel), up to 4; then the oldest leaves with
 notice (`remove`), and in the last iteration one worker is SIGKILLed mid-round
@@ -30,26 +30,30 @@ from collections import defaultdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/research
 
 from tailflow.engines.cluster import ACTOR_FAILURES  # noqa: E402
-from tailflow.engines.cluster.membership import EventKind  # noqa: E402
+from tailflow.engines.cluster.membership import ElasticSettings  # noqa: E402
+from tailflow.engines.cluster.membership_log import EventKind  # noqa: E402
 from tailflow.engines.cluster.rollout_group import RolloutGroup  # noqa: E402
 from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command  # noqa: E402
 from tailflow.engines.models import write_random_tiny_model  # noqa: E402
-from tailflow.engines.reward.scoring import problem_id_of  # noqa: E402
+from tailflow.engines.data.problem import Problem  # noqa: E402
 from tailflow.engines.rollout.native import NativeEngine  # noqa: E402
 from tailflow.engines.rollout.protocol import Request, ResponsePrefix, SamplingParams  # noqa: E402
 from tailflow.engines.store.local import LocalStore  # noqa: E402
-from tailflow.engines.tail.completion import CompletionRule  # noqa: E402
-from tailflow.engines.tail.driver import run_round  # noqa: E402
+from tailflow.engines.tail.pipeline import RolloutPipeline  # noqa: E402
+from tailflow.engines.tail.planner import RoundKind, RoundPlan  # noqa: E402
+from tailflow.engines.tail.round import PlannedRound  # noqa: E402
+from tailflow.engines.tail.state import TailSettings, TailState  # noqa: E402
 
 MAX_WORKERS = 4
 STEPS_PER_POLL = 4
 
 
 def round_requests(iteration: int, num_prompts: int, per_prompt: int, max_new_tokens: int) -> list[Request]:
-    return [Request(f"i{iteration}p{p}#{k}", (5 + (p + iteration) % 9, 12 + k % 3, 13),
-                    SamplingParams(max_new_tokens=max_new_tokens, seed=10_000 * iteration + 100 * p + k))
+    return [Request.for_problem(f"i{iteration}p{p}", k, (5 + (p + iteration) % 9, 12 + k % 3, 13),
+                                SamplingParams(max_new_tokens=max_new_tokens, seed=10_000 * iteration + 100 * p + k))
             for p in range(num_prompts) for k in range(per_prompt)]
 
 
@@ -86,18 +90,27 @@ class ChangeMidRound:
                 self.group.wait_for_joins()
                 self.join_wait_s = time.perf_counter() - started
             elif self.change == "remove":
-                send_worker_command(self.store, "bench", WorkerCommand(remove=min(self.group.worker_ids)))
+                send_worker_command(self.store, "bench", WorkerCommand(remove=min(self.group.membership.worker_ids)))
             else:
-                os.kill(self.group.worker_pid(len(self.group.workers) - 1), signal.SIGKILL)
+                os.kill(self.group.worker_pid(len(self.group.membership.workers) - 1), signal.SIGKILL)
         return self.group.poll(max_steps)
 
     def __getattr__(self, name):
         return getattr(self.group, name)
 
 
-def play_round(rollout, requests, args):
-    rule = CompletionRule(requests, responses_kept=args.per_prompt - 1, prompts_to_complete=args.prompts // 2)
-    return run_round(rollout, requests, rule, STEPS_PER_POLL, on_finished=lambda _: None)
+def play_round(rollout, iteration: int, requests: list[Request], args):
+    """Iteration `iteration`'s short round (keep per_prompt - 1 responses of half the prompts) on the product's
+    pipeline at alpha 0, planned as given rather than from data; the rule's result."""
+    problems = [Problem(pid, "", "") for pid in dict.fromkeys(r.problem_id for r in requests)]
+    plan = RoundPlan(RoundKind.SHORT, iteration, len(problems), (), args.per_prompt, args.per_prompt - 1,
+                     args.prompts // 2)
+    planned = PlannedRound(plan, problems, TailState())
+    settings = TailSettings(args.prompts // 2, args.per_prompt - 1, steps_per_poll=STEPS_PER_POLL)
+    pipeline = RolloutPipeline(rollout, settings, 0.0, False, problems, {p.problem_id: p for p in problems},
+                               lambda _: requests, plan=lambda tail, j, live: planned)
+    pipeline.start(TailState(), iteration)
+    return pipeline.take(iteration).result
 
 
 def reprefill_seconds_per_token(model_dir: Path, length: int) -> float:
@@ -122,15 +135,15 @@ def reprefill_seconds_per_token(model_dir: Path, length: int) -> float:
 
 
 def simulator_prediction(schedule: list[int]) -> str:
-    """The simulator's predicted numbers (`engines/sim/spot_workers.py`) for FluidRL's setting (qwen2.5-7b,
+    """The simulator's predicted numbers (`bench/research/spot_workers.py`) for FluidRL's setting (qwen2.5-7b,
     8 x H100 per worker, 8k cap), priced by the simulator's rollout model: tokens/s per worker count this bench's
     schedule visited, the seconds one migration's re-prefill costs there (an upper bound: a full KV cache), and
     tokens per dollar of those worker counts a quarter hour each at FluidRL's prices, on demand and on spot
     (0.1 preemptions a worker-hour; `bench/sim_spot.py` varies all of it). Measured numbers above are this CPU's;
     these are the cluster's, predicted, never measured here."""
-    from tailflow.engines.sim.spot import (FLUIDRL_ON_DEMAND_PER_HOUR, FLUIDRL_SPOT_PER_HOUR, Interval, SpotTerms,
-                                           schedule_cost)
-    from tailflow.engines.sim.spot_workers import simulated_workers
+    from research.spot import (FLUIDRL_ON_DEMAND_PER_HOUR, FLUIDRL_SPOT_PER_HOUR, Interval, SpotTerms,
+                               schedule_cost)
+    from research.spot_workers import simulated_workers
 
     model = simulated_workers("qwen2.5-7b", max(schedule), min_rounds=2, max_new_tokens=8192)
     counts = sorted(set(schedule))
@@ -161,9 +174,9 @@ def main() -> int:
     model_dir = write_random_tiny_model(work / "model")
     store = LocalStore(work / "store")
     spawn = dict(num_slots=4, max_seq_len=128, seed=0, num_threads=1, num_cpus=0.5)
-    group = RolloutGroup(str(model_dir), 1, **spawn)
-    group.control = WorkerControl(store, "bench", interval_s=0)
-    group.say = lambda line: print(line, flush=True)
+    group = RolloutGroup(str(model_dir), 1, **spawn, elastic=ElasticSettings(
+        control=WorkerControl(store, "bench", interval_s=0), say=lambda line: print(line, flush=True)))
+    members = group.membership
     reference = RolloutGroup(str(model_dir), 1, **spawn)
     tokens_at, seconds_at = defaultdict(int), defaultdict(float)
     lost_prompts = restarts = mismatched = compared = 0
@@ -172,22 +185,23 @@ def main() -> int:
     try:
         for iteration in range(args.iterations):
             requests = round_requests(iteration, args.prompts, args.per_prompt, args.max_new_tokens)
-            change = planned_change(iteration, args.join_every, args.iterations, len(group.workers) + len(group.joining))
+            change = planned_change(iteration, args.join_every, args.iterations,
+                                    len(members.workers) + len(members.joining))
             group.wait_for_joins()  # the replacement of a worker lost in the last round
-            workers_before = len(group.workers)
+            workers_before = len(members.workers)
             before = sum(s.tokens_generated for s in group.stats())
             started = time.perf_counter()
             rollout = ChangeMidRound(group, store, change)
             try:
-                result = play_round(rollout, requests, args)
+                result = play_round(rollout, iteration, requests, args)
             except ACTOR_FAILURES:  # what the flow would turn into an iteration restart
                 restarts += 1
                 continue
             seconds = time.perf_counter() - started - rollout.join_wait_s
             tokens = sum(s.tokens_generated for s in group.stats()) - before
-            expected = play_round(reference, requests, args)
+            expected = play_round(reference, iteration, requests, args)
             report = group.take_membership()
-            launched = {problem_id_of(r.request_id) for r in requests}
+            launched = {r.problem_id for r in requests}
             completed = [pid for pid, _ in result.completed]
             trained_or_queued = set(completed) | set(result.deferred_problem_ids)
             lost_prompts += len(launched - trained_or_queued) + len(completed) - len(set(completed))
@@ -202,12 +216,12 @@ def main() -> int:
             left_with_notice = {e.worker_id for e in report.events if e.kind is EventKind.LEAVE}
             notice_moves += sum(e.num_requests for e in moves if e.worker_id in left_with_notice)
             lost_moves += sum(e.num_requests for e in moves if e.worker_id not in left_with_notice)
-            count = max(workers_before, len(group.workers))
+            count = max(workers_before, len(members.workers))
             schedule.append(count)
             tokens_at[count] += tokens
             seconds_at[count] += seconds
             rates = " ".join(f"w{wid}={rate:.0f}" for wid, rate in report.tokens_per_s.items())
-            print(f"iter {iteration:2d}  change={change or '-':6s} workers {workers_before}->{len(group.workers)}  "
+            print(f"iter {iteration:2d}  change={change or '-':6s} workers {workers_before}->{len(members.workers)}  "
                   f"{tokens:5d} tokens in {seconds:5.2f}s  migrated {sum(e.num_requests for e in moves):2d} requests "
                   f"/{sum(e.num_tokens for e in moves):4d} tokens  tokens/s per worker: {rates}"
                   + (f"  (join waited {rollout.join_wait_s:.1f}s, not counted)" if rollout.join_wait_s else ""),

@@ -1,13 +1,14 @@
 """Tail batching's real round code on the real engine, with response lengths forced from a paper-like trace.
 
-The policy is tailflow's own: `begin_round` plans each round, `run_round`
-drives it under `rule_for(plan)` (aborting what the rule says), `settle_round`
+The policy is tailflow's own, driven by the product's rollout pipeline at
+alpha 0 (`rounds.RoundsInTurn`): `begin_round` plans each round, the pipeline
+runs it under `rule_for(plan)` (aborting what the rule says), `settle_round`
 queues the prompts it gave up on. Only the lengths are forced: every request's
 `max_new_tokens` is its draw from `PaperLikeLengths` (EOS off), so a response
 stops exactly at its trace length and the synchronous and tail-batching runs
 generate the same kind of work. Prompts are random token ids of the trace's
-prompt lengths. Time is the wall clock around `run_round` (each step ends in a
-device sync), so it is the rollout time a GPU really spends.
+prompt lengths. Time is the wall clock around the pipeline's `take` (each step
+ends in a device sync), so it is the rollout time a GPU really spends.
 """
 from __future__ import annotations
 
@@ -16,17 +17,20 @@ import time
 from dataclasses import dataclass, replace
 from typing import Sequence
 
+from rounds import RoundsInTurn
+
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout import NativeEngine, Request, RolloutWorker, SamplingParams
+from tailflow.engines.rollout.worker import LocalRollout
 from tailflow.engines.sim.lengths import seeded_rng
 from tailflow.engines.sim.paper_lengths import PaperLikeLengths
-from tailflow.engines.tail import RoundKind, TailSettings, TailState, begin_round, rule_for, settle_round
-from tailflow.engines.tail.driver import run_round
+from tailflow.engines.tail import RoundKind, TailSettings
 from tailflow.engines.tail.launch import launch_order
 
 
 class ForcedLengthRollout(RolloutWorker):
-    """A `RolloutWorker` (the in-process worker a round drives) whose requests stop at their trace length."""
+    """A `RolloutWorker` (the in-process worker a round drives) whose requests stop at their trace length (each
+    request's length is pinned when its round launches it)."""
 
     def __init__(self, engine: NativeEngine, lengths: PaperLikeLengths) -> None:
         self._attach(engine)
@@ -55,36 +59,36 @@ class MeasuredRound:
 
 def round_requests(problems: list[Problem], responses: int, lengths: PaperLikeLengths, vocab: int,
                    max_new_tokens: int) -> list[Request]:
-    """`<problem>#<k>` in the real launch order; each prompt's ids are a seeded draw of its trace length."""
+    """Response k of each problem in the real launch order; each prompt's ids are a seeded draw of its trace
+    length."""
     params = SamplingParams(temperature=1.0, max_new_tokens=max_new_tokens)
     prompt_ids = {}
     for problem in problems:
         rng = seeded_rng("prompt-ids", problem.problem_id)
         prompt_ids[problem.problem_id] = tuple(rng.randrange(vocab) for _ in range(lengths.prompt_tokens(problem.problem_id)))
-    return [Request(f"{problem.problem_id}#{k}", prompt_ids[problem.problem_id], params)
+    return [Request.for_problem(problem.problem_id, k, prompt_ids[problem.problem_id], params)
             for problem, k in launch_order(problems, responses)]
 
 
 def run_policy(engine: NativeEngine, lengths: PaperLikeLengths, settings: TailSettings, num_rounds: int,
                synchronize) -> list[MeasuredRound]:
     """`num_rounds` rounds, then on until the long-prompt queue is empty (whole short + long cycles)."""
-    rollout = ForcedLengthRollout(engine, lengths)
-    problems = [Problem(problem_id, "", "") for problem_id in lengths.problem_ids()]
-    by_id = {p.problem_id: p for p in problems}
-    tail, rounds = TailState(), []
-    while len(rounds) < num_rounds or (tail.queue and len(rounds) < 4 * num_rounds):
-        planned = begin_round(tail, len(rounds), settings, problems, by_id)
-        lengths.begin_round(len(rounds))
+    def make_requests(planned) -> list[Request]:
         requests = round_requests(planned.problems, planned.plan.responses_per_prompt, lengths, engine.vocab_size,
                                   lengths.max_new_tokens)
-        steps_before, tokens_before = engine.num_steps, engine.num_tokens_generated
+        lengths.launch(planned.plan.iteration, requests)
+        return requests
+
+    problems = [Problem(problem_id, "", "") for problem_id in lengths.problem_ids()]
+    driver = RoundsInTurn(LocalRollout(ForcedLengthRollout(engine, lengths)), settings, problems, make_requests)
+    rounds: list[MeasuredRound] = []
+    while len(rounds) < num_rounds or (driver.tail.queue and len(rounds) < 4 * num_rounds):
         synchronize()
         started = time.perf_counter()
-        result = run_round(rollout, requests, rule_for(planned.plan, requests), settings.steps_per_poll)
+        taken = driver.take()
         seconds = time.perf_counter() - started
-        tail = settle_round(planned, result)
-        rounds.append(MeasuredRound(len(rounds), planned.plan.kind, seconds, engine.num_steps - steps_before,
-                                    engine.num_tokens_generated - tokens_before, len(tail.queue)))
+        rounds.append(MeasuredRound(len(rounds), taken.planned.plan.kind, seconds, taken.stats.max_engine_steps,
+                                    taken.stats.tokens_generated, len(driver.tail.queue)))
     return rounds
 
 

@@ -39,7 +39,7 @@ def workload(num_requests: int, prompt_len: int, max_new_tokens: int, vocab: int
     lengths = PaperLikeLengths(num_requests, max_new_tokens, seed=seed)
     rng = seeded_rng("throughput-prompts", seed)
     prompts = [tuple(rng.randrange(vocab) for _ in range(prompt_len)) for _ in range(num_requests)]
-    forced = [lengths.draw(p, f"{p}#0", 0, max_new_tokens).num_tokens for p in lengths.problem_ids()]
+    forced = [lengths.draw_for(p, f"{p}#0", 0, max_new_tokens).num_tokens for p in lengths.problem_ids()]
     return prompts, forced
 
 

@@ -4,7 +4,8 @@
 
 Rollout only (no Prefect, Ray or training, so the weights never change): one
 in-process RolloutWorker with the warm-start model drives the real policy
-(begin_round -> rule_for -> run_round -> settle_round)
+through the product's rollout pipeline at alpha 0 (begin_round -> rule_for ->
+the pipeline's take -> settle_round)
 for every cell of prompt_ratio {1.0, 1.125, 1.25, 1.5} x responses_launched
 {R0, 1.125 R0, 1.25 R0, 1.5 R0}, each cell from a fresh queue and data cursor
 with the same seed, so every cell samples the same prompts' responses. Cells
@@ -34,10 +35,11 @@ from statistics import mean
 from typing import Any, Sequence
 
 from common import BENCH_DIR, MAX_NEW_TOKENS, ROLLOUT_THREADS, WARMSTART, default_config_tree
+from rounds import RoundsInTurn
 
 from tailflow.engines.rollout.requests import sampling_requests
-from tailflow.engines.tail import RoundKind, TailSettings, TailState, begin_round, launched_prompts, rule_for, settle_round
-from tailflow.engines.tail.driver import run_round
+from tailflow.engines.rollout.worker import LocalRollout
+from tailflow.engines.tail import RoundKind, TailSettings, launched_prompts
 
 PROMPT_RATIOS = (1.0, 1.125, 1.25, 1.5)
 RESPONSE_FACTORS = (1.0, 1.125, 1.25, 1.5)
@@ -69,7 +71,8 @@ class Cell:
 
     prompt_ratio: float
     responses_launched: int
-    tail: TailState = field(default_factory=TailState)
+    driver: Any = None
+    """Its own `rounds.RoundsInTurn` (the product's pipeline: its queue and data cursor), from its first step."""
     round_seconds: list[float] = field(default_factory=list)
     round_cpu_seconds: list[float] = field(default_factory=list)
     """CPU time of this process (all its threads) per round: below threads x wall means a shared machine."""
@@ -86,27 +89,25 @@ class Cell:
 
     def is_done(self, min_steps: int) -> bool:
         """At least min_steps, and whole cycles: every deferred prompt has had its long round."""
-        return self.num_steps >= min_steps and (len(self.tail.queue) == 0 or self.num_steps >= 4 * min_steps)
+        return self.num_steps >= min_steps and (len(self.driver.tail.queue) == 0 or self.num_steps >= 4 * min_steps)
 
     def run_step(self, w: Workload) -> None:
-        """Plan, launch and drive this cell's next round; defer its stragglers."""
-        step = self.num_steps
-        settings = TailSettings(prompts_per_step=w.prompts_per_step, responses_kept=w.responses_kept,
-                                prompt_ratio=self.prompt_ratio, responses_launched=self.responses_launched,
-                                enabled=True, data_seed=w.seed, steps_per_poll=w.steps_per_poll)
-        prepared = begin_round(self.tail, step, settings, w.train_problems, w.problems_by_id)
-        plan = prepared.plan
-        requests = sampling_requests(prepared.problems, plan.responses_per_prompt, w.params, w.tokenizer, w.seed, step)
-        before, started, cpu_started = w.worker.stats(), time.perf_counter(), time.process_time()
-        result = run_round(w.worker, requests, rule_for(plan, requests), w.steps_per_poll)
-        self.round_seconds.append(time.perf_counter() - started)
+        """Plan, launch and drive this cell's next round on the product's pipeline; defer its stragglers."""
+        if self.driver is None:
+            settings = TailSettings(prompts_per_step=w.prompts_per_step, responses_kept=w.responses_kept,
+                                    prompt_ratio=self.prompt_ratio, responses_launched=self.responses_launched,
+                                    enabled=True, data_seed=w.seed, steps_per_poll=w.steps_per_poll)
+            requests = lambda planned: sampling_requests(planned.problems, planned.plan.responses_per_prompt,
+                                                         w.params, w.tokenizer, w.seed, planned.plan.iteration)
+            self.driver = RoundsInTurn(LocalRollout(w.worker), settings, w.train_problems, requests)
+        cpu_started = time.process_time()
+        taken = self.driver.take()
+        self.round_seconds.append(taken.stats.seconds)
         self.round_cpu_seconds.append(time.process_time() - cpu_started)
-        after = w.worker.stats()
-        self.tail = settle_round(prepared, result)
-        self.round_is_long.append(plan.kind is RoundKind.LONG)
-        self.tokens_generated += after.tokens_generated - before.tokens_generated
-        self.tokens_wasted += result.wasted_tokens
-        self.decode_steps += after.steps - before.steps
+        self.round_is_long.append(taken.planned.plan.kind is RoundKind.LONG)
+        self.tokens_generated += taken.stats.tokens_generated
+        self.tokens_wasted += taken.result.wasted_tokens
+        self.decode_steps += taken.stats.max_engine_steps
 
     @property
     def seconds_per_step(self) -> float:

@@ -2,11 +2,12 @@
 
     python bench/sim_async.py [--rounds 20] [--seed 0] [--quick]
 
-The simulator's async mode (tailflow/engines/sim/async_pipeline.py): the
-setting's GPUs split into a rollout pool and a trainer pool, round i+1's
-rollout running while round i trains, at alpha (rollout.async_ratio) 1 and 2,
-with tail batching off and on, in-flight requests continuing under new
-weights (partial rollout; restart is printed for alpha 2). Rollout time from
+The product's own rollout pipeline at alpha (rollout.async_ratio) 1 and 2
+over simulated replicas (tailflow/engines/sim/simulate.py, predictions in
+bench/research/async_predict.py): the setting's GPUs split into a rollout pool
+and a trainer pool, later rounds rolling out while a round trains, with tail
+batching off and on, paused requests continuing from their tokens after each
+weight sync (partial rollout; restart is printed for alpha 2). Rollout time from
 the `roofline` model on H800 presets and the paper-like lengths; reward and
 train time fixed on the colocated synchronous step by the paper's Table 1
 shares, as bench/sim_validate.py does (docs/simulator.md).
@@ -26,23 +27,13 @@ import argparse
 import time
 
 import common  # noqa: F401  (puts bench/ on sys.path, as the other benches)
-from sim_paper import PAPER
-
-from tailflow.engines.sim.async_predict import AsyncPrediction, predict_async
-from tailflow.engines.sim.async_settings import SETTINGS
+from research.async_predict import AsyncPrediction, predict_async
+from research.async_settings import SETTINGS
 
 ROLL_FLASH_RLVR = 2.24
 """ROLL-Flash, abstract: 'up to 2.24x speedup on RLVR tasks ... using the same GPU budget as synchronous baselines'."""
 PRESETS = ("7b", "32b")
 ALPHAS = (1.0, 2.0)
-
-
-def check_settings() -> None:
-    """The async presets are bench/sim_paper.py's settings (tailflow cannot import bench/)."""
-    paper = {(s.model, s.num_gpus, s.tp, s.max_new_tokens) for s in PAPER}
-    for name in PRESETS:
-        s = SETTINGS[name]
-        assert (s.model, s.num_gpus, s.tp, s.max_new_tokens) in paper, f"async preset {name} is not a paper setting"
 
 
 def header() -> str:
@@ -65,9 +56,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=20, help="simulated rounds per run at least (whole cycles)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="smoke run: P0 = 8, 3 rounds, pools half and half")
+    parser.add_argument("--quick", action="store_true", help="smoke run: P0 = 8, 3 rounds, pools half and half, alpha 2, partial only")
     args = parser.parse_args()
-    check_settings()
     rounds, prompts = (3, 8) if args.quick else (args.rounds, None)
 
     print("columns: sync s / tail s = colocated synchronous step on all GPUs, tail batching off / on (the existing "
@@ -79,15 +69,16 @@ def main() -> None:
         started = time.perf_counter()
         split = SETTINGS[name].num_gpus // 2 if args.quick else None
         for tail in (False, True):
-            for alpha in ALPHAS:
+            for alpha in (2.0,) if args.quick else ALPHAS:
                 p = predict_async(name, alpha, tail=tail, rollout_gpus=split, min_rounds=rounds, seed=args.seed,
                                   prompts_per_step=prompts)
                 print(row(p), flush=True)
                 if alpha == 2.0 and not tail:
                     headline[name] = p.speedup
-            restart = predict_async(name, 2.0, tail=tail, partial=False, rollout_gpus=split, min_rounds=rounds,
-                                    seed=args.seed, prompts_per_step=prompts)
-            print(row(restart), flush=True)
+            if not args.quick:
+                restart = predict_async(name, 2.0, tail=tail, partial=False, rollout_gpus=split, min_rounds=rounds,
+                                        seed=args.seed, prompts_per_step=prompts)
+                print(row(restart), flush=True)
         print(f"  ({time.perf_counter() - started:.0f} s to simulate {SETTINGS[name].name})")
     print(f"\nROLL-Flash reported (arXiv 2510.11345): up to {ROLL_FLASH_RLVR:.2f}x on RLVR tasks, same GPU budget as "
           f"the synchronous baseline; predicted here at alpha 2, tail off: "

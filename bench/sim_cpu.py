@@ -3,32 +3,31 @@
 Two real runs of the policy on one in-process `RolloutWorker` (the shipped
 warm-start model, the default task, configs/default.yaml's P0, R0, cap and
 slots): the synchronous baseline and tail batching, each for whole short+long
-cycles, exactly as bench/sensitivity.py drives a cell (begin_round ->
-rule_for -> run_round -> settle_round), their rounds interleaved; the weights
-do not change, so the length profile is the warm start's. These are rollout
-runs, not training runs: in-process, so the engine's own CPU time can be
-measured, and without Ray round trips or training, which the simulator does
-not model. Each round's trace (recorded by
-`TraceRecorder`, with its measured generate time) is then replayed on a
-simulated engine with the cpu model, and the two times are compared.
+cycles, driven by the product's rollout pipeline at alpha 0 (`rounds.RoundsInTurn`:
+begin_round -> rule_for -> the pipeline's take -> settle_round), their rounds
+interleaved; the weights do not change, so the length profile is the warm
+start's. These are rollout runs, not training runs: in-process, so the
+engine's own CPU time can be measured, and without Ray round trips or
+training, which the simulator does not model. Each round's trace (the product's
+`trace_of` of the round the pipeline handed over) is then replayed on a
+simulated engine with the cpu model (`research/replay.py`), and the two times
+are compared.
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from statistics import mean, median
 from typing import Any
 
-from tailflow.engines.rollout.protocol import Request
+from rounds import RoundsInTurn
+from research.replay import replay_on
+
+from tailflow.engines.rollout.worker import LocalRollout
 from tailflow.engines.sim.calibrate import step_clock
-from tailflow.engines.sim.group import SimGroup
-from tailflow.engines.sim.recorder import TraceRecorder
 from tailflow.engines.sim.table_cost import TableCost
-from tailflow.engines.sim.trace import TraceLengths, TraceRound
-from tailflow.engines.tail import RoundPlan, rule_for
-from tailflow.engines.tail.driver import run_round
-from tailflow.engines.tail.round import begin_round, settle_round
-from tailflow.engines.tail.state import TailSettings, TailState
+from tailflow.engines.tail import RoundPlan
+from tailflow.engines.tail.state import TailSettings
+from tailflow.engines.track.rollout_trace import TraceRound, trace_of
 
 
 @dataclass(frozen=True)
@@ -51,7 +50,6 @@ class CpuWorkload:
 @dataclass(frozen=True)
 class MeasuredRound:
     plan: RoundPlan
-    requests: list[Request]
     trace: TraceRound
     """Its `generate_s` is the wall-clock time."""
     steps: int
@@ -63,32 +61,28 @@ class PolicyRun:
     """One real run of the policy (synchronous or tail batching), a round at a time, each timed and traced."""
 
     def __init__(self, w: CpuWorkload, enabled: bool) -> None:
-        self.w, self.enabled = w, enabled
-        self.tail, self.rounds = TailState(), []
-        self.by_id = {p.problem_id: p for p in w.problems}
-        self.settings = TailSettings(prompts_per_step=w.prompts_per_step, responses_kept=w.responses_kept,
-                                     prompt_ratio=w.prompt_ratio, responses_launched=w.responses_launched,
-                                     enabled=enabled, data_seed=w.seed, steps_per_poll=w.steps_per_poll)
+        from tailflow.engines.rollout.requests import sampling_requests
+
+        self.w, self.enabled, self.rounds = w, enabled, []
+        settings = TailSettings(prompts_per_step=w.prompts_per_step, responses_kept=w.responses_kept,
+                                prompt_ratio=w.prompt_ratio, responses_launched=w.responses_launched,
+                                enabled=enabled, data_seed=w.seed, steps_per_poll=w.steps_per_poll)
+        make_requests = lambda planned: sampling_requests(planned.problems, planned.plan.responses_per_prompt,
+                                                          w.params, w.tokenizer, w.seed, planned.plan.iteration)
+        self.driver = RoundsInTurn(LocalRollout(w.worker), settings, w.problems, make_requests)
 
     def is_done(self, min_rounds: int) -> bool:
         """At least min_rounds, and whole cycles: every deferred prompt has had its long round."""
-        return len(self.rounds) >= min_rounds and (not len(self.tail.queue) or len(self.rounds) >= 4 * min_rounds)
+        return len(self.rounds) >= min_rounds and (not len(self.driver.tail.queue) or
+                                                   len(self.rounds) >= 4 * min_rounds)
 
     def run_round(self) -> MeasuredRound:
-        from tailflow.engines.rollout.requests import sampling_requests
-
-        w, iteration = self.w, len(self.rounds)
-        prepared = begin_round(self.tail, iteration, self.settings, w.problems, self.by_id)
-        plan = prepared.plan
-        requests = sampling_requests(prepared.problems, plan.responses_per_prompt, w.params, w.tokenizer, w.seed,
-                                     iteration)
-        recorder, steps_before, clock = TraceRecorder(w.worker), w.worker.stats().steps, step_clock(w.num_threads)
-        started, engine_started = time.perf_counter(), clock()
-        result = run_round(recorder, requests, rule_for(plan, requests), w.steps_per_poll)
-        seconds, engine_s = time.perf_counter() - started, clock() - engine_started
-        self.tail = settle_round(prepared, result)
-        trace = recorder.round_trace(iteration, plan.kind.value, requests, result, w.params.max_new_tokens, seconds)
-        self.rounds.append(MeasuredRound(plan, requests, trace, w.worker.stats().steps - steps_before, engine_s))
+        clock = step_clock(self.w.num_threads)
+        engine_started = clock()
+        taken = self.driver.take()
+        engine_s = clock() - engine_started
+        trace = trace_of(taken, self.w.params.max_new_tokens)
+        self.rounds.append(MeasuredRound(taken.planned.plan, trace, taken.stats.max_engine_steps, engine_s))
         return self.rounds[-1]
 
 
@@ -126,16 +120,11 @@ class ReplayedRound:
         return abs(self.predicted_s - self.measured_s) / self.measured_s
 
 
-def replay(rounds: list[MeasuredRound], cost: TableCost, num_slots: int, steps_per_poll: int) -> list[ReplayedRound]:
+def replay(rounds: list[MeasuredRound], cost: TableCost, w: CpuWorkload) -> list[ReplayedRound]:
     """Each real round again on a simulated engine fed its own trace, under the same plan and rule."""
-    lengths = TraceLengths([r.trace for r in rounds])
-    replayed = []
-    for measured in rounds:
-        lengths.begin_round(measured.plan.iteration)
-        group = SimGroup.of(cost, lengths, 1, num_slots)
-        run_round(group, measured.requests, rule_for(measured.plan, measured.requests), steps_per_poll)
-        replayed.append(ReplayedRound(measured, group.clock_s, group.stats()[0].steps))
-    return replayed
+    replayed = replay_on([r.trace for r in rounds], cost, 1, w.num_slots, w.prompts_per_step, w.responses_kept,
+                         steps_per_poll=w.steps_per_poll)
+    return [ReplayedRound(measured, sim.rollout_s, sim.decode_steps) for measured, sim in zip(rounds, replayed)]
 
 
 @dataclass(frozen=True)

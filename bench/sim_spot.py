@@ -7,7 +7,7 @@ Prices are FluidRL's guide (an H100 x 8 worker: $83.79/h on demand, $21.28/h
 spot). The schedule is FluidRL's example of workers joining one at a time,
 1 -> 4; how long each count lasts (`--hours-each`) is ours. Throughput per
 worker count comes from the simulator's rollout model
-(tailflow/engines/sim/spot_workers.py: the policy's rounds on k x 8 H100s,
+(bench/research/spot_workers.py: the policy's rounds on k x 8 H100s,
 `roofline` model, paper-like lengths at an 8k cap, P0 = 128, R0 = 8), with
 tail batching off and on; FluidRL's reported 12,000 -> 18,000 tokens/s
 (straight line between 1 and 4 workers) is run through the same cost model
@@ -22,9 +22,9 @@ import argparse
 
 import common  # noqa: F401  (puts bench/ on sys.path, as the other benches)
 
-from tailflow.engines.sim.spot import (FLUIDRL_ON_DEMAND_PER_HOUR, FLUIDRL_SPOT_PER_HOUR, Interval, ScheduleCost,
-                                       SpotTerms, WorkerModel, schedule_cost)
-from tailflow.engines.sim.spot_workers import reported_workers, simulated_workers
+from research.spot import (FLUIDRL_ON_DEMAND_PER_HOUR, FLUIDRL_SPOT_PER_HOUR, Interval, ScheduleCost, SpotTerms,
+                           WorkerModel, schedule_cost)
+from research.spot_workers import reported_workers, simulated_workers
 
 FLUIDRL_THROUGHPUT = {1: 12_000.0, 4: 18_000.0}
 """FluidRL's guide: ~12,000 -> 18,000 tokens/s as rollout workers grow 1 -> 4 (it reports ~60% more tokens per

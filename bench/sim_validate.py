@@ -12,7 +12,7 @@ engine thread's CPU time, as the calibration's (tailflow/engines/sim/
 calibrate.py: this machine is shared, and the wall clock would time the
 neighbours too); the wall time of each round is printed beside it.
 
-Against the paper (bench/sim_paper.py): its three settings on the `roofline`
+Against the paper (bench/research/paper.py): its three settings on the `roofline`
 model with H800 presets and the paper-like length generator (parameters fixed
 from the paper's characterisation before any result was seen; see
 tailflow/engines/sim/paper_lengths.py). Printed: Figure 11's average rollout
@@ -22,7 +22,9 @@ fixed on the simulated synchronous step by the paper's Table 1 shares (72%
 rollout, 5% reward, 23% train). Target: every ratio within 25% of the paper's.
 Seconds are printed, not targeted. Also printed, not targeted: Figure 11's
 fixed-P and fixed-R cells, the end-to-end ratio with first-principles train
-time, and a length-profile variant decided after the first results.
+time, and a sensitivity table: every prediction with each physical constant of
+the roofline (tailflow/engines/sim/efficiency.py) at -30% and +30%
+(bench/research/sensitivity.py), so what a prediction hangs on is visible.
 
 The last line is `RESULT cpu_round_err=<median rel. err> cpu_ratio_err=<abs>
 paper_ratio_err=<max rel. err over the ratios> sim_speedup_32b=<x>`.
@@ -36,7 +38,7 @@ from statistics import mean
 
 from common import BENCH_DIR, MAX_NEW_TOKENS, WARMSTART, default_config_tree
 from sim_cpu import CpuValidation, CpuWorkload, PolicyRun, print_cpu_table, replay, run_interleaved
-from sim_paper import (
+from research.paper import (
     ETAS, PAPER, describe_rounds, grid_row, paper_implied_e2e, paper_short_round_bound, rel_err, simulate_setting)
 
 CPU_ROUND_TARGET = 0.15
@@ -85,8 +87,7 @@ def validate_cpu(args) -> CpuValidation:
         print(f"cpu cost model: calibrated here, {len(calibration.sweeps)} sweeps between the rounds "
               f"({time.perf_counter() - started:.0f} s with the rounds) -> {DEFAULT_COST_OUT}")
     cost = TableCost(table)
-    return CpuValidation(replay(sync.rounds, cost, workload.num_slots, workload.steps_per_poll),
-                         replay(tail.rounds, cost, workload.num_slots, workload.steps_per_poll))
+    return CpuValidation(replay(sync.rounds, cost, workload), replay(tail.rounds, cost, workload))
 
 
 def validate_paper(args):
@@ -155,13 +156,16 @@ def print_grid(args) -> None:
             print(f"  {setting.name:8s} fixed {fixed} (paper/sim)  {cells}")
 
 
-def print_variant(args) -> None:
-    print("\nvariant decided AFTER the first results (not used for RESULT): response lengths drawn as at a 16k "
-          "cap in tokens for every model, cut at its cap, instead of scaling with the cap")
-    for setting in PAPER:
-        r = simulate_setting(setting, args.paper_rounds, args.seed, reference_cap=16384)
-        print(f"  {setting.name:8s} rollout ratio paper {setting.rollout_ratio:.2f} sim {r.rollout_ratio:.2f}; "
-              f"e2e paper {setting.e2e_speedup:.2f} sim {r.e2e_speedup:.2f}")
+def print_sensitivity(args) -> float:
+    from research.sensitivity import print_table, sensitivity
+
+    settings, prompts = (PAPER[:1], 32) if args.quick else (PAPER, 128)
+    rounds = 3 if args.quick else args.sensitivity_rounds
+    print(f"\nsensitivity: each prediction with each physical constant at -30% / as shipped / +30% (P0 = {prompts}, "
+          f">= {rounds} rounds a cell; the shipped column differs from the table above only by the rounds)")
+    worst = print_table(sensitivity(settings, rounds, args.seed, prompts, progress=lambda line: None))
+    print(f"largest move of a prediction under one constant +-30%: {worst:.0%}")
+    return worst
 
 
 def main() -> None:
@@ -169,6 +173,7 @@ def main() -> None:
     parser.add_argument("--cpu-cost", help="a cpu calibration file (tailflow calibrate); default: calibrate now")
     parser.add_argument("--rounds", type=int, default=10, help="real rounds per CPU run (tail: whole cycles)")
     parser.add_argument("--paper-rounds", type=int, default=20, help="simulated rounds per paper cell (whole cycles)")
+    parser.add_argument("--sensitivity-rounds", type=int, default=10, help="simulated rounds per sensitivity cell")
     parser.add_argument("--threads", type=int, default=1, help="torch threads of the engine and its calibration")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="smoke run: tiny CPU runs, the 7B setting at P0=32")
@@ -180,7 +185,7 @@ def main() -> None:
     print_notes(paper)
     if not args.quick:
         print_grid(args)
-        print_variant(args)
+    print_sensitivity(args)
     print("\n== against this machine: real rounds replayed on the cpu model ==")
     cpu = validate_cpu(args)
     print_cpu_table(cpu)

@@ -281,7 +281,7 @@ SIM_GPUS, SIM_HARDWARE, SIM_MODEL = 8, "h100", "qwen2.5-7b"
 def simulated_speedups(storage: Path, config) -> tuple[float, float]:
     """(step time, generate time) baseline/tail that the simulator predicts for the two runs' own traces on
     8 H100s with a 7B preset: every traced round replayed on the roofline model (docs/simulator.md)."""
-    from tailflow.engines.sim.replay import replay_on
+    from research.replay import replay_on
     from tailflow.engines.sim.roofline import RooflineCost
     from tailflow.engines.sim.step_time import mean_step_time
     from tailflow.engines.track.rollout_trace import RolloutTraceLog

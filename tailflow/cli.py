@@ -189,6 +189,13 @@ def plan_arguments(plan) -> None:
     plan.add_argument("--measured", metavar="FILE",
                       help="a `measured` GPU calibration file (docs/simulator.md): replaces the roofline for rollout")
     plan.add_argument("--rounds", type=int, default=10, help="simulated rounds per setting, at least (whole cycles)")
+    plan.add_argument("--pricing", default="shares", choices=["shares", "roofline", "measured"],
+                      help="reward and train time: shares (RollPacker Table 1 split of the synchronous step), roofline "
+                           "(FSDP on the same GPUs, no reward) or measured (--measured FILE's train_s_per_token)")
+    plan.add_argument("--stream", choices=["off", "reward", "reward+train"], default="off",
+                      help="what runs during rollout: nothing (the paper's '+ tail batching' step), streamed scoring, "
+                           "or streamed scoring and the stream trainer")
+    plan.add_argument("--jobs", type=int, default=None, help="settings simulated side by side (default: one per CPU)")
     plan.add_argument("--out", default="plan", help="folder for plan.md and plan_heatmap.png")
     plan.add_argument("--seed", type=int, default=0)
     config_arguments(plan)
@@ -355,16 +362,18 @@ def run_plan(args, config) -> int:
     """The `plan` flow's search and outputs, run in-process (no Prefect server needed)."""
     from tailflow.engines.sim.plan import PlanRequest, plan, smallest_tp
     from tailflow.engines.sim.plan_report import text_table, write_plan
-    from tailflow.engines.sim.sources import LengthSpec, load_lengths, policy_sizes
+    from tailflow.engines.sim.simulate import StreamingSettings
+    from tailflow.engines.sim.sources import LengthSpec, load_lengths, longest_request, policy_sizes
 
     spec = LengthSpec(args.run, config.storage.uri, args.trace, args.rollpacker, 20_000 if args.paper else None,
                       args.max_new_tokens, args.seed)
     spec.check()
     p0, r0 = policy_sizes(spec, args.prompts_per_step, args.responses)
-    tp = args.tp or smallest_tp(args.hardware, args.model, args.gpus)
-    request = PlanRequest(args.gpus, args.hardware, args.model, tp, p0, r0, args.grid, args.rounds, seed=args.seed,
-                          measured_path=args.measured)
     lengths, description = load_lengths(spec)
+    tp = args.tp or smallest_tp(args.hardware, args.model, args.gpus, longest_request(lengths))
+    streaming = StreamingSettings(reward=args.stream != "off", train=args.stream == "reward+train")
+    request = PlanRequest(args.gpus, args.hardware, args.model, tp, p0, r0, args.grid, args.rounds, seed=args.seed,
+                          pricing=args.pricing, streaming=streaming, measured_path=args.measured, jobs=args.jobs)
     report = plan(request, lengths, description, progress=lambda line: print(f"[plan] {line}", flush=True))
     page, heatmap = write_plan(report, args.out)
     print(text_table(report))

@@ -56,7 +56,7 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
     result: dict = {"takes_turns": takes_turns(config), "gpus_before": ray.available_resources().get("GPU", 0.0)}
     rollout, trainer, pool = start_workers(config, model_dir, max_seq_len=64)
     try:
-        seats = ray.get([gpu_seat(actor) for actor in [*trainer.workers, *rollout.workers]])
+        seats = ray.get([gpu_seat(actor) for actor in [*trainer.workers, *rollout.membership.workers]])
         result["trainer_gpus"] = [list(gpus) for _, gpus in seats[:2]]
         result["rollout_gpus"] = [list(gpus) for _, gpus in seats[2:]]
         result["rank0_node_ip"] = ray.get(trainer.workers[0].__ray_call__.remote(
@@ -72,15 +72,15 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
                    for _ in range(8)]
         result["offloaded_at_start"] = (trainer.offload(), trainer.is_offloaded())[1]
         offload_rollout(rollout)
-        result["engines_during_step"] = ray.get([engine_state(actor) for actor in rollout.workers])
+        result["engines_during_step"] = ray.get([engine_state(actor) for actor in rollout.membership.workers])
         trainer.train_step(samples)
         result["trainer_offloaded_after_step"] = trainer.is_offloaded()
         push_weights(trainer, rollout, 1, take_turns=True)
         result["trainer_offloaded_after_sync"] = trainer.is_offloaded()
-        result["engines_after_sync"] = ray.get([engine_state(actor) for actor in rollout.workers])
+        result["engines_after_sync"] = ray.get([engine_state(actor) for actor in rollout.membership.workers])
         parked = trainer.checkpoint()  # served from the parked copy: the trainer stays off the GPU
         result["trainer_offloaded_after_checkpoint"] = trainer.is_offloaded()
-        served = ray.get(engine_weights(rollout.workers[1]))
+        served = ray.get(engine_weights(rollout.membership.workers[1]))
         result["engine_weights_equal_parked"] = all(torch.equal(served[name].float(), parked["model"][name].float())
                                                     for name in parked["model"])
         result["optimizer_parked"] = parked["optimizer"] is not None
@@ -91,7 +91,7 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
         rollout.remove_worker(1)  # its seat (the GPU of trainer rank 1) goes to the next worker
         (added,) = rollout.add_workers(1, wait=True)
         result["added_worker"] = added
-        result["added_gpu"] = list(ray.get(gpu_seat(rollout.workers[-1]))[1])
+        result["added_gpu"] = list(ray.get(gpu_seat(rollout.membership.workers[-1]))[1])
     finally:
         rollout.shutdown()
         trainer.shutdown()

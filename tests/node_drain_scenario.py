@@ -30,6 +30,7 @@ def drain_mid_round(cluster, model_dir: str) -> dict:
     import ray
     from ray.core.generated import autoscaler_pb2
 
+    from tailflow.engines.cluster.membership import ElasticSettings
     from tailflow.engines.cluster.rollout_group import RolloutGroup
     from tailflow.engines.rollout.native import NativeEngine
     from tailflow.engines.rollout.protocol import Request, SamplingParams
@@ -47,11 +48,10 @@ def drain_mid_round(cluster, model_dir: str) -> dict:
     said: list[str] = []
     group = RolloutGroup(model_dir, 2, num_slots=2, max_seq_len=64, seed=0, num_threads=1, num_cpus=0.5,
                          actor_options=[{"num_cpus": 0.5, "resources": {"spot": 1}},
-                                        {"num_cpus": 0.5, "resources": {"stable": 0.5}}])
-    group.say = said.append
-    group.drain_watch.interval_s = 0
+                                        {"num_cpus": 0.5, "resources": {"stable": 0.5}}],
+                         elastic=ElasticSettings(say=said.append, drain_check_s=0))
     group.load_weights(engine.runner.model.state_dict(), 3)
-    nodes_before = dict(group.node_of)
+    nodes_before = dict(group.membership.node_of)
     group.submit(requests)
     finished = group.poll(2)
     gcs = ray._raylet.GcsClient(address=cluster.address)
@@ -60,14 +60,13 @@ def drain_mid_round(cluster, model_dir: str) -> dict:
     assert accepted, why
     deadline = time.monotonic() + 120
     while len(finished) < len(requests) and time.monotonic() < deadline:
-        finished += group.poll(2)
-        group._admit_joiners()
-    group._admit_joiners(wait=True)
+        finished += group.poll(2)  # each poll first admits the workers that hold the weights
+    group.wait_for_joins()
     result = dict(
         spot_node=spot.node_id, head_node=cluster.head_node.node_id, nodes_before=nodes_before,
-        nodes_after=dict(group.node_of), worker_ids=group.worker_ids,
+        nodes_after=dict(group.membership.node_of), worker_ids=group.membership.worker_ids,
         events=[dict(kind=e.kind.value, worker_id=e.worker_id, num_requests=e.num_requests, detail=e.detail)
-                for e in group.membership.events],
+                for e in group.membership.log.events],
         finished={c.request_id: list(c.token_ids) for c in finished}, expected=expected,
         versions=sorted({v for c in finished for v in c.token_weight_versions} | {c.weight_version for c in finished}),
         said=said)

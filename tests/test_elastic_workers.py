@@ -9,7 +9,8 @@ import time
 import pytest
 
 from one_round import Watching, take_one_round
-from tailflow.engines.cluster.membership import EventKind
+from tailflow.engines.cluster.membership import ElasticSettings
+from tailflow.engines.cluster.membership_log import EventKind
 from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command
 from tailflow.engines.models import write_random_tiny_model
@@ -56,8 +57,8 @@ def group3(ray_session, model_dir):
 def play(group: RolloutGroup, requests, kind: RoundKind, kill_at: int | None, steps_per_poll: int = 3):
     """One round on three workers (one added back if the last round lost one); with `kill_at`, worker 1 is
     SIGKILLed before that poll. The round's result and the requests migrated in it."""
-    group.add_workers(3 - len(group.workers) - len(group.joining), wait=True)
-    group._admit_joiners(wait=True)  # a replacement for the last round's lost worker
+    group.add_workers(3 - len(group.membership.workers) - len(group.membership.joining), wait=True)
+    group.wait_for_joins()  # a replacement for the last round's lost worker
     group.take_membership()
     if kill_at is not None:
         kill_at_poll(group, kill_at, rank=1)
@@ -68,7 +69,7 @@ def play(group: RolloutGroup, requests, kind: RoundKind, kill_at: int | None, st
                                 Watching() if short else None, steps_per_poll).result
     finally:
         group.__dict__.pop("poll", None)
-    events = list(group.membership.events)
+    events = list(group.membership.log.events)
     return result, {rid for e in events if e.kind is EventKind.MIGRATE for rid in e.request_ids}, \
         [e.kind for e in events if e.kind is not EventKind.JOIN]
 
@@ -108,27 +109,29 @@ def test_a_resumed_group_keeps_the_workers_added_or_removed_at_runtime(group3):
     """`keep_added(k)`: what a resumed or restarted run does with the committed `rollout_workers_added`."""
     group3.wait_for_joins()  # a replacement for a worker an earlier test killed
     group3.take_membership()
-    assert (len(group3.workers), group3.workers_added()) == (3, 0)
+    assert (len(group3.membership.workers), group3.workers_added()) == (3, 0)
     group3.keep_added(1)
+    assert group3.membership.joining == []  # started at the next poll or wait: after the run's trainer is placed
     group3.wait_for_joins()
-    assert (len(group3.workers), group3.workers_added()) == (4, 1)
-    before = sorted(group3.worker_ids)
+    assert (len(group3.membership.workers), group3.workers_added()) == (4, 1)
+    before = sorted(group3.membership.worker_ids)
     group3.keep_added(-1)  # two fewer: the two newest go
-    assert group3.worker_ids == before[:2] and group3.workers_added() == -1
+    assert group3.membership.worker_ids == before[:2] and group3.workers_added() == -1
     group3.keep_added(-10)  # never fewer than none
-    assert group3.workers == [] and group3.workers_added() == -3
+    assert group3.membership.workers == [] and group3.workers_added() == -3
     group3.keep_added(0)
     group3.wait_for_joins()
-    assert (len(group3.workers), group3.workers_added()) == (3, 0)
-    leaves = [e for e in group3.membership.events if e.kind is EventKind.LEAVE]
+    assert (len(group3.membership.workers), group3.workers_added()) == (3, 0)
+    leaves = [e for e in group3.membership.log.events if e.kind is EventKind.LEAVE]
     assert [e.worker_id for e in leaves] == sorted(before, reverse=True)  # the newest first, each once
 
 
 def poll_until(group: RolloutGroup, done, finished: list, limit_s: float = 60) -> None:
     """Poll until `done()` (joins happen between polls, once a started worker holds the weights)."""
-    deadline = time.monotonic() + limit_s
+    deadline, members = time.monotonic() + limit_s, group.membership
     while not done():
-        assert time.monotonic() < deadline, (group.worker_ids, group.joining, [e.line() for e in group.membership.events])
+        assert time.monotonic() < deadline, (members.worker_ids, members.joining,
+                                             [e.line() for e in members.log.events])
         got = group.poll(2)
         finished += got
         if not got:
@@ -143,44 +146,43 @@ def test_join_notice_remove_and_zero_workers(ray_session, model_dir, tmp_path):
     expected = {c.request_id: c.token_ids for c in engine.generate(first + second)}
 
     store = LocalStore(tmp_path)
-    group = RolloutGroup(str(model_dir), 1, num_slots=2, max_seq_len=64, seed=0, num_threads=1, num_cpus=0.5)
-    group.control = WorkerControl(store, "run", interval_s=0)
     said = []
-    group.say = said.append
-    finished = []
+    group = RolloutGroup(str(model_dir), 1, num_slots=2, max_seq_len=64, seed=0, num_threads=1, num_cpus=0.5,
+                         elastic=ElasticSettings(control=WorkerControl(store, "run", interval_s=0), say=said.append))
+    members, finished = group.membership, []
     try:
         group.load_weights(engine.runner.model.state_dict(), 3)
         group.submit(first)
         finished += group.poll(2)
         send_worker_command(store, "run", WorkerCommand(add=1))
-        poll_until(group, lambda: group.worker_ids == [0, 1], finished)  # joins between polls, once it has v3
+        poll_until(group, lambda: members.worker_ids == [0, 1], finished)  # joins between polls, once it has v3
         import ray
 
-        assert ray.get(group.workers[1].weight_version.remote()) == 3
-        join = group.membership.events[0]
+        assert ray.get(members.workers[1].weight_version.remote()) == 3
+        join = members.log.events[0]
         assert (join.kind, join.worker_id, join.weight_version) == (EventKind.JOIN, 1, 3)
 
         os.kill(group.worker_pid(0), PREEMPTION_SIGNAL)  # preemption notice: steps no more, hands over whole
-        poll_until(group, lambda: 0 not in group.worker_ids, finished)
-        leave = next(e for e in group.membership.events if e.kind is EventKind.LEAVE)
+        poll_until(group, lambda: 0 not in members.worker_ids, finished)
+        leave = next(e for e in members.log.events if e.kind is EventKind.LEAVE)
         assert leave.worker_id == 0 and leave.detail == "preemption notice"
-        assert [j.worker_id for j in group.joining] + group.worker_ids[1:] == [2]  # its replacement
+        assert [j.worker_id for j in members.joining] + members.worker_ids[1:] == [2]  # its replacement
 
         send_worker_command(store, "run", WorkerCommand(remove=1))
         send_worker_command(store, "run", WorkerCommand(remove=2))
         group.submit(second)
-        assert group.poll(2) == [] and group.workers == [] and group.joining == []
+        assert group.poll(2) == [] and members.workers == [] and members.joining == []
         assert group.has_unfinished() and group.poll(2) == []  # paused, not failed
         assert any("rollout paused" in line for line in said)
         send_worker_command(store, "run", WorkerCommand(add=1))
         poll_until(group, lambda: len(finished) == len(expected), finished)
-        assert group.worker_ids == [3] and not group.has_unfinished()
+        assert members.worker_ids == [3] and not group.has_unfinished()
     finally:
         group.shutdown()
     assert sorted(c.request_id for c in finished) == sorted(expected)
     assert all(c.token_ids == expected[c.request_id] for c in finished)
     assert all(c.oldest_weight_version == 3 == c.weight_version for c in finished)
-    kinds = [e.kind for e in group.membership.events]
+    kinds = [e.kind for e in members.log.events]
     assert kinds.count(EventKind.PAUSE) == 1 and EventKind.RESUME in kinds
     report = group.take_membership()
     assert report.metrics()["rollout/migrated_requests"] == sum(e.num_requests for e in report.events
@@ -217,6 +219,39 @@ def test_workers_cli_queues_commands_a_run_takes_once(tmp_path, capsys):
     taken = control.take()
     assert [(c.add, c.remove) for c in taken] == [(2, None), (0, 3)] and all(c.issued_by for c in taken)
     assert control.take() == [] and main(["workers", "pending", "r1", *at]) == 0
+
+
+def test_a_run_builds_its_rollout_groups_elastic_settings_from_its_config(tmp_path, capsys):
+    """What a run's rollout group is built with at start, resume and iteration restart (`setup.elastic_settings`)."""
+    from tailflow.config import load_config
+    from tailflow.flows.run_log import say
+    from tailflow.flows.setup import elastic_settings
+
+    store = LocalStore(tmp_path)
+    fixed = elastic_settings(load_config(None, ["rollout.elastic=false"]), store, "r1", workers_added=2)
+    assert (fixed.is_elastic, fixed.control, fixed.keep_added, fixed.say) == (False, None, 0, say)
+    assert "keeping" not in capsys.readouterr().out
+    grown = elastic_settings(load_config(None, ["rollout.num_workers=2"]), store, "r1", workers_added=-1)
+    assert grown.is_elastic and grown.keep_added == -1 and grown.say is say
+    assert "keeping the rollout workers added at runtime: 2 (rollout.num_workers) -1" in capsys.readouterr().out
+    send_worker_command(store, "r1", WorkerCommand(add=1))
+    assert [command.add for command in grown.control.take()] == [1]  # the run's own control channel
+
+
+def test_a_gone_workers_seat_goes_to_the_next_worker_unless_its_node_leaves():
+    from tailflow.engines.cluster.membership import Seats
+
+    seats, seat_a, seat_b = Seats(), {"scheduling_strategy": "bundle 0"}, {"scheduling_strategy": "bundle 1"}
+    assert seats.take(0, seat_a) == seat_a and seats.take(1, seat_b) == seat_b
+    on_node = {"resources": {"spot": 1}}
+    assert seats.take(2, on_node) == on_node  # a node's resource is not a seat: nothing to give back
+    seats.release(2)
+    seats.release(0)
+    assert seats.take(3, {}) == seat_a  # the next worker started sits where worker 0 sat
+    assert seats.take(4, {}) == {}  # none free: the resources every added worker asks for
+    seats.release(1, reusable=False)  # its node is leaving
+    seats.release(3)
+    assert seats.take(5, {}) == seat_a and seats.free == []
 
 
 def test_in_flight_keeps_a_valid_prefix_through_lost_reports():

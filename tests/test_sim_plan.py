@@ -10,7 +10,7 @@ from tailflow.cli import main
 from tailflow.engines.track.rollout_trace import RolloutTraceLog, TracePrompt, TraceResponse, TraceRound
 from tailflow.engines.store import LocalStore
 
-TINY = ["--gpus", "4", "--model", "qwen2.5-7b", "--hardware", "h100", "--rounds", "3"]
+TINY = ["--gpus", "4", "--model", "qwen2.5-7b", "--hardware", "h100", "--rounds", "3", "--jobs", "1"]
 
 
 def check_outputs(out, stdout: str, num_settings: int) -> None:
@@ -29,6 +29,31 @@ def test_plan_with_the_paper_generator(tmp_path, capsys):
     assert code == 0, stdout
     check_outputs(out, stdout, 16)  # the paper's 4 x 4 grid
     assert "1.125          5" in stdout  # responses ceil(1.125 x 4) = 5
+
+
+def test_the_32b_example_reports_what_cannot_run_and_still_recommends(tmp_path, capsys):
+    """docs/simulator.md's 32B plan (64 GPUs, 32k cap) on reduced rounds and P0. At TP 1 a replica holds the
+    65 GB of weights with 3 GB to spare: its KV budget (11k tokens) is positive but smaller than one request, the
+    setting that used to crash the plan; it is a row now, and the plan goes on."""
+    out = tmp_path / "plan"
+    code = main(["plan", "--paper", "--max-new-tokens", "32768", "--gpus", "64", "--model", "qwen2.5-32b",
+                 "--prompts-per-step", "16", "--rounds", "1", "--pricing", "roofline", "--out", str(out),
+                 "--jobs", "2"])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    assert "pricing: roofline: FSDP train step" in stdout
+    assert re.search(r"TP 1: infeasible: request '\S+': prompt \+ max_new_tokens = \d+ tokens can never fit the KV "
+                     r"budget of [\d,]+ tokens", stdout)
+    assert re.search(r"recommendation: .*rollout TP (2|4|8|16) for short rounds, (2|4|8|16) for long rounds", stdout)
+    # asked for TP 1 itself: every cell says why, and the recommendation names the TPs that can run it
+    code = main(["plan", "--paper", "--max-new-tokens", "32768", "--gpus", "64", "--model", "qwen2.5-32b",
+                 "--prompts-per-step", "16", "--rounds", "1", "--tp", "1", "--out", str(out), "--jobs", "2"])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    rows = [line for line in stdout.splitlines() if re.match(r"\s+[\d.]+\s+\d+\s+infeasible", line)]
+    assert len(rows) == 16
+    assert "infeasible: request" in stdout and "recommendation: none: no setting runs at rollout TP 1" in stdout
+    assert "rollout TP 2, 4, 8, 16 can run it" in stdout
 
 
 def fake_run(store_root, run_id: str) -> None:
@@ -73,7 +98,8 @@ def test_plan_flow_publishes_a_markdown_artifact(prefect_api, tmp_path):
     from tailflow.flows.plan import plan_tail_batching
 
     summary = plan_tail_batching(gpus=4, hardware="h100", model="qwen2.5-7b", paper_prompts=500, max_new_tokens=2048,
-                                 prompts_per_step=8, responses_kept=4, rounds=3, out_dir=str(tmp_path / "plan"))
+                                 prompts_per_step=8, responses_kept=4, rounds=3, out_dir=str(tmp_path / "plan"),
+                                 jobs=1)
     assert summary.recommendation.startswith("recommendation:")
     assert (tmp_path / "plan" / "plan_heatmap.png").is_file()
     with get_client(sync_client=True) as client:
@@ -84,7 +110,8 @@ def test_plan_flow_publishes_a_markdown_artifact(prefect_api, tmp_path):
 
 def test_a_runs_trace_replays_round_by_round_on_a_gpu_preset(tmp_path):
     """What bench/tail_batching.py's simulated line does: each traced round again, on 8 x H100 with a 7B."""
-    from tailflow.engines.sim.replay import replay_on
+    import bench_path  # noqa: F401
+    from research.replay import replay_on
     from tailflow.engines.sim.roofline import RooflineCost
 
     fake_run(tmp_path, "run-b")

@@ -60,7 +60,7 @@ def native_rounds(random_tiny_model_dir):
 def replay(plan, requests, traces):
     cost = RooflineCost.from_presets("h100", "qwen2.5-7b", 1, 1)
     lengths = TraceLengths(traces)
-    lengths.begin_round(plan.iteration)
+    lengths.launch(plan.iteration, requests)
     group = SimGroup(lambda rank: SimEngine(cost, lengths, NUM_SLOTS), 1)
     taken = take_one_round(group, requests, plan.kind, plan.responses_kept, plan.prompts_to_complete,
                            steps_per_poll=2, iteration=plan.iteration)

@@ -1,10 +1,10 @@
 """The spot cost model against money and tokens counted by hand, and the relations it must keep."""
 from __future__ import annotations
 
+import bench_path  # noqa: F401  (bench/research is not part of the package)
 import pytest
-
-from tailflow.engines.sim.spot import Interval, SpotTerms, WorkerModel, expected_throughput, schedule_cost
-from tailflow.engines.sim.spot_workers import reported_workers, simulated_workers
+from research.spot import Interval, SpotTerms, WorkerModel, expected_throughput, schedule_cost
+from research.spot_workers import reported_workers, simulated_workers
 
 WORKERS = WorkerModel({1: 100.0, 2: 150.0}, reprefill_s=20.0)
 SCHEDULE = [Interval(hours=1.0, num_workers=1), Interval(hours=0.5, num_workers=2)]

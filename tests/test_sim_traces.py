@@ -46,15 +46,28 @@ def test_trace_round_trip(tmp_path):
 
 def test_replayed_lengths_and_censored_aborts():
     lengths = TraceLengths([a_round(0)])
-    lengths.begin_round(0)
-    assert lengths.length_of(request("a#0")).num_tokens == 12
-    assert lengths.length_of(request("a#1")) == ResponseLength(40, FinishReason.EOS)
+    assert lengths.draw(0, request("a#0")).num_tokens == 12
+    assert lengths.draw(0, request("a#1")) == ResponseLength(40, FinishReason.EOS)
     # aborted a#2 had 9 tokens; its prompt's longest finished response (40 < cap) is longer: that is its length
-    assert lengths.length_of(request("a#2")).num_tokens == 40
+    assert lengths.draw(0, request("a#2")).num_tokens == 40
     # aborted b#1 had 20 tokens, more than any finished response of b (3): only "still going" is known -> the cap
-    assert lengths.length_of(request("b#1")) == ResponseLength(50, FinishReason.LENGTH)
+    assert lengths.draw(0, request("b#1")) == ResponseLength(50, FinishReason.LENGTH)
     with pytest.raises(KeyError, match="never launched 'c#0'"):
-        lengths.length_of(request("c#0"))
+        lengths.draw(0, request("c#0"))
+    with pytest.raises(KeyError, match="no round 1"):
+        lengths.draw(1, request("a#0"))
+
+
+def test_a_launched_request_keeps_its_length_while_later_rounds_launch():
+    """Rounds overlap when the rollout runs ahead, and a request paused at a weight sync is submitted again
+    later: its length is the one its own round drew, whatever rounds launched since."""
+    lengths = TraceLengths([a_round(0), TraceRound(1, "long", 50, 1.0, (
+        TracePrompt("c", 4, (TraceResponse(0, 7, "eos", 7, 0, "kept"),)),))])
+    lengths.launch(0, [request("a#1")])
+    lengths.launch(1, [request("c#0")])
+    assert lengths.length_of(request("a#1")).num_tokens == 40 and lengths.length_of(request("c#0")).num_tokens == 7
+    with pytest.raises(KeyError, match="'b#0' was never launched"):
+        lengths.length_of(request("b#0"))
     pools = pools_from_trace([a_round(0)])
     assert pools.pools == {"a": [12, 40], "b": [3]}
 
@@ -102,9 +115,8 @@ def test_rollpacker_length_log(tmp_path):
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     pools = read_rollpacker_lengths(path)
     assert pools.pools == {"h1": [10, 20, 30], "h2": [300]} and pools.max_new_tokens == 300
-    pools.begin_round(3)
-    assert pools.length_of(request("h2#5")).finish_reason is FinishReason.LENGTH  # 300 is the cap
-    assert pools.length_of(request("h1#0")).num_tokens in (10, 20, 30)
+    assert pools.draw(3, request("h2#5")).finish_reason is FinishReason.LENGTH  # 300 is the cap
+    assert pools.draw(3, request("h1#0")).num_tokens in (10, 20, 30)
     path.write_text(json.dumps({"prompt_hash": "h3", "response_lengths": [5, -1]}) + "\n")
     with pytest.raises(TraceError, match=r":1: field 'response_lengths' must be a non-empty list of positive"):
         read_rollpacker_lengths(path)
@@ -115,7 +127,7 @@ def test_paper_lengths_match_the_characterisation():
     some responses at the cap, and one prompt's responses correlated (hard prompts ramble)."""
     for seed in range(3):
         generator = PaperLikeLengths(128, 16384, seed)
-        drawn = {p: [generator.draw(p, f"{p}#{k}", 0, 16384) for k in range(8)] for p in generator.problem_ids()}
+        drawn = {p: [generator.draw_for(p, f"{p}#{k}", 0, 16384) for k in range(8)] for p in generator.problem_ids()}
         lengths = sorted(r.num_tokens for rs in drawn.values() for r in rs)
         median = statistics.median(lengths)
         assert 755 <= lengths[int(0.75 * len(lengths))] <= 1100
@@ -126,5 +138,5 @@ def test_paper_lengths_match_the_characterisation():
         mean_of = lambda ids: statistics.mean(r.num_tokens for p in ids for r in drawn[p])
         assert mean_of(hard) > 3 * mean_of(easy)
     again = PaperLikeLengths(128, 16384, 0)
-    assert again.draw("p000007", "p000007#3", 2, 16384) == PaperLikeLengths(128, 16384, 0).draw(
+    assert again.draw_for("p000007", "p000007#3", 2, 16384) == PaperLikeLengths(128, 16384, 0).draw_for(
         "p000007", "p000007#3", 2, 16384)

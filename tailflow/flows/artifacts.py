@@ -67,7 +67,7 @@ def publish_iteration_summary(row: dict[str, Any], state: RunState) -> None:
 
 
 def membership_markdown(run_id: str, iteration: int, report: Any) -> str:
-    """An elastic rollout group's iteration (`cluster/membership.py` `MembershipReport`): the workers, their
+    """An elastic rollout group's iteration (`cluster/membership_log.py` `MembershipReport`): the workers, their
     tokens/s, and every join, leave, loss and migration in order."""
     lines = [f"# {run_id} · iteration {iteration} · rollout workers", "", "| metric | value |", "| --- | --- |"]
     for name, value in report.metrics().items():

@@ -24,10 +24,12 @@ from tailflow.engines.cluster.placement import (
     reserve_layout,
     torch_device,
 )
+from tailflow.engines.cluster.membership import ElasticSettings
 from tailflow.engines.cluster.reward_pool import RewardPool
 from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.runtime import start_ray
 from tailflow.engines.cluster.trainer_group import TrainerGroup
+from tailflow.engines.cluster.worker_control import WorkerControl
 from tailflow.engines.data.arith import default_splits
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.models import check_model_dir
@@ -44,6 +46,7 @@ from tailflow.engines.runs.layout import config_key, metrics_key
 from tailflow.engines.store import ArtifactStore, local_working_dir
 from tailflow.engines.track import MetricsLogger, start_wandb
 from tailflow.engines.track.tensorboard import start_tensorboard
+from tailflow.flows.run_log import say
 
 
 def shipped_warmstart_dir() -> Path:
@@ -131,8 +134,10 @@ def prepare_run_dir(store: ArtifactStore, config: RunConfig, run_id: str) -> Non
         store.write_text(metrics_key(run_id), "")
 
 
-def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch=None) -> RunContext:
-    """Everything the run holds; `watch` (live progress) gives a watcher for each round's finished responses."""
+def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch=None, workers_added: int = 0
+                  ) -> RunContext:
+    """Everything the run holds; `watch` (live progress) gives a watcher for each round's finished responses;
+    `workers_added`: the rollout workers a resumed run added at runtime (its commit's `rollout_workers_added`)."""
     model_path = resolve_model_path(config, store)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     reward = reward_spec(config.reward, model_path)
@@ -146,8 +151,10 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch=No
     tensorboard = start_tensorboard(tracking.tensorboard, local_working_dir(store, run_id))
     model_config = AutoConfig.from_pretrained(model_path)
     metrics = MetricsLogger(store, run_id, wandb_run, tensorboard)
-    rollout, trainer, reward_pool = start_workers(config, model_path, max_seq_len)  # last: nothing after it
-    ctx = RunContext(                                                                 # can fail and leak them
+    elastic = elastic_settings(config, store, run_id, workers_added)
+    # The workers last: nothing after them can fail and leak them.
+    rollout, trainer, reward_pool = start_workers(config, model_path, max_seq_len, elastic)
+    ctx = RunContext(
         run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
         eval_problems=datasets.eval, reward=reward, timeouts=TimeoutPolicy.from_config(config.reward),
         sampling=sampling_params(config), tail=TailSettings.from_config(config), rollout=rollout,
@@ -211,11 +218,13 @@ def reserve_gpus(config: RunConfig, with_trainer: bool = True) -> GpuReservation
                                      config.train.num_workers if with_trainer else 0, cluster.spread_trainer_ranks))
 
 
-def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int, with_trainer: bool = False
+def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int, with_trainer: bool = False,
+                             elastic: ElasticSettings = ElasticSettings()
                              ) -> tuple[RolloutGroup, RewardPool, GpuReservation | None]:
     """The actors that generate and score: enough for evaluation, and the first part of a run's workers. On
     GPUs the run's placement groups are reserved first (`with_trainer`: the trainer ranks' bundles too, for
-    `start_workers` to seat them) and held by the rollout group; released here if the actors cannot start."""
+    `start_workers` to seat them) and held by the rollout group; released here if the actors cannot start.
+    `elastic`: how the rollout group's members may change (a run's: `elastic_settings`)."""
     reservation = reserve_gpus(config, with_trainer)
     reward = config.reward
     try:
@@ -227,7 +236,8 @@ def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: in
                 config.cluster.rollout_threads, **rollout_resources(config), engine=config.rollout.engine,
                 device=torch_device(config.cluster.device),
                 sleep_mode=config.cluster.placement == "colocated" and config.cluster.device == "gpu",
-                actor_options=reservation.rollout_options() if reservation else None, reservation=reservation)
+                actor_options=reservation.rollout_options() if reservation else None, reservation=reservation,
+                elastic=elastic)
         except BaseException:
             pool.shutdown()  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
             raise
@@ -248,11 +258,11 @@ def rollout_resources(config: RunConfig) -> dict[str, float]:
     return {"num_cpus": placement.rollout.num_cpus, "num_gpus": placement.rollout.num_gpus}
 
 
-def start_workers(config: RunConfig, model_path: str, max_seq_len: int
-                  ) -> tuple[RolloutGroup, TrainerGroup, RewardPool]:
+def start_workers(config: RunConfig, model_path: str, max_seq_len: int,
+                  elastic: ElasticSettings = ElasticSettings()) -> tuple[RolloutGroup, TrainerGroup, RewardPool]:
     """The run's Ray actors: rollout and trainer holding `model_path`'s weights, and the reward pool. On GPUs
     both groups sit in one reservation and hold it; the last to shut down releases it."""
-    rollout, pool, reservation = start_rollout_and_reward(config, model_path, max_seq_len, with_trainer=True)
+    rollout, pool, reservation = start_rollout_and_reward(config, model_path, max_seq_len, True, elastic)
     placement = placement_of(config)
     try:
         trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
@@ -264,7 +274,7 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int
         try:
             pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
             if reservation is not None:
-                say_gpu_seats(trainer.workers, rollout.workers)
+                say_gpu_seats(trainer.workers, rollout.membership.workers)
         except BaseException:
             trainer.shutdown()
             raise
@@ -277,14 +287,28 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int
 
 def restart_workers(ctx: RunContext) -> RunContext:
     """Every actor replaced (after one died): fresh processes holding the initial weights, in a new context;
-    the caller restores a commit into them."""
+    the caller restores a commit into them. The rollout workers added at runtime are kept."""
+    elastic = elastic_settings(ctx.config, ctx.store, ctx.run_id, ctx.rollout.workers_added())
     for group in (ctx.rollout, ctx.trainer, ctx.reward_pool):
         try:
             group.shutdown()
         except Exception:  # noqa: BLE001 - an actor already gone is what we are recovering from
             pass
-    rollout, trainer, reward_pool = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len)
+    rollout, trainer, reward_pool = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len, elastic)
     return with_pipeline(ctx.replacing(rollout=rollout, trainer=trainer, reward_pool=reward_pool))
+
+
+def elastic_settings(config: RunConfig, store: ArtifactStore, run_id: str, workers_added: int) -> ElasticSettings:
+    """A run's rollout group follows `rollout.elastic`, reads `tailflow workers add/remove` commands from the
+    run's store between polls, and says what changes in the run's log. `workers_added`: workers added at runtime
+    (minus those removed) before a resume or an iteration restart, started again (elastic runs only)."""
+    if not config.rollout.elastic:
+        return ElasticSettings(is_elastic=False, say=say)
+    if workers_added:
+        say(f"[tailflow] keeping the rollout workers added at runtime: {config.rollout.num_workers} "
+            f"(rollout.num_workers) {workers_added:+d}")
+    control = WorkerControl(store, run_id, config.cluster.worker_control_interval_s)
+    return ElasticSettings(is_elastic=True, control=control, say=say, keep_added=workers_added)
 
 
 def trainer_kwargs(config: RunConfig) -> dict:

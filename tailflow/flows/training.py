@@ -13,8 +13,7 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
 from tailflow.engines.cluster.placement import takes_turns
-from tailflow.engines.cluster.rollout_group import RolloutGroup
-from tailflow.engines.cluster.worker_control import WorkerCommand, WorkerControl, send_worker_command
+from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
 from tailflow.flows.artifacts import RunArtifacts
 from tailflow.flows.iteration import iteration
 from tailflow.flows.live_progress import live_progress
@@ -106,8 +105,8 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
         check_config_for_resume(store, run_id, run_config, allow_change, committed)
     else:
         prepare_run_dir(store, run_config, run_id)
-    ctx = build_context(run_config, run_id, store, watch=live.watcher if live is not None else None)
-    steer_rollout(ctx, committed.rollout_workers_added if committed is not None else 0)
+    ctx = build_context(run_config, run_id, store, watch=live.watcher if live is not None else None,
+                        workers_added=committed.rollout_workers_added if committed is not None else 0)
     try:
         if committed is not None:
             restore_commit(ctx, committed)
@@ -167,9 +166,7 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
                 raise
             say(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
                 f"from the last commit and running the iteration again (attempt {attempt + 2})")
-            added = ctx.rollout.workers_added()
             ctx = restart_workers(ctx)
-            steer_rollout(ctx, added)
             restore_weights(ctx, state)
             rollout_first(ctx)
     raise AssertionError("unreachable")
@@ -180,23 +177,6 @@ def rollout_first(ctx: RunContext) -> None:
     waits in host memory until the step (`placement.takes_turns`)."""
     if takes_turns(ctx.config):
         ctx.trainer.offload()
-
-
-def steer_rollout(ctx: RunContext, added: int = 0) -> None:
-    """The rollout group follows `rollout.elastic`, reads `tailflow workers add/remove` commands from the run's
-    store between polls, and says what changes in the run's log. `added`: workers added at runtime (minus those
-    removed) before a resume or an iteration restart, started again."""
-    group = ctx.rollout
-    if not isinstance(group, RolloutGroup):
-        return
-    group.is_elastic = ctx.config.rollout.elastic
-    group.say = say
-    if group.is_elastic:
-        group.control = WorkerControl(ctx.store, ctx.run_id, ctx.config.cluster.worker_control_interval_s)
-        if added:
-            say(f"[tailflow] keeping the rollout workers added at runtime: {ctx.config.rollout.num_workers} "
-                f"(rollout.num_workers) {added:+d}")
-            group.keep_added(added)
 
 
 def resolve_config(config_path: str | None, overrides: list[str], config: RunConfig | dict | None) -> RunConfig:

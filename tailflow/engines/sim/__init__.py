@@ -1,11 +1,12 @@
-"""A virtual-clock rollout simulator that runs tailflow's own tail-batching code.
+"""A virtual-clock rollout simulator that runs tailflow's own rollout pipeline.
 
 `engine.SimEngine` speaks the native engine's protocol with request lengths
 from a trace and time from a cost model; `group.SimGroup` drives several
-replicas the way `RolloutGroup` drives Ray workers; `simulate` runs the real
-policy (`engines/tail`) on them. Cost models: `roofline` (GPU presets),
-`cpu_cost` (fitted to this machine), `measured` (a GPU calibration file).
-`async_pipeline` pipelines the rounds over separate rollout and trainer pools
-(asynchronous training, `async_predict.predict_async`); `spot` prices a
-schedule of rollout workers on demand and on spot. See docs/simulator.md.
+replicas the way `RolloutGroup` drives Ray workers; `simulate` runs the
+product's pipeline on them, synchronous or running ahead of training, with
+the trainer's work on the same virtual clock. Cost models: `roofline` (GPU
+presets), `cpu_cost` (fitted to this machine), `measured` (a GPU calibration
+file). `plan` searches tail-batching settings (`tailflow plan`). Predictions
+for published settings (the paper's cells, async on split pools, spot
+workers) live in bench/research/. See docs/simulator.md.
 """

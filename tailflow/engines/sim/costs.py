@@ -12,10 +12,24 @@ stays O(1).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Protocol
 
 
 class CostModelError(ValueError):
     """A cost model that cannot be built: unknown preset, bad calibration file (named in the message)."""
+
+
+class Infeasible(CostModelError):
+    """A setting that cannot run: the weights do not fit a replica, or a request can never fit its KV budget."""
+
+
+class NonRolloutCost(Protocol):
+    """What a training step costs besides rollout: scoring, training, the weight sync (a `CostModel`, or the
+    linear prices of `step_time.py`)."""
+
+    def train_s(self, num_tokens: int) -> float: ...
+    def reward_s(self, num_responses: int, num_tokens: int) -> float: ...
+    def weight_sync_s(self) -> float: ...
 
 
 class CostModel(ABC):
@@ -38,6 +52,10 @@ class CostModel(ABC):
         closed form override this (the roofline does), the rest sum step by step.
         """
         return sum(self.decode_s(num_rows, context_tokens + num_rows * j, max_context + j) for j in range(num_steps))
+
+    def replica_slowdowns(self, num_replicas: int, seed: int = 0) -> list[float]:
+        """Each replica's time multiplier (stragglers); 1 where the model was measured on the device itself."""
+        return [1.0] * num_replicas
 
     @abstractmethod
     def train_s(self, num_tokens: int) -> float:

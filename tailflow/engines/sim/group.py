@@ -2,12 +2,14 @@
 
 Same placement (a streamed request goes to the replica with the fewest in
 flight, lowest index on ties; a batch is dealt round-robin), same calls
-(`generate`, `submit`, `poll`, `abort`), so `run_round` drives it unchanged.
-Time is what our driver makes it: a `poll` runs `max_steps` steps on every busy
-replica side by side and returns when the slowest is done (the group clock
-moves to the latest replica clock; the others wait), and `generate` ends when
-the last replica goes idle. Completions are merged by engine step, as the real
-group merges them, so no replica is favoured by its index.
+(`generate`, `submit`, `poll`, `abort`, `load_weights`), so the product's
+rollout pipeline drives it unchanged. Time is what the driver makes it: a
+`poll` runs `max_steps` steps on every busy replica side by side and returns
+when the slowest is done (the group clock moves to the latest replica clock;
+the others wait), and `generate` ends when the last replica goes idle.
+Completions are merged by engine step, as the real group merges them, so no
+replica is favoured by its index. What happens off the rollout (scoring,
+training, a weight transfer) moves the clock by `wait_until`.
 """
 from __future__ import annotations
 
@@ -30,9 +32,13 @@ class SimGroup:
         self.round_start = [0] * num_replicas
 
     @classmethod
-    def of(cls, cost, lengths, num_replicas: int, num_slots: int, kv_budget_tokens: int | None = None) -> "SimGroup":
-        """`num_replicas` identical engines on one cost model and length source."""
-        return cls(lambda rank: SimEngine(cost, lengths, num_slots, kv_budget_tokens), num_replicas)
+    def of(cls, cost, lengths, num_replicas: int, num_slots: int, kv_budget_tokens: int | None = None,
+           seed: int = 0) -> "SimGroup":
+        """`num_replicas` engines on one cost model and length source, each at its own pace (the cost model's
+        `replica_slowdowns`: stragglers; `seed` draws which replica is slow)."""
+        slowdowns = cost.replica_slowdowns(num_replicas, seed)
+        return cls(lambda rank: SimEngine(cost, lengths, num_slots, kv_budget_tokens, slowdown=slowdowns[rank]),
+                   num_replicas)
 
     def _start_round(self) -> None:
         self.finish_steps.clear()
@@ -83,6 +89,15 @@ class SimGroup:
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
         return [c for rank, ids in take_by_worker(request_ids, self.worker_of) for c in self.engines[rank].abort(ids)]
+
+    def load_weights(self, version: int) -> None:
+        """Every replica takes weight `version` (refused while a request is in flight, as the real engines)."""
+        for engine in self.engines:
+            engine.load_weights({}, version)
+
+    def wait_until(self, time_s: float) -> None:
+        """The replicas idle until `time_s` (the trainer's work, a weight transfer): the next call starts there."""
+        self.clock_s = max(self.clock_s, time_s)
 
     def has_unfinished(self) -> bool:
         return any(engine.has_unfinished() for engine in self.engines)

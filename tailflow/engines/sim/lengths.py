@@ -1,16 +1,23 @@
-"""Where a simulated request's length comes from: a trace, a per-prompt pool, or the generator.
+"""Where a simulated request's length comes from: a trace, a per-prompt pool, or a generator.
 
 The simulator knows lengths, never tokens: each request is told how many
 tokens its response will have and why it stops (EOS, or the length cap). A
-source answers per round (`begin_round(iteration)`), because a prompt run
-again in a later round (a long round after a deferral) samples new responses.
-Every draw is a pure function of (seed, iteration, request id), so a
-simulation is reproducible whatever order the requests arrive in.
+source draws per round (`draw(iteration, request)`), because a prompt run
+again in a later round (a long round after a deferral) samples new responses;
+every draw is a pure function of (seed, iteration, request), so a simulation
+is reproducible whatever order the requests arrive in.
+
+Rounds overlap when the pipeline runs ahead of training, and a request
+stopped at a weight sync is submitted again later, continuing from its
+tokens: so a request's length is drawn once, when its round launches it
+(`launch`), and pinned; the engines ask `length_of(request)` at every submit
+and get the pinned one.
 """
 from __future__ import annotations
 
 import hashlib
 import random
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Mapping, Protocol, Sequence
 
@@ -24,17 +31,42 @@ class ResponseLength:
     """EOS (or STOP) when the model ended it, LENGTH when it reached the cap."""
 
 
-class LengthSource(Protocol):
+class RequestLengths(Protocol):
+    """What a simulated engine asks at submit."""
+
+    def length_of(self, request: Request) -> ResponseLength: ...
+
+
+class LengthSource(ABC):
+    """A simulated training set: its prompts, their lengths, and each launched response's length."""
+
     max_new_tokens: int
 
+    def __init__(self) -> None:
+        self._pinned: dict[str, ResponseLength] = {}
+        """Request id -> the length its latest launch drew."""
+
+    @abstractmethod
     def problem_ids(self) -> list[str]:
         """The prompts this source knows, in dataset order (the simulated training set)."""
 
+    @abstractmethod
     def prompt_tokens(self, problem_id: str) -> int: ...
 
-    def begin_round(self, iteration: int) -> None: ...
+    @abstractmethod
+    def draw(self, iteration: int, request: Request) -> ResponseLength:
+        """The length of `request`'s response when round `iteration` launches it."""
 
-    def length_of(self, request: Request) -> ResponseLength: ...
+    def launch(self, iteration: int, requests: Sequence[Request]) -> None:
+        """Round `iteration` launches `requests`: draw and pin their lengths (a request id launched again by a
+        later round gets that round's draw)."""
+        self._pinned.update((request.request_id, self.draw(iteration, request)) for request in requests)
+
+    def length_of(self, request: Request) -> ResponseLength:
+        try:
+            return self._pinned[request.request_id]
+        except KeyError:
+            raise KeyError(f"request {request.request_id!r} was never launched (LengthSource.launch)") from None
 
 
 def seeded_rng(*parts: object) -> random.Random:
@@ -50,7 +82,7 @@ def capped(num_tokens: int, max_new_tokens: int, natural: FinishReason = FinishR
     return ResponseLength(max(1, num_tokens), natural)
 
 
-class PromptPoolLengths:
+class PromptPoolLengths(LengthSource):
     """Each prompt has a pool of observed response lengths; a request draws one (with replacement).
 
     Built from a run's trace (`pools_from_trace`) or RollPacker's per-prompt length logs. Drawing
@@ -62,12 +94,12 @@ class PromptPoolLengths:
         empty = [p for p, lengths in pools.items() if not lengths]
         if empty:
             raise ValueError(f"{source}: prompts {empty[:3]} have no response lengths")
+        super().__init__()
         self.pools = {p: list(lengths) for p, lengths in pools.items()}
         self._prompt_tokens = dict(prompt_tokens)
         self.max_new_tokens = max_new_tokens
         self.seed = seed
         self.source = source
-        self.iteration = 0
 
     def problem_ids(self) -> list[str]:
         return list(self.pools)
@@ -75,12 +107,9 @@ class PromptPoolLengths:
     def prompt_tokens(self, problem_id: str) -> int:
         return self._prompt_tokens.get(problem_id, 1)
 
-    def begin_round(self, iteration: int) -> None:
-        self.iteration = iteration
-
-    def length_of(self, request: Request) -> ResponseLength:
+    def draw(self, iteration: int, request: Request) -> ResponseLength:
         problem_id = request.problem_id
         if problem_id not in self.pools:
             raise KeyError(f"{self.source}: no response lengths for prompt {problem_id!r}")
-        rng = seeded_rng("pool", self.seed, self.iteration, request.request_id)
+        rng = seeded_rng("pool", self.seed, iteration, request.request_id)
         return capped(rng.choice(self.pools[problem_id]), min(self.max_new_tokens, request.params.max_new_tokens))

@@ -1,21 +1,36 @@
 """A plan as a person reads it: a printed table, a markdown artifact, a heatmap PNG."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-from tailflow.engines.sim.plan import PlanCell, PlanReport
+from tailflow.engines.sim.plan import PlanCell, PlanReport, TpChoice
 
 HEADER = ("prompt ratio", "responses", "rollout s/step", "step s", "speedup", "long rounds", "wasted tok/step",
           "preempt/step")
 
 
 def cell_values(cell: PlanCell) -> tuple[str, ...]:
-    return (f"{cell.prompt_ratio:g}", str(cell.responses_launched), f"{cell.rollout_s:.1f}", f"{cell.step_s:.1f}",
-            f"{cell.speedup:.2f}x", f"{cell.long_round_share:.0%}", f"{cell.wasted_tokens:,.0f}", f"{cell.preemptions:.0f}")
+    head = (f"{cell.prompt_ratio:g}", str(cell.responses_launched))
+    if cell.infeasible:
+        return head + ("infeasible", "-", "-", "-", "-", "-")
+    return head + (f"{cell.rollout_s:.1f}", f"{cell.step_s:.1f}", f"{cell.speedup:.2f}x", f"{cell.long_round_share:.0%}",
+                   f"{cell.wasted_tokens:,.0f}", f"{cell.preemptions:.0f}")
+
+
+def reasons(report: PlanReport) -> list[str]:
+    """Why each infeasible setting could not run, once per reason."""
+    found = dict.fromkeys(c.infeasible for c in [report.baseline, *report.cells] if c.infeasible)
+    return [f"infeasible: {reason}" for reason in found]
 
 
 def recommendation(report: PlanReport) -> str:
     best, r = report.recommended, report.request
+    if best is None:
+        runnable = [t.tp for t in report.tp_choices if not t.infeasible]
+        hint = f"rollout TP {', '.join(map(str, runnable))} can run it" if runnable else "no TP up to 16 can run it"
+        why = report.baseline.infeasible or "see the rows above"
+        return f"recommendation: none: no setting runs at rollout TP {r.tp} ({why}); {hint}"
     if best.speedup <= 1.0:
         return "recommendation: keep tail batching off (tail.enabled: false): no setting beats the synchronous step"
     cadence = f"a long round every {1 / best.long_round_share:.1f} steps" if best.long_round_share else "no long rounds"
@@ -25,25 +40,34 @@ def recommendation(report: PlanReport) -> str:
             f"rollout TP {report.tp_short} for short rounds, {report.tp_long} for long rounds")
 
 
+def tp_line(t: TpChoice) -> str:
+    if t.infeasible:
+        return f"  TP {t.tp}: infeasible: {t.infeasible}"
+    return (f"  TP {t.tp}: short rounds {t.short_round_s:.1f} s ({t.preemptions_short:.0f} preemptions), "
+            f"long rounds {t.long_round_s:.1f} s ({t.preemptions_long:.0f} preemptions)")
+
+
 def text_table(report: PlanReport) -> str:
     rows = [HEADER] + [cell_values(c) for c in report.cells]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = ["  ".join(value.rjust(width) for value, width in zip(row, widths)) for row in rows]
-    tp_lines = [f"  TP {t.tp}: short rounds {t.short_round_s:.1f} s ({t.preemptions_short:.0f} preemptions), "
-                f"long rounds {t.long_round_s:.1f} s ({t.preemptions_long:.0f} preemptions)" for t in report.tp_choices]
-    return "\n".join([f"cost model: {report.cost}", f"lengths: {report.lengths}", *lines,
-                      "rollout TP at the recommended setting:", *tp_lines, recommendation(report)])
+    return "\n".join([f"cost model: {report.cost}", f"lengths: {report.lengths}", f"pricing: {report.pricing}",
+                      *lines, *reasons(report), "rollout TP at the recommended setting:",
+                      *map(tp_line, report.tp_choices), recommendation(report)])
 
 
 def markdown(report: PlanReport, heatmap_name: str | None = None) -> str:
     r = report.request
     lines = [f"# Tail-batching plan: {r.model} on {r.num_gpus} x {r.hardware} (TP {r.tp})", "",
-             f"Cost model: {report.cost}. Lengths: {report.lengths}. P0={r.prompts_per_step}, R0={r.responses_kept}, "
-             f"{r.grid} grid, at least {r.rounds} simulated rounds per setting (whole cycles).", "",
+             f"Cost model: {report.cost}. Lengths: {report.lengths}. Pricing: {report.pricing}. "
+             f"P0={r.prompts_per_step}, R0={r.responses_kept}, {r.grid} grid, at least {r.rounds} simulated rounds "
+             "per setting (whole cycles).", "",
              "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
     lines += ["| " + " | ".join(cell_values(c)) + " |" for c in report.cells]
-    lines += ["", "| rollout TP | short round s | long round s | preemptions short / long |", "| --- | --- | --- | --- |"]
-    lines += [f"| {t.tp} | {t.short_round_s:.1f} | {t.long_round_s:.1f} | {t.preemptions_short:.0f} / "
+    lines += ["", *reasons(report), "", "| rollout TP | short round s | long round s | preemptions short / long |",
+              "| --- | --- | --- | --- |"]
+    lines += [f"| {t.tp} | infeasible: {t.infeasible} | | |" if t.infeasible else
+              f"| {t.tp} | {t.short_round_s:.1f} | {t.long_round_s:.1f} | {t.preemptions_short:.0f} / "
               f"{t.preemptions_long:.0f} |" for t in report.tp_choices]
     lines += ["", f"**{recommendation(report)}**"]
     if heatmap_name:
@@ -70,7 +94,8 @@ def write_heatmap(report: PlanReport, path: str | Path) -> Path:
     axes.set_ylabel("prompt ratio")
     for i, row in enumerate(grid):
         for j, value in enumerate(row):
-            axes.text(j, i, f"{value:.2f}", ha="center", va="center", color="white", fontsize=8)
+            axes.text(j, i, "n/a" if math.isnan(value) else f"{value:.2f}", ha="center", va="center", color="white",
+                      fontsize=8)
     r = report.request
     axes.set_title(f"simulated step speedup: {r.model}, {r.num_gpus} x {r.hardware}", fontsize=9)
     figure.colorbar(image, ax=axes)

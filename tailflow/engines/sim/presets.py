@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tailflow.engines.sim.comm import Fabric
 from tailflow.engines.sim.costs import CostModelError
 
 
@@ -24,7 +25,16 @@ class Hardware:
     nvlink_bytes_per_s: float
     """NVLink bandwidth per GPU, one direction (what a ring all-reduce step moves at)."""
     network_bytes_per_s: float
-    """Inter-node bandwidth per GPU (InfiniBand), one direction."""
+    """Inter-node bandwidth per GPU (InfiniBand), one direction; also what one node's NIC gives a transfer that
+    runs over one network address (Ray's object store)."""
+    pcie_bytes_per_s: float
+    """Host-to-device copy bandwidth per GPU, one direction (loading weights from host memory)."""
+    gpus_per_node: int = 8
+    """GPUs sharing one NVLink domain (an HGX board)."""
+
+    @property
+    def fabric(self) -> Fabric:
+        return Fabric(self.gpus_per_node, self.nvlink_bytes_per_s, self.network_bytes_per_s)
 
 
 @dataclass(frozen=True)
@@ -55,13 +65,14 @@ class ModelShape:
 
 HARDWARE = {
     # NVIDIA H100 SXM5 80GB datasheet: 3.35 TB/s HBM3, 989 TFLOP/s dense bf16, NVLink 900 GB/s
-    # (both directions); NDR InfiniBand 400 Gb/s per GPU.
-    "h100": Hardware("h100", 80e9, 3.35e12, 989e12, 450e9, 50e9),
-    # H800 SXM5: the H100's memory and compute, NVLink cut to 400 GB/s (both directions); the paper's
+    # (both directions), PCIe Gen5 128 GB/s (both directions); NDR InfiniBand 400 Gb/s per GPU.
+    "h100": Hardware("h100", 80e9, 3.35e12, 989e12, 450e9, 50e9, 64e9),
+    # H800 SXM5: the H100's memory, compute and PCIe, NVLink cut to 400 GB/s (both directions); the paper's
     # cluster has 400 Gb/s InfiniBand.
-    "h800": Hardware("h800", 80e9, 3.35e12, 989e12, 200e9, 50e9),
-    # A100 SXM4 80GB datasheet: 2.039 TB/s HBM2e, 312 TFLOP/s dense bf16, NVLink 600 GB/s; HDR 200 Gb/s.
-    "a100": Hardware("a100", 80e9, 2.039e12, 312e12, 300e9, 25e9),
+    "h800": Hardware("h800", 80e9, 3.35e12, 989e12, 200e9, 50e9, 64e9),
+    # A100 SXM4 80GB datasheet: 2.039 TB/s HBM2e, 312 TFLOP/s dense bf16, NVLink 600 GB/s, PCIe Gen4 64 GB/s
+    # (both directions); HDR 200 Gb/s.
+    "a100": Hardware("a100", 80e9, 2.039e12, 312e12, 300e9, 25e9, 32e9),
 }
 
 MODELS = {

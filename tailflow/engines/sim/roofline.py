@@ -6,53 +6,32 @@ every cached key/value once:
 
     memory  = (weight_bytes + C * kv_bytes_per_token) / tp / (HBM bandwidth * memory_efficiency)
     compute = (2 * params * B + attention_flops_per_context_token * C) / tp / (peak bf16 * compute_efficiency)
-    step    = max(memory, compute) + step_overhead + TP all-reduce
+    step    = max(memory, compute) + step_overhead + TP all-reduces
 
 so a step of 4 rows costs about what a step of 256 costs while the weights
 dominate (memory-bound decode), and long contexts make steps dearer. The TP
-all-reduce is two per layer (attention and MLP outputs), B * hidden bf16 values
-each, as a ring: 2 (tp-1)/tp of the message over NVLink plus a fixed latency.
-Training is 6 x params x tokens (forward + backward), plus 2 x params x tokens
-for each extra forward pass RL needs (reference model, old log-probs), over
-all GPUs at `mfu` of peak.
+all-reduces are two per layer (attention and MLP outputs), B * hidden bf16
+values each, priced by NCCL's own ring model (`comm.py`: a latency per ring
+step by link, bandwidth by topology, NVLink within a node and the network
+across), so their latency grows with TP. The KV budget of a replica is its
+share of GPU memory less one copy of the weights, over the KV bytes a token
+takes on it (KV heads are replicated when TP exceeds them). Each replica runs
+at its slowest GPU's pace (`stragglers.py`). The trainer side (train step,
+weight sync) is `trainer_cost.py`'s, here with the trainer on the same GPUs.
 
-Every efficiency constant below is chosen, not fitted: each says where its
-value comes from. None was adjusted after comparing with the paper.
+Every constant is chosen, not fitted (`efficiency.py` says where each comes
+from; `presets.py` the hardware's and models').
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from tailflow.engines.sim.costs import CostModel, CostModelError
+from tailflow.engines.sim.comm import collective_s
+from tailflow.engines.sim.costs import CostModel, CostModelError, Infeasible
+from tailflow.engines.sim.efficiency import Efficiency
 from tailflow.engines.sim.presets import Hardware, ModelShape, hardware_preset, model_preset
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    memory_efficiency: float = 0.75
-    """Achieved share of peak HBM bandwidth in decode: memory-bound GEMV kernels typically reach 70-85% of
-    peak on H100-class parts (a round figure in that range, not a measurement of ours)."""
-    compute_efficiency: float = 0.6
-    """Achieved share of peak bf16 FLOP/s of decode and prefill GEMMs at these batch sizes (a round figure)."""
-    step_overhead_s: float = 0.002
-    """Fixed time per engine step outside the kernels (scheduling, sampling, launching a CUDA graph): of order
-    1-3 ms in vLLM-class engines at a few hundred rows; 2 ms chosen."""
-    allreduce_latency_s: float = 10e-6
-    """Latency of one small NCCL all-reduce inside a node (order 10 us)."""
-    mfu: float = 0.35
-    """Model FLOP utilisation of training: Megatron-style dense training reaches ~40-45% on H100; RL training on
-    variable-length packed batches does worse, so 35%."""
-    extra_forward_passes: int = 2
-    """Forward passes per trained token besides the policy's own forward + backward: the reference model
-    (KL) and the old policy's log-probs, as GRPO-family trainers (veRL, ROLL) compute them."""
-    gpu_memory_utilization: float = 0.85
-    """Share of GPU memory the rollout engine may use for weights + KV cache (RollPacker's example config
-    sets vLLM's gpu_memory_utilization to 0.85)."""
-
-    def __post_init__(self) -> None:
-        for name in ("memory_efficiency", "compute_efficiency", "mfu", "gpu_memory_utilization"):
-            if not 0 < getattr(self, name) <= 1:
-                raise CostModelError(f"efficiency {name} must be in (0, 1], got {getattr(self, name)}")
+from tailflow.engines.sim.stragglers import replica_slowdowns
+from tailflow.engines.sim.trainer_cost import TrainerCost
 
 
 @dataclass(frozen=True)
@@ -96,9 +75,11 @@ class RooflineCost(CostModel):
         bandwidth = hardware.hbm_bytes_per_s * e.memory_efficiency * tp
         flops = hardware.bf16_flops * e.compute_efficiency * tp
         self._mem_fixed = model.weight_bytes / bandwidth
-        self._mem_per_context = model.kv_bytes_per_token / bandwidth
+        self._mem_per_context = self.kv_bytes_per_token / bandwidth  # replicated KV heads are read too
         self._flops_per_row = 2.0 * model.num_params / flops
         self._flops_per_context = model.attention_flops_per_context_token / flops
+        self._allreduce: dict[int, float] = {}
+        """num_rows -> the all-reduces of a forward over them (decode asks the same few sizes again and again)."""
 
     @classmethod
     def from_presets(cls, hardware: str, model: str, num_gpus: int, tp: int,
@@ -109,22 +90,34 @@ class RooflineCost(CostModel):
         return RooflineCost(self.hardware, self.model, replace(self.cluster, tp=tp), self.efficiency)
 
     @property
+    def kv_bytes_per_token(self) -> float:
+        """KV bytes one token takes on a replica: the model's, times the replication when TP exceeds the KV heads
+        (each GPU then holds a whole head)."""
+        return self.model.kv_bytes_per_token * max(1.0, self.cluster.tp / self.model.num_kv_heads)
+
+    @property
     def kv_budget_tokens(self) -> int:
         """KV-cache tokens one replica holds: its memory share less one copy of the weights."""
         usable = self.hardware.hbm_bytes * self.cluster.tp * self.efficiency.gpu_memory_utilization
         free = usable - self.model.weight_bytes
         if free <= 0:
-            raise CostModelError(f"{self.model.name} ({self.model.weight_bytes / 1e9:.0f} GB of weights) does not fit "
+            raise Infeasible(f"{self.model.name} ({self.model.weight_bytes / 1e9:.0f} GB of weights) does not fit "
                                  f"{self.cluster.tp} x {self.hardware.name}: raise --tp")
-        return int(free // self.model.kv_bytes_per_token)
+        return int(free // self.kv_bytes_per_token)
 
     def allreduce_s(self, num_rows: int) -> float:
-        tp = self.cluster.tp
-        if tp == 1:
+        """The TP all-reduces of one forward over `num_rows` tokens: two a layer of rows x hidden bf16 values."""
+        if self.cluster.tp == 1:
             return 0.0
-        message = num_rows * self.model.hidden_size * 2.0
-        ring = 2.0 * (tp - 1) / tp * message / self.hardware.nvlink_bytes_per_s
-        return 2 * self.model.num_layers * (ring + self.efficiency.allreduce_latency_s)
+        cached = self._allreduce.get(num_rows)
+        if cached is None:
+            message = num_rows * self.model.hidden_size * 2.0
+            one = collective_s("all_reduce", message, self.cluster.tp, self.hardware.fabric)
+            cached = self._allreduce[num_rows] = 2 * self.model.num_layers * one
+        return cached
+
+    def replica_slowdowns(self, num_replicas: int, seed: int = 0) -> list[float]:
+        return replica_slowdowns(num_replicas, self.cluster.tp, self.efficiency.straggler_spread, seed)
 
     def decode_s(self, num_rows: int, context_tokens: int, max_context: int = 0) -> float:
         if num_rows == 0:
@@ -153,18 +146,20 @@ class RooflineCost(CostModel):
         compute = self._flops_per_row * num_tokens
         return max(compute, self._mem_fixed) + self.efficiency.step_overhead_s + self.allreduce_s(num_tokens)
 
+    @property
+    def trainer(self) -> TrainerCost:
+        """Training and the weight sync on this replica group's own GPUs (colocated)."""
+        c = self.cluster
+        return TrainerCost(self.hardware, self.model, self.efficiency, c.num_gpus, c.num_gpus, c.tp, colocated=True)
+
     def train_s(self, num_tokens: int) -> float:
-        passes = 6.0 + 2.0 * self.efficiency.extra_forward_passes
-        flops = passes * self.model.num_params * num_tokens
-        return flops / (self.cluster.num_gpus * self.hardware.bf16_flops * self.efficiency.mfu)
+        return self.trainer.train_s(num_tokens)
 
     def reward_s(self, num_responses: int, num_tokens: int) -> float:
-        """Not modelled on the roofline: rule-based and sandboxed rewards run on CPUs (see `StepShares`)."""
-        return 0.0
+        return self.trainer.reward_s(num_responses, num_tokens)
 
     def weight_sync_s(self) -> float:
-        """One copy of the weights over the inter-node network (a broadcast to every replica, pipelined)."""
-        return self.model.weight_bytes / self.hardware.network_bytes_per_s
+        return self.trainer.weight_sync_s()
 
     def describe(self) -> str:
         c = self.cluster

@@ -23,13 +23,14 @@ class SimSequence:
         self.params = request.params
         self.target = target
         self.status = SequenceStatus.WAITING
-        self.num_generated = 0
+        self.num_generated = len(request.prefix.token_ids) if request.prefix else 0
+        """Tokens the response has, a continued request's prefix included (admission prefills them again)."""
         self.admission = -1
         """Order of its latest admission: the preemption victim is the newest."""
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.request.prompt_token_ids)
+        self.num_prompt_tokens = len(request.prompt_token_ids)
+        self.synced_step = 0
+        """The engine step `num_generated` was brought up to (running rows gain a token a step; the engine adds
+        them when something reads them, not every step)."""
 
     @property
     def num_cached(self) -> int:
@@ -60,7 +61,7 @@ class SimScheduler(Scheduler):
             self.num_admissions += 1
             kv_used_tokens += seq.num_cached
             admitted.append(seq)
-        admitted.sort(key=lambda seq: seq.num_prompt_tokens)
+        admitted.sort(key=lambda seq: seq.num_cached)  # prompt and any prefix, as the native scheduler
         self.running.extend(admitted)
         return admitted
 

@@ -39,8 +39,8 @@ def load_lengths(spec: LengthSpec) -> tuple[LengthSource, str]:
 
     spec.check()
     if spec.paper_prompts:
-        return (PaperLikeLengths(spec.paper_prompts, spec.max_new_tokens, spec.seed),
-                f"paper-like generator, {spec.max_new_tokens}-token cap, seed {spec.seed}")
+        lengths = PaperLikeLengths(spec.paper_prompts, spec.max_new_tokens, spec.seed)
+        return lengths, lengths.describe()
     if spec.rollpacker_path:
         pools = read_rollpacker_lengths(spec.rollpacker_path, spec.max_new_tokens, spec.seed)
         return pools, f"RollPacker length log {spec.rollpacker_path} ({len(pools.pools)} prompts)"
@@ -90,3 +90,8 @@ def policy_sizes(spec: LengthSpec, prompts_per_step: int | None, responses_kept:
     else:
         default = (128, 8)
     return prompts_per_step or default[0], responses_kept or default[1]
+
+
+def longest_request(lengths: LengthSource) -> int:
+    """Prompt + cap of the longest request the source can make: what one replica's KV budget must hold."""
+    return max(lengths.prompt_tokens(p) for p in lengths.problem_ids()) + lengths.max_new_tokens

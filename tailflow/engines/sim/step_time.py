@@ -14,15 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from statistics import mean
-from typing import Protocol, Sequence
+from typing import Sequence
 
+from tailflow.engines.sim.costs import NonRolloutCost
 from tailflow.engines.sim.simulate import SimRound
-
-
-class NonRolloutCost(Protocol):
-    def train_s(self, num_tokens: int) -> float: ...
-    def reward_s(self, num_responses: int, num_tokens: int) -> float: ...
-    def weight_sync_s(self) -> float: ...
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from tailflow.engines.rollout.protocol import FinishReason, Request
-from tailflow.engines.sim.lengths import PromptPoolLengths, ResponseLength
+from tailflow.engines.sim.lengths import LengthSource, PromptPoolLengths, ResponseLength
 from tailflow.engines.track.rollout_trace import TraceRound
 
 
@@ -30,10 +30,11 @@ def imputed_length(partial: int, prompt_lengths: Sequence[int], max_new_tokens: 
     return ResponseLength(max_new_tokens, FinishReason.LENGTH)
 
 
-class TraceLengths:
+class TraceLengths(LengthSource):
     """Replay: response k of a problem in round `iteration` gets exactly the length it had in the trace."""
 
     def __init__(self, rounds: Sequence[TraceRound]) -> None:
+        super().__init__()
         self.rounds = {r.iteration: r for r in rounds}
         self.max_new_tokens = max(r.max_new_tokens for r in rounds)
         pools = finished_lengths(rounds)
@@ -46,7 +47,6 @@ class TraceLengths:
                     length = (imputed_length(r.length, pools.get(prompt.problem_id, []), trace_round.max_new_tokens)
                               if r.finish == "abort" else ResponseLength(r.length, FinishReason(r.finish)))
                     self._lengths[trace_round.iteration, prompt.problem_id, r.index] = length
-        self.iteration = min(self.rounds)
 
     def problem_ids(self) -> list[str]:
         return list(self._prompt_tokens)
@@ -54,16 +54,13 @@ class TraceLengths:
     def prompt_tokens(self, problem_id: str) -> int:
         return self._prompt_tokens[problem_id]
 
-    def begin_round(self, iteration: int) -> None:
+    def draw(self, iteration: int, request: Request) -> ResponseLength:
         if iteration not in self.rounds:
             raise KeyError(f"the trace has no round {iteration}")
-        self.iteration = iteration
-
-    def length_of(self, request: Request) -> ResponseLength:
         try:
-            return self._lengths[self.iteration, request.problem_id, request.index]
+            return self._lengths[iteration, request.problem_id, request.index]
         except KeyError:
-            raise KeyError(f"round {self.iteration} of the trace never launched {request.request_id!r}") from None
+            raise KeyError(f"round {iteration} of the trace never launched {request.request_id!r}") from None
 
 
 def pools_from_trace(rounds: Sequence[TraceRound], seed: int = 0, source: str = "trace") -> PromptPoolLengths:

@@ -1,13 +1,16 @@
 """Predicted speedup of asynchronous training for the RollPacker paper's settings (issue 14).
 
-The baselines are the simulator's existing synchronous predictions on all of
-the setting's GPUs, rollout and training taking turns on them (colocated):
-tail batching off (`sync_step_s`) and on (`tail_step_s`), priced as
-`bench/sim_paper.py` prices them (`async_settings.py`). Async needs the GPUs
+The baselines are the simulator's synchronous predictions on all of the
+setting's GPUs, rollout and training taking turns on them (colocated): tail
+batching off (`sync_step_s`) and on (`tail_step_s`), priced as
+`bench/sim_validate.py` prices them (`async_settings.py`). Async needs the GPUs
 split into a rollout pool and a trainer pool; the split is the candidate that
 minimises max(mean rollout round, mean train + sync) of its alpha = 0 rounds,
 the step time a perfect pipeline would reach, unless one is given. The async
-run (`async_pipeline.py`) then runs on that split at the given alpha.
+run is then the product's own rollout pipeline at that alpha over the rollout
+pool's simulated replicas (`PolicySimulation`: its launch rule, staleness
+bound and in-flight cap, its pause and resume at every weight sync), the
+trainer pool's work on the virtual clock.
 """
 from __future__ import annotations
 
@@ -15,13 +18,12 @@ import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from tailflow.engines.sim.async_engine import AsyncSimEngine
-from tailflow.engines.sim.async_pipeline import AsyncPipeline, AsyncRun
-from tailflow.engines.sim.async_settings import (
-    NUM_SLOTS, AsyncSetting, lengths_of, policy, rollout_cost, setting_for, step_cost, sync_rounds)
-from tailflow.engines.sim.group import SimGroup
-from tailflow.engines.sim.simulate import PolicySimulation
-from tailflow.engines.sim.step_time import NonRolloutCost, mean_step_time
+from research.async_settings import (
+    AsyncSetting, rollout_cost, setting_for, simulate_run, step_cost, sync_rounds)
+
+from tailflow.engines.sim.costs import NonRolloutCost
+from tailflow.engines.sim.sim_run import SimRun
+from tailflow.engines.sim.step_time import mean_step_time
 
 TRAIN_BYTES_PER_PARAM = 16
 """bf16 weights and gradients, fp32 master weights and Adam moments, sharded over the trainer pool (ZeRO-3)."""
@@ -48,16 +50,19 @@ class AsyncPrediction:
     """sync_step_s / async_step_s."""
     speedup_vs_tail: float
     pipeline_speedup: float
-    """split_sync_step_s / async_step_s: what overlapping alone buys on the same pools."""
+    """split_sync_step_s / async_step_s: what running ahead buys on the same pools."""
     pipeline_bound: float
-    """(rollout + reward + train + sync) / max(rollout, train + sync) of the split's alpha = 0 rounds."""
+    """(rollout + reward + train + sync) / max(rollout, train + sync) of the split's alpha = 0 rounds: what
+    overlapping rollout with training alone could buy. The pipeline can beat it: rounds also overlap each other
+    on the rollout pool (a round's stragglers share decode steps with the next round's requests)."""
     rollout_utilisation: float
     trainer_utilisation: float
     staleness_histogram: dict[int, int]
     """Trained groups by staleness (training step - version of the group's oldest token)."""
     num_rounds: int
     tokens_restarted: int
-    num_requeued: int
+    num_queued: int
+    """Prompts launched and not trained at the end (the long-prompt queue)."""
 
 
 def min_train_gpus(setting: AsyncSetting) -> int:
@@ -89,13 +94,9 @@ def choose_split(setting: AsyncSetting, tail: bool, step_cost_name: str, min_rou
 
 
 def simulate_async(setting: AsyncSetting, alpha: float, rollout_gpus: int, cost: NonRolloutCost, *, tail: bool = True,
-                   partial: bool = True, min_rounds: int = 20, seed: int = 0) -> AsyncRun:
-    """The async pipeline on `rollout_gpus` rollout GPUs, training priced by `cost`."""
-    rollout, lengths = rollout_cost(setting, rollout_gpus), lengths_of(setting, seed)
-    make = lambda rank: AsyncSimEngine(rollout, lengths, NUM_SLOTS, rollout.kv_budget_tokens,
-                                       sync_s=cost.weight_sync_s(), partial=partial)
-    sim = PolicySimulation(policy(setting, tail, seed), lengths, SimGroup(make, rollout.cluster.num_replicas))
-    return AsyncPipeline(sim, cost, alpha).run_cycles(min_rounds)
+                   partial: bool = True, min_rounds: int = 20, seed: int = 0) -> SimRun:
+    """The product's pipeline at `alpha` on `rollout_gpus` rollout GPUs, training priced by `cost`."""
+    return simulate_run(setting, rollout_gpus, tail, min_rounds, seed, alpha, partial, cost)
 
 
 def predict_async(preset_name: str, alpha: float, *, tail: bool = True, partial: bool = True,
@@ -130,5 +131,5 @@ def predict_async(preset_name: str, alpha: float, *, tail: bool = True, partial:
         speedup_vs_tail=tail_s / run.step_s, pipeline_speedup=split.total_s / run.step_s,
         pipeline_bound=split.total_s / max(split.rollout_s, split.train_s + split.sync_s),
         rollout_utilisation=run.rollout_utilisation, trainer_utilisation=run.trainer_utilisation,
-        staleness_histogram=run.staleness_histogram, num_rounds=len(run.rounds),
-        tokens_restarted=run.tokens_restarted, num_requeued=sum(len(r.requeued_problem_ids) for r in run.rounds))
+        staleness_histogram=run.staleness_histogram, num_rounds=len(run.steps),
+        tokens_restarted=run.tokens_restarted, num_queued=len(run.queued_problem_ids))

@@ -1,15 +1,16 @@
-"""The paper's settings as the async and spot modes simulate them, and their synchronous rounds and step costs.
+"""The paper's settings as the async and spot predictions simulate them: their runs and step costs.
 
-`sync_rounds` is the existing synchronous simulation (bench/sim_paper.py's
-`simulate_cell`: the policy on `roofline` replicas with the paper-like
-lengths), on any number of rollout GPUs. Step costs (`step_cost`):
+`simulate_run` is the product's pipeline on `roofline` replicas of a number
+of rollout GPUs with the paper-like lengths (as research/paper.py's
+`simulate_cell`), synchronous or running ahead of training. Step costs
+(`step_cost`):
 
 * `shares` (as `bench/sim_validate.py`): reward and train time fixed on the
   colocated synchronous rounds by the paper's Table 1 shares (72% rollout,
   5% reward, 23% train); train time scales as all GPUs / trainer GPUs;
   weight sync 0 when colocated (inside Table 1's train share, as the
-  existing prediction) and one copy of the weights over the network between
-  disaggregated pools (the roofline's `weight_sync_s`);
+  existing prediction) and the roofline's weight transfer to the rollout
+  replicas between disaggregated pools;
 * `roofline`: the roofline's train time on the trainer pool's GPUs, no
   reward, the roofline's weight sync in every case.
 """
@@ -18,20 +19,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from research.paper import NUM_PROMPTS, NUM_SLOTS, PAPER, PaperSetting
+
+from tailflow.engines.sim.costs import NonRolloutCost
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.paper_lengths import PaperLikeLengths
 from tailflow.engines.sim.roofline import RooflineCost
-from tailflow.engines.sim.simulate import PolicySettings, SimRound, simulate_policy
-from tailflow.engines.sim.step_time import LinearStepCost, NonRolloutCost, shares_from_baseline
-
-NUM_SLOTS = 2048
-"""vLLM's max_num_seqs in RollPacker's example config (as bench/sim_paper.py)."""
-NUM_PROMPTS = 20_000
+from tailflow.engines.sim.sim_run import SimRun
+from tailflow.engines.sim.simulate import PolicySimulation, SimRound
+from tailflow.engines.sim.step_time import LinearStepCost, shares_from_baseline
+from tailflow.engines.tail.state import TailSettings
 
 
 @dataclass(frozen=True)
 class AsyncSetting:
-    """One of the paper's settings (bench/sim_paper.py's PAPER; its bench checks the two agree)."""
+    """A model on a number of GPUs with the paper's policy sizes (research/paper.py's settings, or any other)."""
 
     name: str
     model: str
@@ -44,12 +46,12 @@ class AsyncSetting:
     prompt_ratio: float = 1.25
     responses_launched: int = 10
 
+    @classmethod
+    def of(cls, paper: PaperSetting) -> "AsyncSetting":
+        return cls(paper.name, paper.model, paper.num_gpus, paper.tp, paper.max_new_tokens)
 
-SETTINGS = {
-    "7b": AsyncSetting("7B/8k", "qwen2.5-7b", 16, 1, 8192),
-    "14b": AsyncSetting("14B/16k", "qwen2.5-14b", 32, 2, 16384),
-    "32b": AsyncSetting("32B/32k", "qwen2.5-32b", 64, 2, 32768),
-}
+
+SETTINGS = {key: AsyncSetting.of(paper) for key, paper in zip(("7b", "14b", "32b"), PAPER)}
 
 
 def setting_for(preset_name: str) -> AsyncSetting:
@@ -59,12 +61,11 @@ def setting_for(preset_name: str) -> AsyncSetting:
         raise ValueError(f"unknown async preset {preset_name!r}; known: {', '.join(SETTINGS)}") from None
 
 
-def policy(setting: AsyncSetting, tail: bool, seed: int) -> PolicySettings:
+def policy(setting: AsyncSetting, tail: bool, seed: int) -> TailSettings:
     if not tail:
-        return PolicySettings(setting.prompts_per_step, setting.responses_kept, 1.0, None, enabled=False,
-                              data_seed=seed)
-    return PolicySettings(setting.prompts_per_step, setting.responses_kept, setting.prompt_ratio,
-                          setting.responses_launched, data_seed=seed)
+        return TailSettings(setting.prompts_per_step, setting.responses_kept, enabled=False, data_seed=seed)
+    return TailSettings(setting.prompts_per_step, setting.responses_kept, setting.prompt_ratio,
+                        setting.responses_launched, data_seed=seed)
 
 
 def rollout_cost(setting: AsyncSetting, num_gpus: int) -> RooflineCost:
@@ -78,16 +79,22 @@ def lengths_of(setting: AsyncSetting, seed: int) -> PaperLikeLengths:
 @lru_cache(maxsize=8)
 def paper_lengths(max_new_tokens: int, seed: int) -> PaperLikeLengths:
     """Shared by the simulations of one cap and seed (building 20,000 prompts' difficulties takes a second); safe
-    because simulations run one after another and each round sets the source's round before drawing."""
+    because a request's length is a pure function of (seed, round, request), pinned when its round launches it."""
     return PaperLikeLengths(NUM_PROMPTS, max_new_tokens, seed)
+
+
+def simulate_run(setting: AsyncSetting, num_gpus: int, tail: bool, min_rounds: int, seed: int, alpha: float = 0.0,
+                 partial: bool = True, trainer: NonRolloutCost | None = None) -> SimRun:
+    """The product's pipeline on `num_gpus` rollout GPUs at `alpha`, training priced by `trainer`."""
+    cost, lengths = rollout_cost(setting, num_gpus), lengths_of(setting, seed)
+    group = SimGroup.of(cost, lengths, cost.cluster.num_replicas, NUM_SLOTS, cost.kv_budget_tokens)
+    return PolicySimulation(policy(setting, tail, seed), lengths, group, alpha, partial, trainer).run(min_rounds)
 
 
 @lru_cache(maxsize=64)
 def sync_rounds(setting: AsyncSetting, num_gpus: int, tail: bool, min_rounds: int, seed: int) -> tuple[SimRound, ...]:
-    """The existing synchronous simulation (as bench/sim_paper.py's simulate_cell) on `num_gpus` rollout GPUs."""
-    cost, lengths = rollout_cost(setting, num_gpus), lengths_of(setting, seed)
-    group = lambda: SimGroup.of(cost, lengths, cost.cluster.num_replicas, NUM_SLOTS, cost.kv_budget_tokens)
-    return tuple(simulate_policy(policy(setting, tail, seed), lengths, group, min_rounds))
+    """The synchronous simulation (as research/paper.py's simulate_cell) on `num_gpus` rollout GPUs."""
+    return simulate_run(setting, num_gpus, tail, min_rounds, seed).rounds
 
 
 def step_cost(setting: AsyncSetting, step_cost_name: str, train_gpus: int, colocated: bool, min_rounds: int,

@@ -2,7 +2,7 @@
 
 k workers of `gpus_per_worker` GPUs run the policy's rounds (the paper-like
 lengths, the `roofline` model) on k x gpus_per_worker GPUs, exactly as the
-synchronous simulator does (`async_settings.sync_rounds`); throughput is
+synchronous simulator does (`research/async_settings.sync_rounds`); throughput is
 tokens generated / rollout seconds over whole cycles. A fixed batch per step
 finishes no sooner than its longest response, so throughput grows less than
 linearly with workers, as FluidRL reports (12,000 -> 18,000 tokens/s, 1 -> 4).
@@ -13,8 +13,8 @@ partial responses hold.
 """
 from __future__ import annotations
 
-from tailflow.engines.sim.async_settings import AsyncSetting, rollout_cost, sync_rounds
-from tailflow.engines.sim.spot import WorkerModel
+from research.async_settings import AsyncSetting, rollout_cost, sync_rounds
+from research.spot import WorkerModel
 
 
 def simulated_workers(model: str, max_workers: int, *, hardware: str = "h100", gpus_per_worker: int = 8,

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from statistics import mean
 
+from tailflow.engines.sim.efficiency import Efficiency
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.paper_lengths import PaperLikeLengths
 from tailflow.engines.sim.roofline import RooflineCost
@@ -81,22 +82,28 @@ class SimulatedSetting:
 
 
 def simulate_cell(setting: PaperSetting, prompt_ratio: float, responses: int, min_rounds: int, seed: int,
-                  reference_cap: int | None = None, prompts_per_step: int = P0) -> list[SimRound]:
+                  prompts_per_step: int = P0, efficiency: Efficiency = Efficiency()) -> list[SimRound]:
     """Prompt ratio 1 with R0 responses is the synchronous baseline (tail batching off: one batch call)."""
     enabled = (prompt_ratio, responses) != (1.0, R0)
-    cost = RooflineCost.from_presets("h800", setting.model, setting.num_gpus, setting.tp)
-    lengths = PaperLikeLengths(NUM_PROMPTS, setting.max_new_tokens, seed, reference_cap=reference_cap)
+    cost = RooflineCost.from_presets("h800", setting.model, setting.num_gpus, setting.tp, efficiency)
+    lengths = PaperLikeLengths(NUM_PROMPTS, setting.max_new_tokens, seed)
     policy = TailSettings(prompts_per_step, R0, prompt_ratio, responses, enabled=enabled, data_seed=seed)
     group = lambda: SimGroup.of(cost, lengths, cost.cluster.num_replicas, NUM_SLOTS, cost.kv_budget_tokens)
     return simulate_policy(policy, lengths, group, min_rounds)
 
 
-def simulate_setting(setting: PaperSetting, min_rounds: int, seed: int, reference_cap: int | None = None,
-                     prompts_per_step: int = P0) -> SimulatedSetting:
-    sync = simulate_cell(setting, 1.0, R0, min_rounds, seed, reference_cap, prompts_per_step)
-    tail = simulate_cell(setting, 1.25, 10, min_rounds, seed, reference_cap, prompts_per_step)
+def simulate_setting(setting: PaperSetting, min_rounds: int, seed: int, prompts_per_step: int = P0,
+                     efficiency: Efficiency = Efficiency()) -> SimulatedSetting:
+    sync = simulate_cell(setting, 1.0, R0, min_rounds, seed, prompts_per_step, efficiency)
+    tail = simulate_cell(setting, 1.25, 10, min_rounds, seed, prompts_per_step, efficiency)
+    return priced(setting, sync, tail, efficiency)
+
+
+def priced(setting: PaperSetting, sync: list[SimRound], tail: list[SimRound],
+           efficiency: Efficiency = Efficiency()) -> SimulatedSetting:
+    """End to end: Table 1's shares fixed on the synchronous rounds, and the roofline's own trainer."""
     shares = shares_from_baseline(sync)
-    roofline = RooflineCost.from_presets("h800", setting.model, setting.num_gpus, setting.tp)
+    roofline = RooflineCost.from_presets("h800", setting.model, setting.num_gpus, setting.tp, efficiency)
     return SimulatedSetting(setting, sync, tail,
                             mean_step_time(sync, shares).total_s / mean_step_time(tail, shares).total_s,
                             mean_step_time(sync, roofline).total_s / mean_step_time(tail, roofline).total_s)

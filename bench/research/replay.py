@@ -1,4 +1,4 @@
-"""Replay a run's traced rounds, as they happened, on another cost model (a GPU preset, say).
+"""Replay a run's traced rounds, as they happened, on another cost model (a GPU preset, or this machine's).
 
 Each traced round is run again with the prompts it launched (in the policy's
 launch order), its kind's completion rule and the run's P0 and R0, every
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from tailflow.engines.rollout.protocol import Request, SamplingParams
-from tailflow.engines.sim.engine import PlaceholderTokens
 from tailflow.engines.sim.group import SimGroup
+from tailflow.engines.sim.placeholder import PlaceholderTokens
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.sim.simulate import SimRound, sim_round
 from tailflow.engines.sim.trace import TraceLengths
@@ -50,8 +50,9 @@ def replay_rounds(rounds: Sequence[TraceRound], group: SimGroup, prompts_per_ste
                for r in rounds}
 
     def requests_of(planned_round: PlannedRound) -> list[Request]:
-        lengths.begin_round(planned_round.plan.iteration)
-        return traced_requests(by_iteration[planned_round.plan.iteration])
+        requests = traced_requests(by_iteration[planned_round.plan.iteration])
+        lengths.launch(planned_round.plan.iteration, requests)
+        return requests
 
     settings = TailSettings(prompts_per_step, responses_kept, steps_per_poll=steps_per_poll)
     pipeline = RolloutPipeline(group, settings, 0.0, False, [], {}, requests_of,
