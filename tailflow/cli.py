@@ -447,7 +447,7 @@ def print_run_report(report) -> None:
           f"  eval accuracy: {percent(report.initial_eval_accuracy)} initial, "
           f"{percent(report.last_eval_accuracy)} last")
     if report.reward_timeout_anchor_s is not None:
-        print(f"  code timeout anchor: {report.reward_timeout_anchor_s:.3f}s (slowest correct execution)")
+        print(f"  code timeout anchor: {report.reward_timeout_anchor_s:.3f}s (quantile of recent correct executions)")
 
 
 def print_summary(summary) -> None:

@@ -114,13 +114,15 @@ class RewardConfig(Section):
     sandbox: Literal["auto", "bwrap", "process", "docker"] = "auto"
     """code: sandbox backend for model-written programs; `auto` is bwrap where installed, else process."""
     sandbox_memory_mb: int = Field(1024, ge=16)
-    """code: address-space limit of one execution."""
+    """code: memory of one sandbox: all its processes together where a cgroup can be made (as root, with the
+    memory and pids controllers), and each process's address space in any case (docs/rewards.md, the fallback)."""
     sandbox_max_processes: int = Field(32, ge=1)
-    """code: processes (and threads) one execution may have at once."""
+    """code: processes (and threads) one sandbox may have at once (without a cgroup the count is per uid, so
+    sandboxes running at once share it)."""
     adaptive_timeout: bool = True
-    """code: T = min(max(timeout_min_s, timeout_scale * T_anchor), timeout_max_s), T_anchor the slowest test (or
-    program load, or stdin/stdout run) of a correct response so far, timed outside the sandbox (RollPacker);
-    False: every test gets timeout_max_s."""
+    """code: T = min(max(timeout_min_s, timeout_scale * T_anchor), timeout_max_s), T_anchor a high quantile of
+    the slowest test (or program load, or stdin/stdout run) of recent correct responses, timed outside the
+    sandbox (RollPacker's rule with a robust anchor); False: every test gets timeout_max_s."""
     timeout_scale: float = Field(1.5, ge=1.0)
     """code: lambda, the headroom over the anchor."""
     timeout_min_s: float = Field(2.0, gt=0.0)
@@ -128,12 +130,20 @@ class RewardConfig(Section):
     timeout_max_s: float = Field(30.0, gt=0.0)
     """code: the longest timeout, and the timeout before any anchor exists."""
     code_budget_s: float = Field(60.0, gt=0.0)
-    """code: all of one response's tests together may take this long (wall clock, loading and sandbox start-up
-    included); once it is spent, the remaining tests fail unrun. Each single test still gets the (adaptive)
+    """code: all of one response's tests together may take this long (wall clock from the start of scoring:
+    finding the program, loading it and sandbox start-up included); once it is spent, the remaining tests fail
+    unrun. Each single test still gets the (adaptive)
     timeout, so without a budget a response whose every test hangs would cost tests x timeout."""
     timeout_anchor: Literal["task", "problem"] = "task"
     """code: one anchor for the whole task, or one per problem (a problem without its own anchor falls back to
     the dataset's reference time, then timeout_max_s)."""
+    timeout_anchor_quantile: float = Field(0.9, gt=0.0, le=1.0)
+    """code: T_anchor is this quantile of the window's execution times (nearest rank). Below 1, one slow correct
+    response cannot move it (the paper's maximum, 1.0, lets correct programs that sleep near the limit ratchet
+    the timeout up to timeout_max_s for everyone); moving it takes more than (1 - quantile) of the window."""
+    timeout_anchor_window: int = Field(100, ge=1)
+    """code: how many recent correct responses the anchor is taken over (per task, or per problem); kept in the
+    committed run state."""
     judge_model_path: str | None = None
     """judge: local Hugging Face causal-LM directory of the judge; None: the policy's initial model."""
     judge_template: str = "Question: {prompt}\nReference: {reference}\nResponse: {response}\nCorrect? "

@@ -56,7 +56,7 @@ class RunReport:
     initial_eval_accuracy: float | None
     last_eval_accuracy: float | None
     reward_timeout_anchor_s: float | None = None
-    """Code rewards: the slowest correct execution so far (the adaptive timeout's task anchor)."""
+    """Code rewards: the adaptive timeout's task anchor (a high quantile of recent correct executions)."""
 
 
 @dataclass(frozen=True)

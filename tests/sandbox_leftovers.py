@@ -5,6 +5,9 @@ import os
 from pathlib import Path
 
 SANDBOX_PROGRAMS = ("bwrap", "unshare", "prlimit", "setpriv")
+LAUNCHER_TEXT = "The first code that runs inside a sandbox"
+"""In the command line of the in-sandbox launcher (`sandbox/inner.py`, passed as source): the jail and the program
+it forks (both backends run the program in the launcher's interpreter)."""
 
 
 def sandbox_leftovers(marker: str) -> list[str]:
@@ -26,6 +29,7 @@ def sandbox_leftovers(marker: str) -> list[str]:
     def is_sandbox_descendant(pid: int) -> bool:
         argv = cmdlines[pid].split()
         if not argv or not (os.path.basename(argv[0]) in SANDBOX_PROGRAMS or "tailflow-sandbox-" in cmdlines[pid]
+                            or LAUNCHER_TEXT in cmdlines[pid]
                             or any(arg == "main.py" or arg.endswith(("/main.py", "/sandbox/jail.py"))
                                    for arg in argv[1:4])):
             return False

@@ -33,11 +33,12 @@ def test_timeout_formula_clamps_lambda_times_anchor():
     assert fixed.timeout_s(p, TimeoutAnchors(task_s=4.0)) == 30.0
 
 
-def test_anchor_is_the_slowest_correct_execution_per_scope():
+def test_anchor_is_a_high_quantile_of_recent_correct_executions_per_scope():
     task = TimeoutPolicy(True, 1.5, 2.0, 30.0, "task")
     observed = [(problem("a"), True, 3.0), (problem("b"), False, 20.0), (problem("b"), True, None),
                 (problem("c"), True, 5.0)]
-    assert task.updated(TimeoutAnchors(task_s=1.0), observed) == TimeoutAnchors(task_s=5.0)
+    # a window of three correct times: its 0.9 quantile is the slowest (tests/test_reward_red_team.py has the rest)
+    assert task.updated(TimeoutAnchors(task_s=1.0), observed) == TimeoutAnchors(task_s=5.0, task_recent=[1.0, 3.0, 5.0])
     per_problem = TimeoutPolicy(True, 1.5, 2.0, 30.0, "problem")
     anchors = per_problem.updated(TimeoutAnchors(), observed)
     assert anchors.problem_s == {"a": 3.0, "c": 5.0}  # b: the 20 s run was wrong, the right one has no time

@@ -75,6 +75,29 @@ def test_runs_as_nobody_with_every_namespace(marker, sandbox):
 
 
 @needs_namespaces
+def test_the_sandbox_holds_only_the_interpreter_its_libraries_and_its_own_dir(marker, sandbox):
+    """An allowlist, not a denylist: every file the program can find is the interpreter, the standard library, a
+    library the interpreter loads or its own scratch dir; no checkout, data, home or installed package."""
+    from tailflow.engines.reward.sandbox.allowlist import SANDBOX_DIR, read_only_view
+
+    view = read_only_view()
+    allowed = [target for _, target in view.binds] + [SANDBOX_DIR]
+    code = (f"import json, os\nallowed, masked = {allowed!r}, {list(view.masked)!r}\noutside, files = [], 0\n"
+            "for here, dirs, names in os.walk('/'):\n    dirs[:] = [d for d in dirs if os.path.join(here, d) not in "
+            "('/proc', '/dev')]\n    for name in names:\n        path = os.path.join(here, name)\n        files += 1\n"
+            "        if not any(path == a or path.startswith(a + '/') for a in allowed):\n"
+            "            outside.append(path)\n"
+            "print(json.dumps({'outside': outside[:20], 'files': files, 'packages': [os.listdir(m) for m in masked],"
+            f" 'repo': os.path.exists({str(Path(__file__).resolve().parents[1])!r}), 'home': os.path.exists('/root')"
+            " and os.listdir('/root')}))\n")
+    result = sandbox(code, limits=SMALL)
+    seen = json.loads(result.stdout)
+    assert seen["outside"] == [] and seen["files"] > 100  # the standard library is there, nothing else
+    assert seen["packages"] == [[] for _ in view.masked] and not seen["repo"]
+    assert seen["home"] in (False, [".pyenv"])  # at most the path down to the interpreter
+
+
+@needs_namespaces
 def test_fork_bomb_hits_the_process_limit_and_dies(marker, sandbox):
     code = ("import os, time\nhit = False\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n"
             "        if not hit:\n            hit = True\n            print('EAGAIN', flush=True)\n")
@@ -235,10 +258,11 @@ def test_auto_picks_bwrap_where_it_works_and_bwrap_sees_a_read_only_root(marker)
     from tailflow.engines.reward.sandbox import default_backend
 
     assert default_backend() == ("bwrap" if bwrap_works() else "process")
-    result = run_python("import os\ntry:\n    open('/etc/tailflow-probe', 'w')\nexcept OSError as error:\n"
-                        "    print(type(error).__name__, error.errno)\nprint(os.getcwd())", limits=SMALL, backend="bwrap")
-    assert result.status == "ok" and "OSError 30" in result.stdout  # EROFS: the system is read-only
-    assert "/tmp/sandbox" in result.stdout
+    result = run_python("import os\ntry:\n    open('/tailflow-probe', 'w')\nexcept OSError as error:\n"
+                        "    print(type(error).__name__, error.errno)\nprint(os.getcwd(), os.path.exists('/etc'))",
+                        limits=SMALL, backend="bwrap")
+    assert result.status == "ok" and "OSError 30" in result.stdout  # EROFS: the root is read-only
+    assert "/tmp/sandbox False" in result.stdout  # and nearly empty: no /etc (tests_sandbox_view has the rest)
 
 
 def test_cli_prints_one_json_object(tmp_path, capsys):

@@ -28,6 +28,7 @@ import ast
 import json
 import os
 import random
+from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from tailflow.engines.data.dataset import (
@@ -235,39 +236,54 @@ def load_code_problems(
     path = Path(path)
     where = f"{source_name}: {path}"
     _check_arguments(where, prompt_template, tokenizer, max_prompt_tokens, on_invalid)
-    id_field = id_field or ("problem_id" if style == "apps" else None)
-    to_problem = _kodcode_problem if style == "kodcode" else _apps_problem
+    rules = _CodeRowRules(style, id_field or ("problem_id" if style == "apps" else None), prompt_template,
+                          tokenizer, max_prompt_tokens)
     loaded, seen, num_rows = LoadedProblems(problems=[]), set(), 0
     for index, label, record in _read_rows(path, where):
         num_rows += 1
         try:
-            if isinstance(record, _InvalidRow):
-                raise record
-            if not isinstance(record, dict):
-                raise _InvalidRow("not_an_object", f"expected a JSON object, got {type(record).__name__}")
-            default_id = f"{path.stem}-{index}"
-            problem_id = _id_text(record, id_field) if id_field and id_field in record else default_id
-            if id_field and id_field not in record and style == "kodcode":
-                raise _InvalidRow("missing_field", f"missing field '{id_field}'; fields present: {sorted(record)}")
-            if problem_id in seen:
-                raise _InvalidRow("duplicate_id", f"field '{id_field}': duplicate problem id {problem_id!r}")
-            prompt, solution, tests = to_problem(record)
-            prompt = prompt_template.format(prompt=prompt)
-            if max_prompt_tokens is not None:
-                num_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-                if num_tokens > max_prompt_tokens:
-                    raise _InvalidRow("prompt_too_long", f"field 'question': prompt is {num_tokens} tokens (with the "
-                                                         f"template), over max_prompt_tokens={max_prompt_tokens}")
+            problem = rules.problem(record, default_id=f"{path.stem}-{index}", seen=seen)
         except _InvalidRow as invalid:
             loaded.record_invalid(invalid.reason, f"{where}: {label}: {invalid}", on_invalid)
             continue
-        seen.add(problem_id)
-        loaded.problems.append(Problem(problem_id, prompt, "", solution=solution, tests=tests))
+        seen.add(problem.problem_id)
+        loaded.problems.append(problem)
     if num_rows == 0:
         raise DatasetError(f"{where} is empty: no rows")
     if not loaded.problems:
         raise DatasetError(f"{where}: no valid problems in {num_rows} rows; skipped by reason: {loaded.skip_reasons}")
     return loaded
+
+
+@dataclass(frozen=True)
+class _CodeRowRules:
+    """What turns one row of a code dataset into a Problem, or an _InvalidRow naming the field."""
+
+    style: Literal["kodcode", "apps"]
+    id_field: str | None
+    prompt_template: str
+    tokenizer: Any
+    max_prompt_tokens: int | None
+
+    def problem(self, record: Any, default_id: str, seen: set[str]) -> Problem:
+        if isinstance(record, _InvalidRow):
+            raise record
+        if not isinstance(record, dict):
+            raise _InvalidRow("not_an_object", f"expected a JSON object, got {type(record).__name__}")
+        id_field = self.id_field
+        problem_id = _id_text(record, id_field) if id_field and id_field in record else default_id
+        if id_field and id_field not in record and self.style == "kodcode":
+            raise _InvalidRow("missing_field", f"missing field '{id_field}'; fields present: {sorted(record)}")
+        if problem_id in seen:
+            raise _InvalidRow("duplicate_id", f"field '{id_field}': duplicate problem id {problem_id!r}")
+        prompt, solution, tests = (_kodcode_problem if self.style == "kodcode" else _apps_problem)(record)
+        prompt = self.prompt_template.format(prompt=prompt)
+        if self.max_prompt_tokens is not None:
+            num_tokens = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            if num_tokens > self.max_prompt_tokens:
+                raise _InvalidRow("prompt_too_long", f"field 'question': prompt is {num_tokens} tokens (with the "
+                                                     f"template), over max_prompt_tokens={self.max_prompt_tokens}")
+        return Problem(problem_id, prompt, "", solution=solution, tests=tests)
 
 
 def _reference_time(record: dict) -> float | None:

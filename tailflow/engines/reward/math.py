@@ -21,9 +21,13 @@ extracts nothing from "A:79", but 79 from "79"; "####79" likewise gives []).
 so with `format_reward=0.1` a formatted wrong answer gets 0.1 and a right one
 1.1; the default 0.0 gives the plain 0/1 reward.
 
+Several values. A gold such as `-1, 4` (or `\\{-1, 4\\}`, `(1, 2)`) is compared
+as a whole: the response must give every value, as a set or in order as the
+gold writes it (`answer_list.py`); `#### 4` scores 0 there, `#### 4, -1` 1.
+
 Literal answers. math-verify compares values, so "#### 23+45+11" equals 79:
 a policy would learn to copy the prompt after the marker. With
-`literal_answers_only` (the default) the answer must be a number written as
+`literal_answers_only` (the default) the answer (each of its values) must be a number written as
 itself: an integer, a decimal or a reduced fraction (`is_literal_answer`), so
 `79\\times1`, `158/2` and `\\frac{158}{2}` score 0 against 79.
 
@@ -56,6 +60,7 @@ from typing import Sequence
 
 from math_verify import parse, verify
 
+from tailflow.engines.reward.answer_list import same_answer, split_answer, unwrapped
 from tailflow.engines.reward.result import RewardResult
 
 MAX_ANSWER_CHARS = 256
@@ -67,8 +72,6 @@ DECIMAL = re.compile(r"\d+(?:\.\d+)?")
 """An unsigned integer or decimal: `79`, `079`, `79.0`."""
 FRACTIONS = (re.compile(r"(\d+)/(\d+)"), re.compile(r"\\frac\{(\d+)\}\{(\d+)\}"))
 """`a/b` and its LaTeX spelling `\\frac{a}{b}`, unsigned; a literal only when reduced (see `is_literal_answer`)."""
-WRAPPERS = (re.compile(r"\$(.*)\$"), re.compile(r"\\boxed\{(.*)\}"))
-"""Presentation around a number (`$79$`, `\\boxed{79}`), peeled off before the number is checked."""
 
 
 def is_literal_answer(answer_text: str) -> bool:
@@ -79,7 +82,7 @@ def is_literal_answer(answer_text: str) -> bool:
     `79\\times1`, `158/2` and `\\frac{158}{2}` all equal 79. A fraction counts only when reduced (gcd 1,
     denominator >= 2), since an unreduced one is a quotient, not the number's own spelling.
     """
-    unsigned = _unwrapped(answer_text).removeprefix("-")
+    unsigned = unwrapped(answer_text).removeprefix("-")
     if DECIMAL.fullmatch(unsigned):
         return True
     for fraction in FRACTIONS:
@@ -88,16 +91,6 @@ def is_literal_answer(answer_text: str) -> bool:
             numerator, denominator = int(match.group(1)), int(match.group(2))
             return denominator >= 2 and math.gcd(numerator, denominator) == 1
     return False
-
-
-def _unwrapped(answer_text: str) -> str:
-    """The text inside any `$...$` / `\\boxed{...}` wrappers, outermost first."""
-    text = answer_text.strip()
-    for wrapper in WRAPPERS:
-        match = wrapper.fullmatch(text)
-        if match:
-            text = match.group(1).strip()
-    return text
 
 
 def final_answer_text(response_text: str, answer_marker: str) -> str | None:
@@ -115,8 +108,13 @@ def parse_gold(gold_answer: str) -> tuple:
 
 
 def is_answer_correct(answer_text: str, gold_answer: str) -> bool:
-    """math-verify's verdict on one extracted answer, in this process and with no time bound."""
-    gold = parse_gold(gold_answer)
+    """math-verify's verdict on one extracted answer, in this process and with no time bound; a gold with several
+    values is compared as a whole list (`answer_list.py`)."""
+    return same_answer(answer_text, gold_answer, is_same_value)
+
+
+def is_same_value(answer_text: str, gold_text: str) -> bool:
+    gold = parse_gold(gold_text)
     predicted = parse(answer_text, parsing_timeout=None)
     return bool(gold) and bool(predicted) and verify(list(gold), predicted, timeout_seconds=None)
 
@@ -152,7 +150,7 @@ class MathReward:
         is_correct = (
             is_formatted
             and 0 < len(answer_text) <= MAX_ANSWER_CHARS
-            and (is_literal_answer(answer_text) or not self.literal_answers_only)
+            and (not self.literal_answers_only or all(map(is_literal_answer, split_answer(answer_text).items)))
             and self._check(answer_text, gold_answer)
         )
         reward = 1.0 * is_correct + self.format_reward * is_formatted

@@ -6,38 +6,45 @@ comes back as wire data and is decoded into a real `int` (or list, dict...)
 on this side, so the `==` that decides the test is the builtin one. Objects
 that are not plain (instances of the program's classes, its functions,
 generators) stay in the sandbox and come back as further `RemoteObject`s,
-which equal nothing but a handle to the same object.
+which equal nothing but a handle to the same object. Exceptions become what
+`errors.py` says.
 
-Exceptions the program raises arrive as the builtin exception of that name
-(a `ValueError` stays a `ValueError`, so `pytest.raises(ValueError)` works),
-or `RemoteError` for its own classes. When the program stops answering
-(timeout, exit, a garbled or oversized reply) the call raises `SessionLost`,
-a `BaseException`: no `except Exception` in a test can turn a hang into a
-pass, and the runner fails the test whatever the test code did with it.
+Iterators the program returns (generators included) support `next()` and
+`for`: each `next` is a request; a run of `next`s on one iterator with no
+other request between them fetches growing batches (1, 2, 4, ... up to 4096
+items), so `list(gen)` costs few round trips while `next(gen); f(); next(gen)`
+stays one item at a time.
+
+Bounds: one reply is at most the session's output bound (`max_output_bytes`),
+decodes to at most `WIRE_MAX_ITEMS` values, and all replies of one session
+together are at most `MAX_REPLY_BYTES` and `MAX_VALUES` values; past any of
+them the session is lost ("overflow" or "garbled"). So what the tests can
+hold of the program's values stays near `MAX_VALUES` small objects plus
+`MAX_REPLY_BYTES` of text (~150 MB), under the runner's own address-space
+limit. When the program stops answering (timeout, exit, a
+garbled or oversized reply) the call raises `SessionLost`, a
+`BaseException`: no `except Exception` in a test can turn a hang into a pass.
 """
 from __future__ import annotations
 
-import builtins
+import collections
 import time
 import types
 
-from tailflow.engines.reward.code.wire import wire_decode, wire_dumps, wire_encode, wire_loads
+from tailflow.engines.reward.code.errors import ExceptionClasses, RemoteError, SessionLost, rebuild_exception
+from tailflow.engines.reward.code.wire import WIRE_MAX_ITEMS, wire_decode, wire_dumps, wire_encode, wire_loads
 from tailflow.engines.reward.sandbox.session import SandboxSession
+
+__all__ = ["MAX_REPLY_BYTES", "RemoteError", "RemoteObject", "RemoteProgram", "SessionLost"]
 
 MUTABLE_ARGUMENTS = (list, dict, set)
 """Argument types the program may change in place: their new contents are copied back after a call."""
-
-
-class SessionLost(BaseException):
-    """The program stopped answering; `reason` is "timeout", "closed", "overflow" or "garbled"."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
-
-
-class RemoteError(Exception):
-    """The program raised an exception of its own class (or one that cannot be rebuilt here)."""
+MAX_REPLY_BYTES = 16 << 20
+"""All replies of one session together."""
+MAX_VALUES = 2_000_000
+"""Values (each list item, dict key and value...) all replies of one session may decode to."""
+NEXT_BATCH_MAX = 4096
+_STOP = object()
 
 
 class RemoteProgram:
@@ -48,27 +55,52 @@ class RemoteProgram:
         self.next_id = 0
         self.deadline = float("inf")
         self.lost: str | None = None
+        self.reply_bytes = 0
+        self.values_left = MAX_VALUES
+        self.classes = ExceptionClasses()
+        self.pending: dict[int, collections.deque] = {}
+        """Items fetched from an iterator ahead of the tests' `next`, per handle."""
+        self.streak = (None, 0)
+        """(handle, count) of the `next`s in a row on one iterator: how many items the next fetch asks for."""
 
     def request(self, op: str, **fields) -> tuple[object, dict]:
         """(decoded value, whole reply) of one request; raises what the program raised, or SessionLost."""
         if self.lost is not None:
             raise SessionLost(self.lost)
+        if op != "next":
+            self.streak = (None, 0)
         self.next_id += 1
         line = wire_dumps({"id": self.next_id, "op": op, **fields})
         reply = self.session.ask(line, self.deadline - time.monotonic())
         if reply.status != "ok":
             self.lose(reply.status)
+        self.reply_bytes += len(reply.line)
+        if self.reply_bytes > MAX_REPLY_BYTES:
+            self.lose("overflow")
         try:
             answer = wire_loads(reply.line)
             if answer.get("id") != self.next_id:
                 raise ValueError("a reply to another request")
             if "raise" in answer:
-                error = rebuild_exception(answer["raise"], answer.get("msg"))
+                error = self.exception(answer)
             else:
-                return wire_decode(answer["ok"], self.proxy), answer
-        except (ValueError, TypeError, KeyError, RecursionError):
+                return self.decode(answer["ok"]), answer
+        except (ValueError, TypeError, KeyError, RecursionError, MemoryError):
             self.lose("garbled")
         raise error
+
+    def decode(self, data) -> object:
+        """`data` decoded, counted against this session's values (a ValueError past them)."""
+        budget = [min(WIRE_MAX_ITEMS, self.values_left)]
+        start = budget[0]
+        try:
+            return wire_decode(data, self.proxy, budget=budget)
+        finally:
+            self.values_left -= start - budget[0]
+
+    def exception(self, reply: dict) -> BaseException:
+        cls = self.classes.class_for(reply["cls"]) if type(reply.get("cls")) is dict else None
+        return rebuild_exception(reply["raise"], reply.get("msg"), cls)
 
     def lose(self, reason: str) -> None:
         self.lost = reason
@@ -84,8 +116,10 @@ class RemoteProgram:
         raise TypeError(f"a {type(obj).__name__} cannot be passed to the program (only plain data and the "
                         "program's own objects cross)")
 
-    def proxy(self, handle: dict) -> RemoteObject:
-        return RemoteObject(self, handle["h"], str(handle.get("n", "object")))
+    def proxy(self, handle: dict) -> RemoteObject | type:
+        if "e" in handle:
+            return self.classes.class_for(handle)
+        return RemoteObject(self, handle["h"], str(handle.get("n", "object")), handle.get("i") == 1)
 
     def load(self) -> types.ModuleType:
         """Run the program (the sandbox holds its source); its top-level names as module `solution`, plain
@@ -103,8 +137,41 @@ class RemoteProgram:
         value, answer = self.request("call", target=target._number, args=self.encode(args),
                                      kwargs=self.encode([[k, v] for k, v in kwargs.items()]), want_args=want_args)
         if want_args:
-            copy_back(args, wire_decode(answer.get("args"), self.proxy))
+            try:
+                updated = self.decode(answer.get("args"))
+            except (ValueError, TypeError, KeyError, RecursionError, MemoryError):
+                self.lose("garbled")
+            copy_back(args, updated)
         return value
+
+    def next_item(self, number: int) -> object:
+        """The iterator's next item: from what was fetched ahead, else one batch more."""
+        handle, count = self.streak
+        self.streak = (number, count + 1 if handle == number else 1)
+        queue = self.pending.setdefault(number, collections.deque())
+        if not queue:
+            self.fetch(number, queue, min(2 ** (self.streak[1] - 1), NEXT_BATCH_MAX))
+        item = queue[0] if queue[0] is _STOP else queue.popleft()
+        if item is _STOP:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def fetch(self, number: int, queue: collections.deque, count: int) -> None:
+        """One `next` request: its items, then the end of the iterator or the exception it raised after them."""
+        items, answer = self.request("next", target=number, count=count)
+        try:
+            if type(items) is not list or len(items) > count:
+                raise ValueError("a batch of another size")
+            after = self.exception(answer["after"]) if type(answer.get("after")) is dict else None
+        except (ValueError, TypeError, KeyError, RecursionError):
+            self.lose("garbled")
+        queue.extend(items)
+        if after is not None:
+            queue.append(after)
+        elif answer.get("stop") == 1:
+            queue.append(_STOP)
 
 
 def copy_back(originals: list, updated) -> None:
@@ -119,28 +186,16 @@ def copy_back(originals: list, updated) -> None:
             original.update(new)
 
 
-def rebuild_exception(name, message) -> BaseException:
-    """The builtin exception class of that name with the program's message, else `RemoteError`."""
-    if type(name) is not str or type(message) not in (str, type(None)):
-        raise ValueError("a malformed exception reply")
-    cls = getattr(builtins, name, None)
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            return cls(message)
-        except TypeError:
-            pass
-    return RemoteError(f"{name}: {message}")
-
-
 class RemoteObject:
     """An object that lives in the sandbox. Equality is identity of the remote object, decided here."""
 
-    __slots__ = ("_program", "_number", "_type_name")
+    __slots__ = ("_program", "_number", "_type_name", "_is_iterator")
 
-    def __init__(self, program: RemoteProgram, number: int, type_name: str) -> None:
+    def __init__(self, program: RemoteProgram, number: int, type_name: str, is_iterator: bool = False) -> None:
         object.__setattr__(self, "_program", program)
         object.__setattr__(self, "_number", number)
         object.__setattr__(self, "_type_name", type_name)
+        object.__setattr__(self, "_is_iterator", is_iterator)
 
     def _ask(self, op: str, **fields):
         return self._program.request(op, target=self._number, **fields)[0]
@@ -172,7 +227,17 @@ class RemoteObject:
         return self._ask("contains", item=self._program.encode(item))
 
     def __iter__(self):
-        return iter(self._ask("iter"))
+        if self._is_iterator:
+            return self
+        iterator = self._ask("iter")
+        if type(iterator) is not RemoteObject or not iterator._is_iterator:
+            raise TypeError(f"iter() of a remote {self._type_name} gave no iterator")
+        return iterator
+
+    def __next__(self):
+        if not self._is_iterator:
+            raise TypeError(f"'{self._type_name}' object is not an iterator")
+        return self._program.next_item(self._number)
 
     def __str__(self) -> str:
         return self._ask("str")

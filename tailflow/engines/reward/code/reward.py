@@ -12,52 +12,28 @@ Where each kind of test runs (the threat model is in docs/rewards.md):
 
 Time. Each test, and loading the program, gets the timeout `timeout_s` (the
 adaptive one); the response's budget (`reward.code_budget_s`) bounds all of
-its tests together, and once it is spent the remaining tests fail unrun.
-`RewardResult.exec_s`, the adaptive timeout's anchor, is the slowest unit
-(one test, the load, or one stdin/stdout run) measured outside the sandbox.
+its tests together, from the moment scoring starts (extracting the program
+included), and once it is spent the remaining tests fail unrun. The test
+runner is killed at the budget plus `RUNNER_SLACK_S`, so one response costs
+at most `budget_s + RUNNER_SLACK_S` seconds (plus the kill of the last
+sandbox). `RewardResult.exec_s`, the adaptive timeout's anchor, is the slowest
+unit (one test, the load, or one stdin/stdout run) measured outside the
+sandbox.
 """
 from __future__ import annotations
 
-import json
-import logging
 import math
-import re
-import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from tailflow.engines.data.problem import CodeTests, Problem
-from tailflow.engines.reward.code.verdict import TestsSpec, TestVerdict
+from tailflow.engines.reward.code.extract import extract_program, same_output
+from tailflow.engines.reward.code.runner import RUNNER_SLACK_S, run_verdict
+from tailflow.engines.reward.code.verdict import TestsSpec
 from tailflow.engines.reward.result import RewardResult
-from tailflow.engines.reward.sandbox import SandboxLimits, resolve_backend, run_python
+from tailflow.engines.reward.sandbox import SandboxLimits, cgroup, resolve_backend, run_python
 
-FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)```", re.DOTALL)
-RUNNER_SLACK_S = 10.0
-"""Past the budget, how long the test runner may take to start and report before it is killed."""
-log = logging.getLogger(__name__)
-
-
-def extract_program(response_text: str) -> tuple[str, bool]:
-    """(program, whether it came from a fenced block): the last ```python block, else the last ``` block,
-    else the whole response."""
-    blocks = FENCE.findall(response_text)
-    python_blocks = [body for language, body in blocks if language.lower() in ("python", "py", "python3")]
-    if python_blocks:
-        return python_blocks[-1], True
-    if blocks:
-        return blocks[-1][1], True
-    return response_text, False
-
-
-def same_output(actual: str, expected: str) -> bool:
-    """Line by line, trailing whitespace and trailing blank lines ignored."""
-    def lines(text: str) -> list[str]:
-        stripped = [line.rstrip() for line in text.replace("\r\n", "\n").split("\n")]
-        while stripped and not stripped[-1]:
-            stripped.pop()
-        return stripped
-    return lines(actual) == lines(expected)
+__all__ = ["RUNNER_SLACK_S", "CodeReward", "extract_program", "same_output"]
 
 
 @dataclass
@@ -90,6 +66,7 @@ class CodeReward:
         self.timeout_max_s = timeout_max_s
         self.max_output_bytes = max_output_bytes
         self.budget_s = budget_s
+        cgroup.remove_owned_by(None)  # sandbox cgroups of earlier processes that were killed
         self.num_executions = 0
         """Sandboxes started, over this object's life (a hang inside a test costs one more)."""
 
@@ -102,9 +79,9 @@ class CodeReward:
         tests = problem.tests
         if tests is None or tests.num_tests == 0:
             raise ValueError(f"problem {problem.problem_id!r} has no code tests: reward.type 'code' needs them")
+        deadline = time.monotonic() + self.budget_s  # the budget covers everything from here
         timeout_s = self.timeout_max_s if timeout_s is None else timeout_s
         code, fenced = extract_program(response_text)
-        deadline = time.monotonic() + self.budget_s
         tally = Tally()
         if tests.asserts or tests.test_functions:
             self.run_test_code(code, tests, timeout_s, deadline, tally)
@@ -124,31 +101,19 @@ class CodeReward:
 
     def run_test_code(self, code: str, tests: CodeTests, timeout_s: float, deadline: float, tally: Tally) -> None:
         """The asserts and test functions, in the test-runner process; only real test indexes count."""
-        budget_s = max(0.0, deadline - time.monotonic())
+        budget_s = deadline - time.monotonic()
+        if budget_s <= 0:
+            return
         limits = self.limits(budget_s)
         spec = TestsSpec(code, list(tests.asserts), tests.test_module, list(tests.test_functions), timeout_s,
                          budget_s, self.backend, dict(cpu_time_s=limits.cpu_time_s, memory_bytes=self.memory_bytes,
                                                       max_processes=self.max_processes,
                                                       max_output_bytes=self.max_output_bytes))
-        verdict = self.run_verdict(spec)
+        verdict = run_verdict(spec)
         self.num_executions += verdict.sessions
         tally.passed += len(set(verdict.passed) & set(range(spec.num_tests)))
         tally.timeouts += verdict.timeouts
         tally.add_time(verdict.slowest_s)
-
-    def run_verdict(self, spec: TestsSpec) -> TestVerdict:
-        """Run the test runner as a process; killed at the budget plus slack (then nothing passed)."""
-        command = [sys.executable, "-m", "tailflow.engines.reward.code.verdict"]
-        try:
-            done = subprocess.run(command, input=json.dumps(asdict(spec)), capture_output=True, text=True,
-                                  timeout=spec.budget_s + RUNNER_SLACK_S)
-        except subprocess.TimeoutExpired:
-            return TestVerdict([], 1, spec.budget_s, spec.budget_s, 1)
-        try:
-            return TestVerdict(**json.loads(done.stdout))
-        except (ValueError, TypeError):
-            log.warning("code reward: the test runner failed (exit %s): %s", done.returncode, done.stderr[-2000:])
-            return TestVerdict([], 0, None, spec.budget_s, 1)
 
     def close(self) -> None:
         """Nothing to release: every sandbox is gone when `score_problem` returns."""

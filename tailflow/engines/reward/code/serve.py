@@ -7,21 +7,23 @@ requests (one JSON line each, carrying an `id`) such as "call handle 3 with
 these arguments" with "it returned this value" or "it raised ValueError".
 Whatever the program does to this code (patch it, forge replies, write to
 the channel itself), all the tests ever see is a value the program could
-have returned anyway: the comparison happens on the other side.
+have returned anyway, or an exception the runner rebuilds by its own rules:
+the comparison happens on the other side.
 
 The channel is a private copy of the original stdin/stdout; the program's
 own fd 0 reads /dev/null and its prints go to stderr, so `print` and
 `input()` inside the program cannot disturb it.
 """
-import itertools
+import builtins
 import os
 import sys
 import types
 
-SERVE_ITER_LIMIT = 100_000
-"""At most this many items of an iterator cross (a generator may be endless)."""
+NEXT_BATCH_LIMIT = 4096
+"""At most this many items of an iterator per `next` request (a generator may be endless)."""
 SERVE_MESSAGE_LIMIT = 200
 """Characters of an exception message sent back."""
+MAX_EXCEPTION_BASES = 8
 
 
 class HandleTable:
@@ -37,10 +39,41 @@ class HandleTable:
         if number is None:
             number = self.numbers[id(obj)] = len(self.objects)
             self.objects.append(obj)  # kept alive, so its id is never reused
-        return {"h": number, "c": int(callable(obj)), "n": type(obj).__name__[:60]}
+        handle = {"h": number, "c": int(callable(obj)), "n": type(obj).__name__[:60],
+                  "i": int(hasattr(type(obj), "__next__"))}
+        if isinstance(obj, type) and issubclass(obj, BaseException):  # the tests may `except` it
+            handle["n"] = obj.__name__[:60]
+            handle["e"] = [base.__name__ if base.__module__ == "builtins" else self.to_handle(base)
+                           for base in obj.__bases__[:MAX_EXCEPTION_BASES]]
+        return handle
 
     def from_handle(self, data):
         return self.objects[data["h"]]
+
+
+def exception_reply(table, error):
+    """What crosses for an exception: its class's name, its message and, for the program's own classes, a
+    handle to the class (so a test can `except` it). The runner decides what it becomes."""
+    reply = {"raise": type(error).__name__[:60], "msg": str(error)[:SERVE_MESSAGE_LIMIT]}
+    if getattr(builtins, type(error).__name__, None) is not type(error):
+        reply["cls"] = table.to_handle(type(error))
+    return reply
+
+
+def next_items(table, target, count):
+    """Up to `count` items of an iterator, whether it ended, and the exception it raised after them."""
+    items, reply = [], {"stop": 0}
+    try:
+        for _ in range(max(1, min(count, NEXT_BATCH_LIMIT))):
+            items.append(next(target))
+    except StopIteration:
+        reply["stop"] = 1
+    except BaseException as error:  # noqa: BLE001 - raised after the items it gave: crosses after them
+        if not items:
+            raise
+        reply["after"] = exception_reply(table, error)
+    reply["ok"] = wire_encode(items, table.to_handle)
+    return reply
 
 
 def serve_op(table, request, solution, program):
@@ -59,8 +92,8 @@ def serve_op(table, request, solution, program):
         if request.get("want_args"):
             reply["args"] = wire_encode(args, table.to_handle)
         return reply
-    if op == "iter":
-        return {"ok": wire_encode(list(itertools.islice(iter(target), SERVE_ITER_LIMIT)), table.to_handle)}
+    if op == "next":
+        return next_items(table, target, int(request.get("count", 1)))
     actions = {
         "getattr": lambda: getattr(target, request["name"]),
         "setattr": lambda: setattr(target, request["name"], decode("value")),
@@ -70,7 +103,10 @@ def serve_op(table, request, solution, program):
         "bool": lambda: bool(target),
         "contains": lambda: decode("item") in target,
         "str": lambda: str(target),
+        "iter": lambda: table.to_handle(iter(target)),
     }
+    if op == "iter":
+        return {"ok": actions[op]()}
     return {"ok": wire_encode(actions[op](), table.to_handle)}
 
 
@@ -88,7 +124,10 @@ def serve_forever(program):
         try:
             reply = serve_op(table, request, solution, program)
         except BaseException as error:  # noqa: BLE001 - whatever the program raised is its answer
-            reply = {"raise": type(error).__name__[:60], "msg": str(error)[:SERVE_MESSAGE_LIMIT]}
+            try:
+                reply = exception_reply(table, error)
+            except BaseException:  # noqa: BLE001 - an exception whose str() raises: its name only
+                reply = {"raise": type(error).__name__[:60], "msg": ""}
         reply["id"] = request["id"]
         try:
             text = wire_dumps(reply)

@@ -5,7 +5,14 @@ a `TestsSpec` as JSON on stdin, a `TestVerdict` as JSON on stdout), outside
 the program's sandbox: the program can neither see the tests and expected
 values nor reach this process, its clock, or its verdict. Being a process of
 its own also bounds trusted test code that a returned value sends into a
-long loop: the caller kills it at the response's time budget.
+long loop (the caller kills it at the response's time budget) or into using
+memory (the caller gives it an address-space limit of its own). The verdict
+has the original stdout to itself: fd 1 is /dev/null before any test runs, so
+a test that prints cannot garble it.
+
+What the tests see of the program is `names.py`'s rule (only the names they
+use and do not define), how a test function is called is `testcalls.py`'s
+(parametrize, async), what an exception becomes is `errors.py`'s.
 
 One index space: asserts first, then test functions. Each test (and loading
 the program, and the test module's top level) gets the timeout; the
@@ -17,15 +24,18 @@ Times are this process's monotonic clock around each test.
 """
 from __future__ import annotations
 
-import builtins
 import json
+import os
+import resource
 import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from tailflow.engines.reward.code.names import exposed_names, test_namespace
 from tailflow.engines.reward.code.remote import RemoteProgram, SessionLost
+from tailflow.engines.reward.code.testcalls import run_test
 from tailflow.engines.reward.sandbox.records import SandboxLimits
 from tailflow.engines.reward.sandbox.session import SandboxSession
 
@@ -106,23 +116,13 @@ def timed(action, program: RemoteProgram, limit_s: float) -> Unit:
     return unit
 
 
-def test_namespace(solution) -> dict:
-    """Globals for trusted test code: builtins whose `import solution` gives the proxy module."""
-    real_import = builtins.__import__
-
-    def import_hook(name, globals=None, locals=None, fromlist=(), level=0):
-        if name == "solution" and level == 0:
-            return solution
-        return real_import(name, globals, locals, fromlist, level)
-
-    namespace_builtins = dict(vars(builtins), __import__=import_hook)
-    names = {name: getattr(solution, name) for name in vars(solution) if not name.startswith("__")}
-    return {"__name__": "tests", "__builtins__": namespace_builtins, **names}
-
-
 class Runner:
     def __init__(self, spec: TestsSpec) -> None:
+        """Raises SyntaxError when the tests themselves do not compile (then nothing passes)."""
         self.spec = spec
+        self.module_code = compile(spec.test_module, "test_solution.py", "exec") if spec.test_module else None
+        self.assert_codes = [compile(text, f"assert_{index}", "exec") for index, text in enumerate(spec.asserts)]
+        self.exposed = exposed_names([*self.assert_codes, *([self.module_code] if self.module_code else [])])
         self.limits = SandboxLimits(timeout_s=spec.budget_s + 1, **spec.limits)
         self.started = time.monotonic()
         self.passed: list[int] = []
@@ -145,9 +145,9 @@ class Runner:
         namespace: dict = {}
 
         def load() -> None:
-            namespace.update(test_namespace(program.load()))
-            if self.spec.test_module:
-                exec(compile(self.spec.test_module, "test_solution.py", "exec"), namespace)
+            namespace.update(test_namespace(program.load(), self.exposed))
+            if self.module_code is not None:
+                exec(self.module_code, namespace)
 
         unit = timed(load, program, min(self.spec.timeout_s, self.left_s()))
         self.count(unit)
@@ -157,12 +157,12 @@ class Runner:
         return program, namespace
 
     def run_one(self, index: int, program: RemoteProgram, namespace: dict) -> None:
-        asserts = self.spec.asserts
-        if index < len(asserts):
-            code = compile(asserts[index], f"assert_{index}", "exec")
+        if index < len(self.assert_codes):
+            code = self.assert_codes[index]
             action = lambda: exec(code, namespace)  # noqa: E731
         else:
-            action = namespace[self.spec.test_functions[index - len(asserts)]]
+            function = namespace.get(self.spec.test_functions[index - len(self.assert_codes)])
+            action = lambda: run_test(function)  # noqa: E731
         unit = timed(action, program, min(self.spec.timeout_s, self.left_s()))
         self.count(unit)
         if unit.error is None and program.lost is None:
@@ -188,17 +188,38 @@ class Runner:
 
 def run_tests(spec: TestsSpec) -> TestVerdict:
     """In this process (it sets SIGALRM: call it from a process's main thread, as `main` does)."""
+    started = time.monotonic()
+    try:
+        runner = Runner(spec)
+    except (SyntaxError, ValueError):  # tests that do not compile: nothing can pass
+        return TestVerdict([], 0, None, time.monotonic() - started, 0)
     previous = signal.signal(signal.SIGALRM, on_alarm)
     try:
-        return Runner(spec).run()
+        return runner.run()
     finally:
         signal.signal(signal.SIGALRM, previous)
 
 
+def private_stdout():
+    """The verdict's channel: the original stdout, kept; fd 1 and `sys.stdout` then go to /dev/null, so whatever
+    the tests print never reaches the caller's reading of the verdict."""
+    channel = os.fdopen(os.dup(1), "w")
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    sys.stdout = open(os.devnull, "w")
+    return channel
+
+
 def main() -> int:
+    """`--memory-bytes N`: this process's own address-space limit (set by `runner.py`'s caller)."""
+    if len(sys.argv) == 3 and sys.argv[1] == "--memory-bytes":
+        resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[2]), int(sys.argv[2])))
+    channel = private_stdout()
     spec = TestsSpec(**json.loads(sys.stdin.read()))
     verdict = run_tests(spec)
-    sys.stdout.write(json.dumps(asdict(verdict)))
+    channel.write(json.dumps(asdict(verdict)))
+    channel.flush()
     return 0
 
 

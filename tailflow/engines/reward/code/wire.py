@@ -8,19 +8,31 @@ and lists as themselves; the rest is tagged:
     {"t": [...]}  tuple          {"s": [...]}  set        {"fs": [...]}  frozenset
     {"d": [[k, v], ...]}  dict (any plain keys)           {"b": "<hex>"}  bytes
     {"f": "nan" | "inf" | "-inf"}  a float JSON cannot write
-    {"h": n, "c": 0|1, "n": "TypeName"}  a handle: any other object stays where it
-                                          lives and is named by number
+    {"h": n, "c": 0|1, "n": "TypeName", "i": 0|1}  a handle: any other object stays where
+                                          it lives and is named by number ("c": callable,
+                                          "i": an iterator); an exception class's handle
+                                          also carries "e": its bases, each a builtin's
+                                          name or another such handle
 
 Types are checked exactly (`type(v) is int`), never with isinstance: an `int`
 subclass whose `__eq__` always says yes is not an int here, it is a handle,
 and a handle equals only another handle to the same object. Decoding is
-strict: anything that is not one of these shapes is a `ValueError`.
+strict: anything that is not one of these shapes is a `ValueError`, and so is
+a message of more than `WIRE_MAX_ITEMS` values, or a set or dict in which more
+than `WIRE_MAX_SHARED_HASH` members share one hash (equal hashes make every
+insertion compare with all of them: quadratic time, and the hashes of ints,
+floats and tuples are the program's to choose).
 """
 import json
 import math
 
 WIRE_MAX_DEPTH = 64
 """Nesting deeper than this is refused (it only serves to blow the decoder's stack)."""
+WIRE_MAX_ITEMS = 200_000
+"""Values one decoded message may hold (each list item, set member, dict key and value, tuple item counts)."""
+WIRE_MAX_SHARED_HASH = 32
+"""Members of one decoded set (keys of one dict) that may share a hash value."""
+HANDLE_KEYS = {"h", "c", "n", "i", "e"}
 PLAIN_SCALARS = (type(None), bool, int, float, str)
 TAGS = {"t": tuple, "s": set, "fs": frozenset}
 
@@ -47,36 +59,58 @@ def wire_encode(value, to_handle, depth=0):
     return to_handle(value)
 
 
-def wire_decode(data, from_handle, depth=0):
-    """The value `data` stands for; `from_handle(dict) -> object` turns a handle into this side's object."""
+def wire_decode(data, from_handle, depth=0, budget=None):
+    """The value `data` stands for; `from_handle(dict) -> object` turns a handle into this side's object.
+    `budget`: a one-item list, the values this message may still hold (`WIRE_MAX_ITEMS` per call from outside)."""
     if depth > WIRE_MAX_DEPTH:
         raise ValueError("value nested too deeply to cross the boundary")
+    budget = [WIRE_MAX_ITEMS] if budget is None else budget
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise ValueError("more values than one message (or one session) may hold")
     kind = type(data)
     if kind in PLAIN_SCALARS:
         return data
     if kind is list:
-        return [wire_decode(item, from_handle, depth + 1) for item in data]
+        return [wire_decode(item, from_handle, depth + 1, budget) for item in data]
     if kind is not dict:
         raise ValueError(f"not a wire value: {kind.__name__}")
     if "h" in data:
-        if type(data["h"]) is not int or not set(data) <= {"h", "c", "n"}:
-            raise ValueError("a wire handle is {'h': int, 'c': 0|1, 'n': str}")
+        if type(data["h"]) is not int or not set(data) <= HANDLE_KEYS:
+            raise ValueError("a wire handle is {'h': int, 'c': 0|1, 'n': str, 'i': 0|1, 'e': [bases]}")
         return from_handle(data)
     if len(data) != 1:
         raise ValueError("a tagged wire value has exactly one key")
     tag, body = next(iter(data.items()))
     if tag in TAGS and type(body) is list:
-        return TAGS[tag](wire_decode(item, from_handle, depth + 1) for item in body)
+        items = [wire_decode(item, from_handle, depth + 1, budget) for item in body]
+        if TAGS[tag] is not tuple:
+            check_hash_spread(items)
+        return TAGS[tag](items)
     if tag == "d" and type(body) is list:
-        pairs = [wire_decode(pair, from_handle, depth + 1) for pair in body]
+        pairs = [wire_decode(pair, from_handle, depth + 1, budget) for pair in body]
         if not all(type(pair) is list and len(pair) == 2 for pair in pairs):
             raise ValueError("a wire dict is a list of [key, value] pairs")
+        check_hash_spread([key for key, _ in pairs])
         return {key: value for key, value in pairs}
     if tag == "b" and type(body) is str:
         return bytes.fromhex(body)
     if tag == "f" and body in ("nan", "inf", "-inf"):
         return float(body)
     raise ValueError(f"not a wire value: tag {tag!r}")
+
+
+def check_hash_spread(members):
+    """Refuse a set or dict whose members pile up on one hash value (linear time: hash values themselves are
+    ints whose own hashes differ, so counting them cannot collide)."""
+    if len(members) <= WIRE_MAX_SHARED_HASH:
+        return
+    counts = {}
+    for member in members:
+        value = hash(member)
+        counts[value] = counts.get(value, 0) + 1
+        if counts[value] > WIRE_MAX_SHARED_HASH:
+            raise ValueError(f"more than {WIRE_MAX_SHARED_HASH} members of one set or dict share a hash")
 
 
 def wire_dumps(message):

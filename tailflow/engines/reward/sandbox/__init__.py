@@ -1,16 +1,19 @@
 """Run untrusted, model-written Python and get back a `SandboxResult`; the backend is chosen by name.
 
 `auto` (the default) is `bwrap` wherever bubblewrap works, else `process`.
-`bwrap`: bubblewrap namespaces, read-only root, private temp dir, uid 65534.
-`process`: `unshare` namespaces and our own jail as root, degrading to
-rlimits-only elsewhere (see `SandboxResult.isolation`). `docker`: for
-clusters, through the `docker` client; no Docker engine runs here, so it is
-untested. Every backend enforces the same `SandboxLimits` and kills the
-whole process tree on timeout.
+`bwrap`: bubblewrap namespaces, an empty root with only the allowlisted paths
+(`allowlist.py`), private temp dir, uid 65534. `process`: `unshare` namespaces
+and our own jail building the same root, as root; rlimits only elsewhere (see
+`SandboxResult.isolation`). `docker`: for clusters, through the `docker`
+client; no Docker engine runs here, so it is untested. Every backend enforces
+the same `SandboxLimits` and kills the whole process tree on timeout; `bwrap`
+and `process` also put the whole sandbox in a cgroup of its own where one can
+be made (`cgroup.py`), so its memory and process limits are aggregate.
 """
 from __future__ import annotations
 
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits, SandboxResult
@@ -55,17 +58,27 @@ def launch(backend: str, workdir: str, limits: SandboxLimits, die_with_parent: b
     a backend is chosen, for one-shot runs and code-test sessions alike. `die_with_parent` (process backend; bwrap
     always does): the kernel kills the sandbox when the calling thread dies, for a session whose owner may be
     killed."""
-    if backend == "process":
-        from tailflow.engines.reward.sandbox.process import launch_process
+    if backend == "docker":
+        from tailflow.engines.reward.sandbox.docker import launch_docker
 
-        return launch_process(workdir, limits, die_with_parent)
-    if backend == "bwrap":
-        from tailflow.engines.reward.sandbox.bwrap import launch_bwrap
+        return launch_docker(workdir, limits)  # docker's own --memory and --pids-limit are aggregate
+    from tailflow.engines.reward.sandbox import cgroup
 
-        return launch_bwrap(workdir, limits)
-    from tailflow.engines.reward.sandbox.docker import launch_docker
+    group = cgroup.create(limits.memory_bytes, limits.max_processes)
+    try:
+        if backend == "process":
+            from tailflow.engines.reward.sandbox.process import launch_process
 
-    return launch_docker(workdir, limits)
+            launched = launch_process(workdir, limits, die_with_parent, group)
+        else:
+            from tailflow.engines.reward.sandbox.bwrap import launch_bwrap
+
+            launched = launch_bwrap(workdir, limits, group)
+    except BaseException:
+        if group is not None:
+            group.remove()
+        raise
+    return replace(launched, isolation=(*launched.isolation, "cgroup")) if group is not None else launched
 
 
 def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits(),

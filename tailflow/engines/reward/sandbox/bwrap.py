@@ -1,22 +1,25 @@
 """The `bwrap` backend: bubblewrap builds the namespaces; the default wherever `bwrap` works.
 
-What the program sees: `/` read-only; empty tmpfs over /tmp, /root, /home and
-$HOME (the host's secrets and scratch space), with only the interpreter's
-prefix bound back read-only; a private writable directory `/tmp/sandbox`
-(its cwd: a fresh tmpfs of `SCRATCH_FILES` x max_file_bytes, gone with the
-run, holding the program read-only as `main.py`); no network (new net namespace, loopback
-down); its own pid namespace (it cannot see or signal host processes, and
-when the namespace's init dies every process in it dies, so a setsid daemon
-cannot outlive the run); a scrubbed environment; uid 65534.
+What the program sees: an empty root (bubblewrap's own tmpfs, read-only)
+holding only the allowlisted paths (`allowlist.py`: the interpreter, the
+standard library with site-packages hidden under an empty tmpfs, the shared
+libraries they load), bound read-only at their host paths; a fresh `/proc`
+of its own pid namespace and bubblewrap's minimal `/dev`; its private
+writable directory `/tmp/sandbox` (its cwd: a fresh tmpfs of `SCRATCH_FILES`
+x max_file_bytes, gone with the run, holding the program read-only as
+`main.py`). No network (new net namespace, loopback down), its own IPC, UTS
+and cgroup namespaces, its own pid namespace (it cannot see or signal host
+processes, and when the namespace's init dies every process in it dies, so a
+setsid daemon cannot outlive the run), a scrubbed environment, uid 65534.
 
-Limits: `prlimit` sets CPU time, address space, process count, file size
-and no core dumps; `setpriv` then drops to uid/gid 65534 with no
-supplementary groups and no_new_privs. As root the uid drop is a real one
-(RLIMIT_NPROC then counts uid 65534's processes, shared by concurrent
-runs). Without root, bubblewrap needs unprivileged user namespaces: the uid
-is 65534 only inside the user namespace, and RLIMIT_NPROC counts the
-caller's own processes; that path is written but not tested here (the
-tests run as root).
+The sandbox's command is the stdlib launcher `inner.py`, passed as source:
+as root it applies the rlimits (CPU time, address space, process count, file
+size, no core dumps), drops to uid/gid 65534 with no supplementary groups
+and no_new_privs (the uid change from 0 clears every capability), and execs
+the program. Without root, bubblewrap needs unprivileged user namespaces:
+the uid is 65534 only inside the user namespace, and RLIMIT_NPROC counts the
+caller's own processes; that path is written but not tested here (the tests
+run as root).
 """
 from __future__ import annotations
 
@@ -24,57 +27,49 @@ import functools
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-from tailflow.engines.reward.sandbox.process import clean_env, interpreter, kill_everything
+from tailflow.engines.reward.sandbox.allowlist import SANDBOX_DIR, interpreter, read_only_view, scratch_bytes
+from tailflow.engines.reward.sandbox.cgroup import Cgroup
+from tailflow.engines.reward.sandbox.inner import encode_spec
+from tailflow.engines.reward.sandbox.process import child_setup, clean_env, kill_everything, launch_spec
 from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits
 
-ISOLATION = ("rlimits", "session", "clean-env", "net-ns", "pid-ns", "mount-ns", "uid-nobody", "ro-root")
-SANDBOX_DIR = "/tmp/sandbox"
+ISOLATION = ("rlimits", "session", "clean-env", "net-ns", "pid-ns", "ipc-ns", "mount-ns", "uid-nobody",
+             "allowlist-root")
 NOBODY = "65534"
-SCRATCH_FILES = 4
+LAUNCHER_SOURCE = Path(__file__).with_name("inner.py").read_text()
 
 
-def limits_command(limits: SandboxLimits) -> list[str]:
-    cpu = limits.cpu_time_s
-    return ["prlimit", f"--cpu={cpu}:{cpu + 1}", f"--as={limits.memory_bytes}", f"--nproc={limits.max_processes}",
-            f"--fsize={limits.max_file_bytes}", "--core=0"]
+def mount_arguments(workdir: str, limits: SandboxLimits) -> list[str]:
+    """The sandbox's whole file tree: allowlisted paths read-only, /proc, /dev, and the scratch dir."""
+    view = read_only_view()
+    parents = dict.fromkeys(str(parent) for _, target in view.binds for parent in reversed(Path(target).parents))
+    mounts = [arg for parent in parents if parent != "/" for arg in ("--perms", "0755", "--dir", parent)]
+    mounts += [arg for source, target in view.binds for arg in ("--ro-bind", source, target)]
+    for path in view.masked:
+        mounts += ["--perms", "0755", "--size", "4096", "--tmpfs", path, "--remount-ro", path]
+    # The program's own dir is a size-bounded tmpfs (not host disk): many files cannot fill the host's memory.
+    mounts += ["--proc", "/proc", "--dev", "/dev",
+               "--perms", "1777", "--size", str(scratch_bytes(limits.max_file_bytes)), "--tmpfs", SANDBOX_DIR,
+               "--ro-bind", str(Path(workdir) / "main.py"), f"{SANDBOX_DIR}/main.py", "--remount-ro", "/",
+               "--chdir", SANDBOX_DIR]
+    return mounts
 
 
-def scratch_bytes(limits: SandboxLimits) -> int:
-    """Size of the private writable dir: a few files of the largest size one file may have."""
-    return SCRATCH_FILES * limits.max_file_bytes
-
-
-def bwrap_command(workdir: str, limits: SandboxLimits) -> list[str]:
-    prefix = os.path.realpath(sys.base_prefix)
-    home = os.environ.get("HOME", "/root")
-    hidden = ["/tmp", "/root", "/home", *([home] if home not in ("", "/") else [])]
-    is_root = os.geteuid() == 0
+def bwrap_command(workdir: str, limits: SandboxLimits, cgroup: Cgroup | None = None) -> list[str]:
     namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup"]
-    if not is_root:
+    if os.geteuid() != 0:
         namespaces += ["--unshare-user", "--uid", NOBODY, "--gid", NOBODY]
-    mounts = ["--ro-bind", "/", "/"]
-    for path in dict.fromkeys(hidden):
-        if os.path.isdir(path):
-            mounts += ["--tmpfs", path]
-    for parent in reversed(Path(prefix).parents):  # inside a hidden dir, bwrap would create them 0700
-        if any(parent != Path(h) and parent.is_relative_to(h) for h in hidden):
-            mounts += ["--perms", "0755", "--dir", str(parent)]
-    # The program's own dir is a size-bounded tmpfs (not host disk): many files cannot fill the host's /tmp.
-    mounts += ["--ro-bind", prefix, prefix, "--proc", "/proc", "--dev", "/dev",
-               "--perms", "1777", "--size", str(scratch_bytes(limits)), "--tmpfs", SANDBOX_DIR,
-               "--ro-bind", str(Path(workdir) / "main.py"), f"{SANDBOX_DIR}/main.py", "--chdir", SANDBOX_DIR]
     env = [arg for key, value in clean_env(SANDBOX_DIR).items() for arg in ("--setenv", key, value)]
-    drop = (["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--no-new-privs"]
-            if is_root else [])
-    return ["bwrap", *namespaces, "--die-with-parent", "--new-session", *mounts, "--clearenv", *env,
-            *limits_command(limits), *drop, interpreter(), "-I", "-S", "main.py"]
+    launcher = [interpreter(), "-I", "-S", "-c", LAUNCHER_SOURCE, "--launch",
+                encode_spec(launch_spec(limits, cgroup))]
+    return ["bwrap", *namespaces, "--die-with-parent", "--new-session", *mount_arguments(workdir, limits),
+            "--clearenv", *env, *launcher]
 
 
 def bwrap_available() -> bool:
-    return shutil.which("bwrap") is not None and shutil.which("prlimit") is not None
+    return shutil.which("bwrap") is not None
 
 
 @functools.cache
@@ -91,12 +86,11 @@ def bwrap_works() -> bool:
     return result.status == "ok" and result.stdout == "42\n"
 
 
-def launch_bwrap(workdir: str, limits: SandboxLimits) -> Launched:
+def launch_bwrap(workdir: str, limits: SandboxLimits, cgroup: Cgroup | None = None) -> Launched:
     """Start `workdir/main.py` under bubblewrap (`--die-with-parent`: it dies with the calling thread)."""
     if not bwrap_available():
-        raise RuntimeError("sandbox backend 'bwrap' needs bubblewrap and prlimit on PATH "
-                           "(apt-get install bubblewrap util-linux)")
-    proc = subprocess.Popen(bwrap_command(workdir, limits), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
-    return Launched(proc, functools.partial(kill_everything, proc), ISOLATION)
+        raise RuntimeError("sandbox backend 'bwrap' needs bubblewrap on PATH (apt-get install bubblewrap)")
+    proc = subprocess.Popen(bwrap_command(workdir, limits, cgroup), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, preexec_fn=child_setup(cgroup, False))
+    return Launched(proc, functools.partial(kill_everything, proc), ISOLATION, cgroup)
 

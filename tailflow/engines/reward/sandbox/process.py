@@ -1,36 +1,43 @@
-"""The `process` backend: a scrubbed `python3 -I -S`, kernel rlimits, and Linux namespaces when we may.
+"""The `process` backend: `unshare` namespaces and our own jail as root; rlimits only where namespaces cannot be had.
 
-With root and `unshare`, the program runs behind `jail.py` in new net, pid and
-mount namespaces (no network, cannot see or signal the host, host /tmp, /root
-and $HOME hidden, uid 65534). Otherwise it falls back to rlimits plus its own
-session, and the result's `isolation` says so. That fallback cannot stop a
-daemon that setsid()s out of the process group, nor a read of files the
-parent's user can read: it is for trusted-ish code only.
+With root and `unshare`, the program runs behind `jail.py` in new net, pid,
+ipc, uts, cgroup and mount namespaces: no network, no host process or SysV/
+POSIX IPC object in sight, and an empty root holding only the allowlisted
+paths (`allowlist.py`), as uid 65534. Otherwise it falls back to rlimits plus
+its own session, and the result's `isolation` says so. That fallback cannot
+stop a daemon that setsid()s out of the process group, nor a read of files
+the parent's user can read: it is for trusted-ish code only.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
-import json
 import os
 import shutil
 import signal
 import subprocess
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
-from tailflow.engines.reward.sandbox import jail
+from tailflow.engines.reward.sandbox import inner
+from tailflow.engines.reward.sandbox.allowlist import SANDBOX_DIR, interpreter, read_only_view, scratch_bytes
+from tailflow.engines.reward.sandbox.cgroup import Cgroup
 from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits, SandboxResult
 from tailflow.engines.reward.sandbox.supervise import Outcome, supervise
 
-UNSHARE = ["unshare", "--net", "--pid", "--fork", "--kill-child", "--mount-proc", "--mount"]
-NAMESPACE_ISOLATION = ("rlimits", "session", "clean-env", "net-ns", "pid-ns", "mount-ns", "uid-nobody")
+UNSHARE = ["unshare", "--net", "--pid", "--ipc", "--uts", "--cgroup", "--fork", "--kill-child", "--mount-proc",
+           "--mount"]
+NAMESPACE_ISOLATION = ("rlimits", "session", "clean-env", "net-ns", "pid-ns", "ipc-ns", "mount-ns", "uid-nobody",
+                       "allowlist-root")
 FALLBACK_ISOLATION = ("rlimits", "session", "clean-env")
-HIDDEN_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock", "/root", "/home")
-
-
-def interpreter() -> str:
-    return os.path.realpath(sys.executable)
+JAIL_SOURCE = "\n".join(Path(__file__).with_name(name).read_text() for name in ("inner.py", "jail.py"))
+"""What PID 1 of the process sandbox runs: the in-sandbox launcher, then the jail."""
+PR_SET_PDEATHSIG = 1
+LIBC = ctypes.CDLL(None, use_errno=True)
+"""Loaded here, not in a child between fork and exec (a dlopen there could wait on a lock another thread held)."""
+NPROC_BACKSTOP = 4096
+"""RLIMIT_NPROC where a cgroup bounds the sandbox's processes: the per-uid count is shared by every sandbox on the
+host, so the sandbox's own limit is the cgroup's, and this only stops a runaway that escaped it."""
 
 
 @functools.cache
@@ -45,16 +52,25 @@ def namespaces_available() -> bool:
 def clean_env(home: str) -> dict[str, str]:
     """Nothing of the parent's environment (credentials live there) except a plain PATH."""
     return {"PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": home, "TMPDIR": home,
-            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "PYTHONHASHSEED": "0"}
+            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONIOENCODING": "utf-8", "PYTHONUTF8": "1", "PYTHONHASHSEED": "0"}
 
 
-def jail_command(workdir: str, limits: SandboxLimits) -> list[str]:
-    home = os.environ.get("HOME", "")
-    masks = [*HIDDEN_DIRS, *([home] if home not in ("", "/") else [])]
-    spec = {"code_path": str(Path(workdir) / "main.py"), "workdir": workdir, "interpreter": interpreter(),
-            "expose": [os.path.realpath(sys.base_prefix)], "masks": masks,
-            "tmpfs_bytes": limits.max_file_bytes, "limits": asdict(limits)}
-    return [*UNSHARE, "--", interpreter(), "-I", "-S", jail.__file__, json.dumps(spec)]
+def inside_limits(limits: SandboxLimits, cgroup: Cgroup | None) -> dict:
+    """The rlimits the in-sandbox launcher applies (`inner.apply_limits`)."""
+    return dict(asdict(limits), nproc=limits.max_processes if cgroup is None else NPROC_BACKSTOP)
+
+
+def launch_spec(limits: SandboxLimits, cgroup: Cgroup | None) -> dict:
+    """What the in-sandbox launcher needs, for both namespace backends."""
+    return {"interpreter": interpreter(), "scratch": SANDBOX_DIR, "limits": inside_limits(limits, cgroup)}
+
+
+def jail_command(workdir: str, limits: SandboxLimits, cgroup: Cgroup | None) -> list[str]:
+    view = read_only_view()
+    spec = dict(launch_spec(limits, cgroup), code_path=str(Path(workdir) / "main.py"), root=workdir,
+                binds=[list(bind) for bind in view.binds], masked=list(view.masked),
+                scratch_bytes=scratch_bytes(limits.max_file_bytes))
+    return [*UNSHARE, "--", interpreter(), "-I", "-S", "-c", JAIL_SOURCE, inner.encode_spec(spec)]
 
 
 def namespace_init(pid: int) -> list[int]:
@@ -105,7 +121,8 @@ def to_result(outcome: Outcome, isolation: tuple[str, ...], limits: SandboxLimit
                          outcome.stdout_truncated, outcome.stderr_truncated, isolation, detail)
 
 
-def launch_process(workdir: str, limits: SandboxLimits, die_with_parent: bool = False) -> Launched:
+def launch_process(workdir: str, limits: SandboxLimits, die_with_parent: bool = False,
+                   cgroup: Cgroup | None = None) -> Launched:
     """Start `workdir/main.py` in the jail (or, without namespaces, under rlimits in its own session).
 
     `die_with_parent`: the kernel kills the sandbox when the calling thread dies (PR_SET_PDEATHSIG), for a
@@ -114,23 +131,32 @@ def launch_process(workdir: str, limits: SandboxLimits, die_with_parent: bool = 
     """
     in_namespace = namespaces_available()
     if in_namespace:
-        command, isolation = jail_command(workdir, limits), NAMESPACE_ISOLATION
-        limit = None
+        command, isolation, limit = jail_command(workdir, limits, cgroup), NAMESPACE_ISOLATION, None
+        env = clean_env(SANDBOX_DIR)
     else:
         command = [interpreter(), "-I", "-S", str(Path(workdir) / "main.py")]
-        isolation, limit = FALLBACK_ISOLATION, functools.partial(jail.apply_limits, asdict(limits))
-    preexec = functools.partial(prepare_child, limit, die_with_parent) if limit or die_with_parent else None
+        isolation, env = FALLBACK_ISOLATION, clean_env(workdir)
+        limit = functools.partial(inner.apply_limits, inside_limits(limits, cgroup))
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            cwd=workdir, env=clean_env(workdir), start_new_session=True, preexec_fn=preexec)
-    return Launched(proc, functools.partial(kill_everything, proc, in_namespace), isolation)
+                            cwd=workdir, env=env, start_new_session=True,
+                            preexec_fn=child_setup(cgroup, die_with_parent, limit))
+    return Launched(proc, functools.partial(kill_everything, proc, in_namespace), isolation, cgroup)
 
 
-def prepare_child(limit, die_with_parent: bool) -> None:
-    """In the child before exec: rlimits (fallback only) and the parent-death signal."""
-    if die_with_parent:
-        jail.libc.prctl(jail.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if limit is not None:
-        limit()
+def child_setup(cgroup: Cgroup | None, die_with_parent: bool, limit=None):
+    """The preexec_fn of a sandbox's first process (None when it has nothing to do): join the sandbox's cgroup
+    (so everything it starts is counted there), the parent-death signal, rlimits (the no-namespace fallback)."""
+    if cgroup is None and not die_with_parent and limit is None:
+        return None
+
+    def setup() -> None:
+        if cgroup is not None:
+            cgroup.join()
+        if die_with_parent:
+            LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if limit is not None:
+            limit()
+    return setup
 
 
 def finish(launched: Launched, stdin: str, limits: SandboxLimits) -> SandboxResult:
@@ -141,6 +167,7 @@ def finish(launched: Launched, stdin: str, limits: SandboxLimits) -> SandboxResu
     finally:
         launched.kill()
         proc.wait()
+        launched.release()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             stream.close()
     return to_result(outcome, launched.isolation, limits)

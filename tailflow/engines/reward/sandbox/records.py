@@ -4,6 +4,10 @@ from __future__ import annotations
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tailflow.engines.reward.sandbox.cgroup import Cgroup
 
 
 @dataclass(frozen=True)
@@ -51,9 +55,15 @@ class SandboxResult:
 
 @dataclass(frozen=True)
 class Launched:
-    """A sandboxed process just started: its handle, how to kill everything it started, and the protections
-    in force (see `SandboxResult.isolation`)."""
+    """A sandboxed process just started: its handle, how to kill everything it started, the protections in
+    force (see `SandboxResult.isolation`) and its cgroup (None where there is none: the rlimits fallback)."""
 
     proc: subprocess.Popen
     kill: Callable[[], None]
     isolation: tuple[str, ...]
+    cgroup: Cgroup | None = None
+
+    def release(self) -> None:
+        """After the kill and the wait: remove the sandbox's cgroup (nothing is left in it)."""
+        if self.cgroup is not None:
+            self.cgroup.remove()

@@ -113,6 +113,7 @@ class SandboxSession:
         self.is_closed = True
         self.launched.kill()
         self.proc.wait()
+        self.launched.release()
         for stream in (self.proc.stdin, self.proc.stdout):
             try:
                 stream.close()
