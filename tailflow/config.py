@@ -254,7 +254,18 @@ class TrainConfig(Section):
     max_tokens_per_micro_batch: int = Field(8192, ge=1)
     """Token budget of one micro-batch (rows x longest row); gradients accumulate across them."""
     num_workers: int = Field(2, ge=1)
-    """Trainer ranks (Ray actors sharing the model with FSDP2)."""
+    """Trainer ranks (Ray actors sharing the model: FSDP2 shards, or Megatron tensor-parallel groups)."""
+    backend: Literal["fsdp2", "megatron"] = "fsdp2"
+    """Trainer model wrapper. `fsdp2`: the Hugging Face model sharded by torch FSDP2 over num_workers data-parallel
+    ranks. `megatron`: Megatron-core's GPTModel (its local layer spec, no TransformerEngine, fp32) in tensor-parallel
+    groups of tensor_parallel ranks, the groups data-parallel replicas; pipeline parallelism is not built. Needs the
+    `megatron` extra (megatron-core 0.16.1) and a Qwen2, Qwen3 or Llama model; its checkpoints add every rank's own
+    shard (`megatron/rank_<r>.pt`) beside the Hugging Face weights. Both backends share the losses, advantages,
+    batching and stream trainer and agree within tested tolerances (tests/test_megatron_alignment.py). Megatron has
+    run only on CPUs, with a stand-in for the CUDA megatron-core assumes (docs/gpu.md), never on a GPU."""
+    tensor_parallel: int | None = Field(None, ge=1)
+    """backend megatron: ranks per tensor-parallel group; it must divide num_workers, the model's key/value heads
+    and its intermediate size. None: all num_workers ranks in one group. backend fsdp2: None or 1."""
     iteration_retries: int = Field(2, ge=0)
     """Times an iteration starts over (actors rebuilt from the last commit) after a rollout, reward or trainer
     actor dies in it, before the run fails."""
@@ -274,6 +285,23 @@ class TrainConfig(Section):
         """Whether a step leaves out zero-advantage samples: asked for, and no KL term (which gives them a
         gradient)."""
         return self.skip_zero_advantage and self.kl_coef == 0
+
+    @model_validator(mode="after")
+    def _check_backend(self) -> "TrainConfig":
+        if self.backend == "fsdp2" and self.tensor_parallel not in (None, 1):
+            raise ValueError(f"train.tensor_parallel {self.tensor_parallel} needs train.backend megatron; fsdp2 shards "
+                             "data-parallel only")
+        if self.backend == "megatron" and self.num_workers % self.tensor_parallel_size:
+            raise ValueError(f"train.tensor_parallel {self.tensor_parallel} must divide train.num_workers "
+                             f"({self.num_workers})")
+        return self
+
+    @property
+    def tensor_parallel_size(self) -> int:
+        """Ranks per tensor-parallel group: tensor_parallel, or with None all ranks (megatron) / 1 (fsdp2)."""
+        if self.tensor_parallel is not None:
+            return self.tensor_parallel
+        return self.num_workers if self.backend == "megatron" else 1
 
     def evaluates_after(self, iteration: int) -> bool:
         """Whether the weights at the end of `iteration` are evaluated (every eval_every-th, and the last)."""

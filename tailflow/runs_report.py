@@ -19,7 +19,7 @@ import yaml
 
 from tailflow.config import ConfigError, RunConfig, apply_override, config_from_dict, load_config, override_origins
 from tailflow.engines.run_state import RunState
-from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, WEIGHTS_FILE, weights_sha256
+from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, SHARDS_DIR, WEIGHTS_FILE, weights_sha256
 from tailflow.engines.runs.commit import CommitError, read_committed_state
 from tailflow.engines.runs.layout import config_key, latest_key
 from tailflow.engines.store.local import PROCESS_UMASK
@@ -175,7 +175,8 @@ def check_export_target(directory: Path) -> None:
 
 
 def export_checkpoint(store: Any, run_id: str, directory: str | Path) -> ExportResult:
-    """Copy the committed checkpoint, minus optimizer.pt, into `directory` as a Hugging Face model directory.
+    """Copy the committed checkpoint, minus the optimizer state (optimizer.pt, Megatron's per-rank shards), into
+    `directory` as a Hugging Face model directory.
 
     The copy is staged beside `directory` and renamed into place only after its weights match the sha256
     the commit recorded, so a refused or failed export leaves nothing behind."""
@@ -194,7 +195,7 @@ def export_checkpoint(store: Any, run_id: str, directory: str | Path) -> ExportR
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.export-"))
     try:
         os.chmod(staging, 0o777 & ~PROCESS_UMASK)  # mkdtemp makes 0700; an export is an ordinary directory
-        shutil.copytree(source, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(OPTIMIZER_FILE, ".*"))
+        shutil.copytree(source, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(OPTIMIZER_FILE, SHARDS_DIR, ".*"))
         digest = weights_sha256(staging)
         if state.weights_sha256 is not None and digest != state.weights_sha256:
             raise RunError(f"checkpoint {checkpoint_uri}: {WEIGHTS_FILE} has sha256 {digest} but the commit "

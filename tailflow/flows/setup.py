@@ -320,6 +320,7 @@ def trainer_kwargs(config: RunConfig) -> dict:
         loss_agg=train.loss_agg, max_new_tokens=config.rollout.max_new_tokens, loss=train.loss, is_cap=train.is_cap,
         temperature=config.rollout.temperature,
         backend="nccl" if torch_device(config.cluster.device) == "cuda" else "gloo",
+        train_backend=train.backend, tensor_parallel=train.tensor_parallel_size,
     )
 
 

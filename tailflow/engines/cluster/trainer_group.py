@@ -1,6 +1,8 @@
-"""The trainer's data-parallel ranks as Ray actors (`engines/train/worker.py`), FSDP2 across them.
+"""The trainer's ranks as Ray actors (`engines/train/worker.py`): FSDP2 across them, or Megatron-core tensor-parallel
+groups (`train.backend`; `trainer_kwargs["tensor_parallel"]` ranks per group, the groups data-parallel replicas).
 
-The driver shards a step's samples by tokens, counts the global response
+The driver shards a step's samples by tokens over the data-parallel replicas (every rank of a Megatron
+tensor-parallel group gets its replica's samples), counts the global response
 tokens and samples once (the loss denominators every rank divides by), and runs all ranks
 at once: each call is a collective, so no rank may be skipped. A step can be
 started without waiting (`start_train_step` -> `PendingTrainStep`, for
@@ -9,7 +11,8 @@ out, then `finish_step`; Ray runs an actor's calls in order, so every rank
 sees the same sequence of collectives). For weight
 sync, rank 0's full state dict stays in the object store (`state_dict_ref`,
 used by `weight_sync.py`), so rollout workers read it without a copy through
-the driver; everything else this group returns is plain data.
+the driver; everything else this group returns is plain data. Checkpoints are rank 0's full state plus, for
+Megatron, every rank's own shard (`checkpoint()["shards"]`, one per rank).
 
 The ranks rendezvous at rank 0's node (its IP, a port free there), asked
 inside rank 0's actor once Ray has placed it, so a group spread over nodes
@@ -96,9 +99,14 @@ class TrainerGroup:
         So a failed start kills every actor of the attempt and tries again on a new port.
         """
         self.world_size = world_size
+        self.tensor_parallel = int((trainer_kwargs or {}).get("tensor_parallel", 1))
+        if self.tensor_parallel < 1 or world_size % self.tensor_parallel:
+            raise ValueError(f"tensor_parallel {self.tensor_parallel} must divide the {world_size} trainer ranks")
+        self.data_parallel_size = world_size // self.tensor_parallel
         self.reservation = None
-        self._parked: tuple[ray.ObjectRef, ray.ObjectRef] | None = None
-        """While parked: refs to rank 0's full model and optimizer state, taken just before it left the GPU."""
+        self._parked: tuple[ray.ObjectRef, ray.ObjectRef, list[ray.ObjectRef]] | None = None
+        """While parked: refs to rank 0's full model and optimizer state and to every rank's own shard, taken
+        just before it left the GPU."""
         options = list(actor_options) if actor_options is not None else [{}] * world_size
         if len(options) != world_size:
             raise ValueError(f"{len(options)} actor options for {world_size} trainer ranks")
@@ -146,14 +154,15 @@ class TrainerGroup:
         if num_tokens_total == 0:
             raise ValueError("train_step needs at least one response token")
         trained = samples_with_signal(samples, skip_zero_advantage) or samples[:1]
-        shards = shard_across_ranks(trained, self.world_size)
+        replica_shards = shard_across_ranks(trained, self.data_parallel_size)
+        shards = self._per_rank(replica_shards)
         if ppo_epochs * mini_batches == 1:
             calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))
                      for worker, shard in zip(self.workers, shards)]
         else:
             trained_ids = {id(sample) for sample in trained}
             skipped = [sample for sample in samples if id(sample) not in trained_ids]
-            plans = plan_updates(shards, skipped, ppo_epochs, mini_batches, seed)
+            plans = self._per_rank(plan_updates(replica_shards, skipped, ppo_epochs, mini_batches, seed))
             calls = [worker.train_updates.remote(shard, plan, num_tokens_total)
                      for worker, shard, plan in zip(self.workers, shards, plans)]
         return PendingTrainStep(calls, len(samples), len(samples) - len(trained), started)
@@ -166,7 +175,7 @@ class TrainerGroup:
         if not samples:
             return
         self._parked = None
-        shards = shard_across_ranks(samples, self.world_size)
+        shards = self._per_rank(shard_across_ranks(samples, self.data_parallel_size))
         self._accumulating += [worker.accumulate.remote(shard) for worker, shard in zip(self.workers, shards)]
 
     def finish_step(self, num_tokens_total: int, num_sequences_total: int, num_metric_tokens: int) -> TrainStepStats:
@@ -189,18 +198,29 @@ class TrainerGroup:
         return ray.get(self.state_dict_ref())
 
     def checkpoint(self) -> dict:
-        """Rank 0's {"model": ..., "optimizer": ...} full state, for exact resume (parked: the parked copy, so
-        a commit does not bring the state back to the GPU the engines are using)."""
+        """Rank 0's {"model": ..., "optimizer": ...} full state and, where ranks keep their own (Megatron),
+        "shards": every rank's, in rank order; for exact resume (parked: the parked copy, so a commit does not
+        bring the state back to the GPU the engines are using)."""
         if self._parked is not None:
-            model, optimizer = ray.get(list(self._parked))
-            return {"model": model, "optimizer": optimizer}
-        return ray.get(self._rank0_ref([worker.state_for_checkpoint.remote() for worker in self.workers]))
+            model, optimizer = ray.get(list(self._parked[:2]))
+            shards = ray.get(self._parked[2])
+        else:
+            states = get_all([worker.state_for_checkpoint.remote() for worker in self.workers])
+            model, optimizer, shards = states[0]["model"], states[0]["optimizer"], [s["shard"] for s in states]
+        checkpoint = {"model": model, "optimizer": optimizer}
+        if any(shard is not None for shard in shards):
+            checkpoint["shards"] = shards
+        return checkpoint
 
     def load_checkpoint(self, state: dict) -> None:
-        """Every rank reads the same full state (one object-store copy)."""
+        """Every rank reads the same full state (one object-store copy) and its own shard, if it has one."""
         self._parked = None
-        ref = ray.put(state)
-        get_all([worker.load_checkpoint.remote(ref) for worker in self.workers])
+        shards = state.get("shards") or [None] * self.world_size
+        if len(shards) != self.world_size:
+            raise ValueError(f"the checkpoint holds {len(shards)} rank shards; this trainer has {self.world_size} "
+                             "ranks (train.num_workers)")
+        ref = ray.put({"model": state["model"], "optimizer": state["optimizer"]})
+        get_all([worker.load_checkpoint.remote(ref, shard) for worker, shard in zip(self.workers, shards)])
 
     # ---- taking turns with the rollout on shared GPUs ------------------------------------------------
 
@@ -209,10 +229,11 @@ class TrainerGroup:
         optimizer to host memory (`PolicyTrainer.offload`); the ref to the parked weights (what weight sync
         loads). The next train call or `load_checkpoint` brings the state back to the device."""
         if self._parked is None:
-            calls = [worker.park.options(num_returns=2).remote() for worker in self.workers]
-            get_all([ref for pair in calls[1:] for ref in pair])  # the collective; raises its errors
-            ray.wait(list(calls[0]), num_returns=2, fetch_local=False)
-            self._parked = (calls[0][0], calls[0][1])
+            calls = [worker.park.options(num_returns=3).remote() for worker in self.workers]
+            get_all([ref for parts in calls[1:] for ref in parts[:2]])  # the collective; raises its errors
+            every_ref = [ref for parts in calls for ref in parts]
+            ray.wait(every_ref, num_returns=len(every_ref), fetch_local=False)
+            self._parked = (calls[0][0], calls[0][1], [parts[2] for parts in calls])
         return self._parked[0]
 
     def offload(self) -> None:
@@ -227,6 +248,10 @@ class TrainerGroup:
     def worker_pid(self, rank: int = 0) -> int:
         """The OS process of `rank` (fault-injection tests kill it)."""
         return ray.get(self.workers[rank].pid.remote())
+
+    def _per_rank(self, per_replica: list) -> list:
+        """Each rank's item of a per-data-parallel-replica list: rank r is replica r // tensor_parallel."""
+        return [per_replica[rank // self.tensor_parallel] for rank in range(self.world_size)]
 
     def shutdown(self) -> None:
         for worker in self.workers:

@@ -5,6 +5,11 @@
 (Adam's moments and step count). The weights file is written from the full
 state dict that trainer rank 0 gathers, so its bytes, and the sha256 that
 `tailflow runs show` prints, depend only on the weights.
+
+Megatron (`train.backend: megatron`) keeps no full optimizer state: every rank
+writes its own shard, its Megatron parameters and its AdamW state, to
+`megatron/rank_<r>.pt`, and resumes from it (the HF weights beside them are
+the same values, gathered: rollout engines and `tailflow export` read those).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
+SHARDS_DIR = "megatron"
 TIED_HEAD = "lm_head.weight"
 
 
@@ -33,10 +39,18 @@ def write_checkpoint(directory: str | Path, checkpoint: dict[str, Any], model_co
     tokenizer.save_pretrained(directory)
     if checkpoint.get("optimizer") is not None:
         torch.save(checkpoint["optimizer"], directory / OPTIMIZER_FILE)
+    for rank, shard in enumerate(checkpoint.get("shards") or ()):
+        (directory / SHARDS_DIR).mkdir(exist_ok=True)
+        torch.save(shard, directory / SHARDS_DIR / shard_file_name(rank))
+
+
+def shard_file_name(rank: int) -> str:
+    return f"rank_{rank:05d}.pt"
 
 
 def read_checkpoint(directory: str | Path, model_config: Any) -> dict[str, Any]:
-    """The {"model", "optimizer"} dict `TrainerGroup.load_checkpoint` takes (optimizer None if absent)."""
+    """The {"model", "optimizer"} dict `TrainerGroup.load_checkpoint` takes (optimizer None if absent), with
+    "shards" where the checkpoint holds per-rank ones."""
     directory = Path(directory)
     weights_path = directory / WEIGHTS_FILE
     if not weights_path.is_file():
@@ -47,7 +61,19 @@ def read_checkpoint(directory: str | Path, model_config: Any) -> dict[str, Any]:
         weights[TIED_HEAD] = weights[embedding]
     optimizer_path = directory / OPTIMIZER_FILE
     optimizer = torch.load(optimizer_path, weights_only=True) if optimizer_path.is_file() else None
-    return {"model": weights, "optimizer": optimizer}
+    checkpoint = {"model": weights, "optimizer": optimizer}
+    if (directory / SHARDS_DIR).is_dir():
+        checkpoint["shards"] = read_shards(directory / SHARDS_DIR)
+    return checkpoint
+
+
+def read_shards(shards_dir: Path) -> list[dict[str, Any]]:
+    """Every rank's shard, in rank order; a missing rank is an error naming the folder."""
+    files = sorted(shards_dir.glob("rank_*.pt"))
+    expected = [shard_file_name(rank) for rank in range(len(files))]
+    if [path.name for path in files] != expected:
+        raise FileNotFoundError(f"{shards_dir} holds {[path.name for path in files]}, not the ranks {expected}")
+    return [torch.load(path, weights_only=True) for path in files]
 
 
 def weights_sha256(directory: str | Path) -> str:

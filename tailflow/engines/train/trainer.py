@@ -1,12 +1,13 @@
-"""One data-parallel rank of the GRPO policy trainer: FSDP2 + AdamW.
+"""One rank of the GRPO policy trainer: the loss side of a step, AdamW, and a `PolicyModel` (FSDP2 or
+Megatron-core, `train.backend`; `policy_model.py`) for everything that depends on how the weights are sharded.
 
 A step (`train_step`): cut this rank's samples into micro-batches (every rank
 runs the same number, padding with empty ones, because each forward and
-backward is a collective under FSDP2) -> the reference log-probs without grad
+backward is a collective under FSDP2 and Megatron's tensor parallelism) -> the reference log-probs without grad
 (KL only) -> per micro-batch, the policy loss over a GLOBAL count (response
 tokens, or sequences with `loss_agg`; losses.loss_denominator) and backward
 (gradients accumulate) -> clip by the global grad norm -> one AdamW step ->
-sum the stats over ranks. With one optimizer step the proximal ("old")
+sum the stats over data-parallel replicas. With one optimizer step the proximal ("old")
 log-probs are the forward's own, detached: no second pass.
 
 Several updates per step (`train_updates`, train.ppo_epochs x
@@ -27,32 +28,19 @@ moves the weights and AdamW's state to host memory so the engine gets the GPU me
 every public method that uses them brings them back first (`_ensure_on_device`), so offloading only saves
 memory and no caller's order can break a step.
 
-With world_size == 1 no process group is made and the model is not sharded:
-plain single-process training, the reference the FSDP path is tested against.
+With world_size == 1 and FSDP2 no process group is made and the model is not sharded:
+plain single-process training, the reference the sharded paths are tested against.
 Plain Python: Ray wraps it in `engines/cluster/trainer_group.py`.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
-from transformers import PreTrainedModel
 
 from tailflow.config import OFF_POLICY_LOSSES
-from tailflow.engines.models import load_model
 from tailflow.engines.train.batch import (
     MicroBatch,
     TrainSample,
@@ -75,6 +63,7 @@ from tailflow.engines.train.losses import (
     token_logprobs,
     topr_loss,
 )
+from tailflow.engines.train.policy_model import PolicyModel, TrainBackend, build_policy_model
 from tailflow.engines.train.updates import Update
 
 SUMMED_STATS = (
@@ -166,9 +155,12 @@ class PolicyTrainer:
         loss: PolicyLoss = "ppo_clip",
         is_cap: float = 2.0,
         temperature: float = 1.0,
+        train_backend: TrainBackend = "fsdp2",
+        tensor_parallel: int = 1,
     ) -> None:
         """`backend` None picks "nccl" when CUDA is present, else "gloo". With world_size > 1 the
-        process group is made from env MASTER_ADDR / MASTER_PORT (set by TrainerGroup). `loss_agg` picks the
+        process group is made from env MASTER_ADDR / MASTER_PORT (set by TrainerGroup). `train_backend` picks
+        the model wrapper (`train.backend`); `tensor_parallel` is Megatron's group size. `loss_agg` picks the
         loss denominator (losses.loss_denominator); `constant` needs `max_new_tokens`. `loss` picks the policy
         loss (`train.loss`); `temperature` is the rollouts' sampling temperature: the trainer's logits are
         divided by it, so its log-probs are those of the distribution the tokens were drawn from."""
@@ -185,44 +177,25 @@ class PolicyTrainer:
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         torch.manual_seed(seed)
-        self.device = self._init_distributed()
-        self.model = self._load_model(model_path, is_trainable=True)
-        self.ref_model = self._load_model(model_path, is_trainable=False) if kl_coef > 0 else None
-        config = self.model.config
+        self.policy: PolicyModel = build_policy_model(train_backend, model_path, rank, world_size, self.backend,
+                                                      tensor_parallel, with_reference=kl_coef > 0)
+        self.device = self.policy.device
+        config = self.policy.hf_config
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
         self._streamed: dict[str, float] | None = None
         """A streamed step's summed stats so far (None: no streamed step open)."""
         self.is_offloaded = False
         """The weights and AdamW's state are in host memory (`offload`); the next use moves them back."""
 
-    # ---- setup ---------------------------------------------------------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy module itself (FSDP2: the Hugging Face model; Megatron: this rank's GPTModel)."""
+        return self.policy.module
 
-    def _init_distributed(self) -> torch.device:
-        if self.backend == "nccl":
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-            torch.cuda.set_device(device)
-        else:
-            device = torch.device("cpu")
-        self.mesh = None
-        if self.world_size > 1:
-            if not dist.is_initialized():
-                dist.init_process_group(self.backend, rank=self.rank, world_size=self.world_size)
-            self.mesh = init_device_mesh(device.type, (self.world_size,))
-        return device
-
-    def _load_model(self, path: str, is_trainable: bool) -> PreTrainedModel:
-        """Load, then shard each decoder layer and the root (tied embedding and lm_head share the root group).
-
-        The model stays in eval mode (no dropout) so the recomputed old log-probs are the policy's own.
-        """
-        model = load_model(path).to(self.device).eval()
-        model.requires_grad_(is_trainable)
-        if self.mesh is not None:
-            for layer in getattr(model, model.base_model_prefix).layers:
-                fully_shard(layer, mesh=self.mesh)
-            fully_shard(model, mesh=self.mesh)
-        return model
+    @property
+    def ref_model(self) -> torch.nn.Module | None:
+        return self.policy.reference
 
     # ---- the step ------------------------------------------------------------------------------
 
@@ -292,7 +265,7 @@ class PolicyTrainer:
         denominator = loss_denominator(self.loss_agg, num_tokens_total, num_sequences_total, self.max_new_tokens)
         metric_tokens = num_metric_tokens or num_tokens_total
         with torch.no_grad():
-            for parameter in self.model.parameters():
+            for parameter in self.policy.parameters():
                 if parameter.grad is not None:
                     parameter.grad.div_(denominator)
         grad_norm = self._clip_and_step()
@@ -351,7 +324,7 @@ class PolicyTrainer:
         """id(sample) -> [L] log-probs of its response tokens under the current weights (one no-grad pass)."""
         found = {}
         for part in self._plan_micro_batches(samples, allow_empty=True):
-            logprobs = self._logprobs(self.model, self._collate(part))[1]
+            logprobs = self._logprobs(self._collate(part))[1]
             for row, sample in enumerate(part):
                 start = len(sample.prompt_token_ids) - 1
                 found[id(sample)] = logprobs[row, start:start + sample.num_response_tokens].clone()
@@ -364,9 +337,10 @@ class PolicyTrainer:
         filler = collate([TrainSample((self.pad_id,), (self.pad_id,), 0.0)], self.pad_id)
         return MicroBatch(*(t.to(self.device) for t in filler._replace(response_mask=filler.response_mask * 0)))
 
-    def _logprobs(self, model: PreTrainedModel, batch: MicroBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """([B, T, V] logits / temperature, [B, T] next-token log-probs of that distribution)."""
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits
+    def _logprobs(self, batch: MicroBatch, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """([B, T, V] logits / temperature, [B, T] next-token log-probs of that distribution), of the policy or
+        (`reference`) the frozen reference model."""
+        logits = self.policy.logits(batch, reference)
         if self.temperature != 1.0:
             logits = logits / self.temperature
         return logits, token_logprobs(logits, batch.input_ids)
@@ -377,7 +351,7 @@ class PolicyTrainer:
         """No old-log-prob pass here: with one optimizer step the weights at the start of the step are the ones
         that take the gradient, so the proximal (old) log-probs are the forward's own, detached; with several,
         `proximal` holds them (`_proximal_logprobs`). Only a KL penalty needs a second model's pass."""
-        ref_logprobs = self._logprobs(self.ref_model, batch)[1] if self.ref_model is not None else None
+        ref_logprobs = self._logprobs(batch, reference=True)[1] if self.ref_model is not None else None
         if not part:  # a filler row (this rank has fewer micro-batches than another)
             zeros = torch.zeros_like(batch.response_mask)
             return MicroBatchInputs(ref_logprobs, zeros, zeros, None if proximal is None else zeros)
@@ -418,15 +392,13 @@ class PolicyTrainer:
         self, batch: MicroBatch, inputs: MicroBatchInputs, metric_tokens: int, denominator: int
     ) -> dict[str, float]:
         """Forward + backward of one micro-batch; returns its share of the step's SUMMED_STATS."""
-        logits, logprobs = self._logprobs(self.model, batch)
+        logits, logprobs = self._logprobs(batch)
         mask = batch.response_mask
         pg_loss, pg_stats = self._policy_loss(logprobs, batch, inputs, metric_tokens, denominator)
         ref = inputs.ref_logprobs
         kl = kl_penalty(logprobs, ref, mask, denominator) if ref is not None else None
         loss = pg_loss + self.kl_coef * kl if kl is not None else pg_loss
-        # FSDP2 AVERAGES gradients over ranks, but each rank's loss is already its share of the
-        # global loss (divided by a global count): multiply back so the ranks' grads SUM.
-        (loss * self.world_size).backward()
+        self.policy.backward(loss)  # each rank's loss is its share of the global loss: the ranks' grads SUM
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach(), mask, metric_tokens).item()
             present = inputs.has_behaviour
@@ -442,10 +414,8 @@ class PolicyTrainer:
         }
 
     def _clip_and_step(self) -> float:
-        """Clip by the global norm (DTensor grads reduce across ranks), then exactly one AdamW step."""
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        if isinstance(grad_norm, DTensor):
-            grad_norm = grad_norm.full_tensor()
+        """Clip by the global norm (over every rank's gradients), then exactly one AdamW step."""
+        grad_norm = self.policy.clip_grad_norm(self.max_grad_norm)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -453,8 +423,7 @@ class PolicyTrainer:
 
     def _reduce_stats(self, totals: dict[str, float], grad_norm: float, num_tokens_total: int) -> TrainStepStats:
         sums = torch.tensor([totals[name] for name in SUMMED_STATS], dtype=torch.float64, device=self.device)
-        if self.world_size > 1:
-            dist.all_reduce(sums, op=dist.ReduceOp.SUM)
+        self.policy.sum_over_replicas(sums)
         total = dict(zip(SUMMED_STATS, sums.tolist()))
         rollout_diff = total["rollout_abs_diff"] / total["rollout_tokens"] if total["rollout_tokens"] > 0 else None
         return TrainStepStats(
@@ -475,32 +444,18 @@ class PolicyTrainer:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Full CPU state dict with HF names on rank 0 ({} on the other ranks); never aliases live weights."""
         self._ensure_on_device()
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state_dict = get_model_state_dict(self.model, options=options)
-        # Unsharded, torch returns the live parameters themselves (FSDP gathers into fresh tensors).
-        return _replace_with_copies(state_dict) if self.mesh is None else state_dict
+        return self.policy.full_state_dict()
 
     def state_for_checkpoint(self) -> dict:
-        """{"model": full state dict, "optimizer": full optimizer state or None before the first step} on rank 0.
-
-        None before the first step because torch's helper would initialise Adam's
-        state with a zero-gradient step, changing the run it checkpoints.
-        """
+        """{"model": full state dict (rank 0), "optimizer": full optimizer state or None, "shard": this rank's own
+        model and optimizer state (Megatron) or None}: `PolicyModel.checkpoint_state`."""
         self._ensure_on_device()
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        optimizer_state = None
-        if self.optimizer.state:  # the same on every rank: all have stepped, or none has
-            optimizer_state = get_optimizer_state_dict(self.model, self.optimizer, options=options)
-        # The optimizer's state comes back as live tensors where not sharded (always Adam's `step`).
-        return {"model": self.full_state_dict(), "optimizer": _replace_with_copies(optimizer_state)}
+        return self.policy.checkpoint_state(self.optimizer)
 
     def load_checkpoint(self, state: dict) -> None:
-        """Load `state_for_checkpoint()`'s output; every rank passes the same full dict and keeps its shard."""
+        """Load `state_for_checkpoint()`'s output: the full dict on every rank, with this rank's own `shard`."""
         self._ensure_on_device()
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state["model"], options=options)
-        if state["optimizer"] is not None:
-            set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"], options=options)
+        self.policy.load_checkpoint_state(self.optimizer, state)
 
     # ---- sharing the GPU with a rollout engine (colocated placement) -----------------------------
 
@@ -542,21 +497,13 @@ class PolicyTrainer:
         into the same Parameter object (torch.utils.swap_tensors: the optimizer's state, keyed by parameter,
         stays valid) and re-points FSDP's shard buffer (`reset_sharded_param`). AdamW's `exp_avg` /
         `exp_avg_sq` are DTensors sharded like their parameter: `.to` moves the local shard and keeps the
-        mesh. Unsharded, `.to` sets `param.data`, the same Parameter object again. Blocking copies: a
-        non_blocking device-to-host copy may still be in flight when the memory is handed over.
+        mesh. Unsharded (and Megatron's modules, sharded by hand), `.to` sets `param.data`, the same Parameter
+        object again. Blocking copies: a non_blocking device-to-host copy may still be in flight when the memory is
+        handed over.
         """
-        for model in (self.model, self.ref_model):
-            if model is not None:
-                model.to(device)
+        for module in self.policy.modules():
+            module.to(device)
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if key != "step" and isinstance(value, torch.Tensor):
                     state[key] = value.to(device)
-
-
-def _replace_with_copies(tree):
-    """Replace every tensor in nested dicts / lists by a detached copy, in place (one extra tensor at a time)."""
-    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list) else ()
-    for key, value in list(items):
-        tree[key] = value.detach().clone() if isinstance(value, torch.Tensor) else _replace_with_copies(value)
-    return tree

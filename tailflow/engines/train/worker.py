@@ -56,21 +56,23 @@ class TrainerWorker:
     def state_for_checkpoint(self) -> dict:
         return self.trainer.state_for_checkpoint()
 
-    def load_checkpoint(self, state: dict) -> None:
-        self.trainer.load_checkpoint(state)
+    def load_checkpoint(self, state: dict, shard: dict | None = None) -> None:
+        """`state`: the full {"model", "optimizer"} every rank reads; `shard`: this rank's own, where kept."""
+        self.trainer.load_checkpoint({**state, "shard": shard})
 
     def offload(self) -> None:
         """Weights and optimizer state to host memory while the colocated rollout engine uses the GPU; the next
         call that needs them moves them back (`PolicyTrainer.offload`)."""
         self.trainer.offload()
 
-    def park(self) -> tuple[dict, dict | None]:
-        """The two parts of `state_for_checkpoint` (rank 0: full dicts; other ranks: what it gives there), taken
-        before offloading, then offload: one call saves what a checkpoint needs and frees the GPU for the
-        rollout. The caller uses `.options(num_returns=2)`, so the parts land as two objects."""
+    def park(self) -> tuple[dict, dict | None, dict | None]:
+        """The three parts of `state_for_checkpoint` (rank 0: full dicts; other ranks: what it gives there; every
+        rank's own shard or None), taken before offloading, then offload: one call saves what a checkpoint needs
+        and frees the GPU for the rollout. The caller uses `.options(num_returns=3)`, so the parts land as three
+        objects."""
         state = self.trainer.state_for_checkpoint()
         self.trainer.offload()
-        return state["model"], state["optimizer"]
+        return state["model"], state["optimizer"], state["shard"]
 
     def is_offloaded(self) -> bool:
         return self.trainer.is_offloaded

@@ -1,0 +1,103 @@
+"""Megatron-core's GPTModel for a Qwen2 / Qwen3 / Llama shape: build, fill with converted weights, run to logits.
+
+The local layer spec (megatron-core's own modules, no TransformerEngine), every
+fusion off and every dropout 0: the model computes what the Hugging Face one
+does, in fp32 like the FSDP2 trainer. The logits are gathered over the
+tensor-parallel ranks (`parallel_output=False`), so every rank holds the full
+[B, T, V] logits and the trainer's one loss code runs on them unchanged; the
+gather's backward hands each rank the gradient of its vocabulary slice.
+
+Attention gets an explicit causal mask: megatron-core's default mask is
+allocated on "cuda" by name. The batches are right-padded, so the causal mask
+alone gives every real token exactly the keys Hugging Face's padding mask does.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tailflow.engines.train.megatron.shape import ModelShape
+
+
+def transformer_config(shape: ModelShape, tensor_parallel: int, dtype: torch.dtype = torch.float32):
+    from megatron.core.transformer import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=shape.num_layers, hidden_size=shape.hidden_size, ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_heads, num_query_groups=shape.num_kv_heads, kv_channels=shape.head_dim,
+        normalization="RMSNorm", layernorm_epsilon=shape.rms_norm_eps, gated_linear_unit=True,
+        activation_func=F.silu, add_bias_linear=False, add_qkv_bias=shape.qkv_bias, qk_layernorm=shape.qk_norm,
+        hidden_dropout=0.0, attention_dropout=0.0, tensor_model_parallel_size=tensor_parallel,
+        use_cpu_initialization=True, perform_initialization=False, params_dtype=dtype,
+        bias_dropout_fusion=False, apply_rope_fusion=False, masked_softmax_fusion=False,
+        gradient_accumulation_fusion=False, persist_layer_norm=False,
+    )
+
+
+def build_gpt(shape: ModelShape, tensor_parallel: int, dtype: torch.dtype = torch.float32):
+    """This rank's GPTModel, uninitialised (the caller loads weights); needs megatron's parallel state."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    shape.check_tensor_parallel(tensor_parallel)
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.qk_norm)
+    model = GPTModel(
+        transformer_config(shape, tensor_parallel, dtype), spec,
+        vocab_size=shape.padded_vocab_size(tensor_parallel), max_sequence_length=shape.max_position_embeddings,
+        parallel_output=False, share_embeddings_and_output_weights=shape.tied_embeddings,
+        position_embedding_type="rope", rotary_base=shape.rope_theta,
+    )
+    mark_sharded_weights(model)
+    return model
+
+
+def mark_sharded_weights(model: torch.nn.Module) -> None:
+    """Mark each tensor-parallel weight as megatron-core does (`tensor_model_parallel`, `partition_dim`).
+
+    megatron-core 0.16.1 sets these marks only where it initialises the weight itself; with
+    `perform_initialization=False` (the weights are loaded) they are missing, so every rank's shard looks like a
+    replicated tensor and a grad norm that counts replicated tensors on one rank only loses the other ranks'
+    shards (found by tests/test_megatron_alignment.py: the TP=2 grad norm was about half of FSDP2's)."""
+    from megatron.core.tensor_parallel import (
+        ColumnParallelLinear,
+        RowParallelLinear,
+        VocabParallelEmbedding,
+        set_tensor_model_parallel_attributes,
+    )
+
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if weight is None:
+            continue
+        if isinstance(module, (ColumnParallelLinear, VocabParallelEmbedding)):
+            set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=0, stride=1)
+        elif isinstance(module, RowParallelLinear):
+            set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=1, stride=1)
+
+
+def parameters_by_name(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
+    """The live parameters under their Megatron names (a tied output layer has none of its own)."""
+    return dict(model.named_parameters())
+
+
+@torch.no_grad()
+def load_megatron_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy `state` (this rank's shard, `convert.hf_to_megatron`) into the parameters; the names must match."""
+    parameters = parameters_by_name(model)
+    if sorted(parameters) != sorted(state):
+        missing, extra = sorted(set(parameters) - set(state)), sorted(set(state) - set(parameters))
+        raise KeyError(f"Megatron weights do not match the model: missing {missing[:3]}, unexpected {extra[:3]}")
+    for name, parameter in parameters.items():
+        if parameter.shape != state[name].shape:
+            raise ValueError(f"{name}: the model's shard is {tuple(parameter.shape)}, the weights "
+                             f"{tuple(state[name].shape)} (another tensor-parallel size?)")
+        parameter.copy_(state[name])
+
+
+def gpt_logits(model: torch.nn.Module, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[B, T] token ids -> [B, T, vocab_size] logits (the padded vocabulary's extra columns cut off)."""
+    width = input_ids.shape[1]
+    positions = torch.arange(width, device=input_ids.device).unsqueeze(0).expand_as(input_ids)
+    causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=input_ids.device), diagonal=1)
+    logits = model(input_ids, positions, causal[None, None])
+    return logits[..., :vocab_size]
