@@ -10,8 +10,9 @@ import pytest
 from research.async_predict import predict_async, simulate_async, split_candidates
 from research.async_settings import SETTINGS, AsyncSetting, step_cost, sync_rounds
 
+from sim_unit_cost import UnitCost
+
 from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
-from tailflow.engines.sim.costs import CostModel
 from tailflow.engines.sim.engine import SimEngine
 from tailflow.engines.sim.lengths import ResponseLength
 from tailflow.engines.sim.placeholder import VersionRuns
@@ -24,23 +25,7 @@ TINY = AsyncSetting("7B/2k tiny", "qwen2.5-7b", 8, 1, 2048, prompts_per_step=12)
 ROUNDS = 6
 
 
-class UnitCost(CostModel):
-    """1 s a decode step, 0.01 s a prefilled token."""
 
-    def decode_s(self, num_rows, context_tokens, max_context):
-        return 1.0 if num_rows else 0.0
-
-    def prefill_s(self, num_tokens, num_seqs):
-        return 0.01 * num_tokens
-
-    def train_s(self, num_tokens):
-        return 0.0
-
-    def reward_s(self, num_responses, num_tokens):
-        return 0.0
-
-    def weight_sync_s(self):
-        return 0.0
 
 
 class HundredTokens:

@@ -10,9 +10,10 @@ from statistics import mean
 
 import pytest
 
+import sim_unit_cost
+
 from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
 from tailflow.engines.sim.comm import collective_s
-from tailflow.engines.sim.costs import CostModel
 from tailflow.engines.sim.engine import SimEngine
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import ResponseLength
@@ -105,21 +106,11 @@ def test_stragglers_the_slowest_of_n_draws():
     assert RooflineCost.from_presets("h800", "qwen2.5-7b", 4, 1).replica_slowdowns(4) == replica_slowdowns(4, 1, 0.08)
 
 
-class UnitCost(CostModel):
-    def decode_s(self, num_rows, context_tokens, max_context):
-        return 1.0 if num_rows else 0.0
+class UnitCost(sim_unit_cost.UnitCost):
+    """Two replicas, the second one and a half times slower; no prefill."""
 
-    def prefill_s(self, num_tokens, num_seqs):
-        return 0.0
-
-    def train_s(self, num_tokens):
-        return 0.0
-
-    def reward_s(self, num_responses, num_tokens):
-        return 0.0
-
-    def weight_sync_s(self):
-        return 0.0
+    def __init__(self):
+        super().__init__(prefill_s_per_token=0.0)
 
     def replica_slowdowns(self, num_replicas, seed=0):
         return [1.0, 1.5][:num_replicas]

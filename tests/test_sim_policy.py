@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from sim_unit_cost import UnitCost
+
 from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
 from tailflow.engines.sim import simulate
-from tailflow.engines.sim.costs import CostModel
 from tailflow.engines.sim.engine import SimEngine
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import ResponseLength
@@ -19,25 +20,7 @@ from tailflow.engines.tail.completion import CompletionRule
 from tailflow.engines.tail.queue import LongPromptQueue
 
 
-class UnitCost(CostModel):
-    """1 s a decode step, 0.01 s a prefilled token: times a test can work out by hand."""
 
-    name = "unit"
-
-    def decode_s(self, num_rows, context_tokens, max_context):
-        return 1.0 if num_rows else 0.0
-
-    def prefill_s(self, num_tokens, num_seqs):
-        return 0.01 * num_tokens
-
-    def train_s(self, num_tokens):
-        return 0.0
-
-    def reward_s(self, num_responses, num_tokens):
-        return 0.0
-
-    def weight_sync_s(self):
-        return 0.0
 
 
 class FixedLengths:
