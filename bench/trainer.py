@@ -44,7 +44,8 @@ BACKENDS = (("fsdp2", 1), ("megatron", 2))
 
 def make_batch(num_samples: int, seed: int):
     """`num_samples` responses in groups of 8: prompts of 12-40 tokens, responses log-uniform over 8..300 tokens
-    (median ~50), advantages +-1 within each group, rollout log-probs -3.0."""
+    (median ~50), advantages +-1 within each group, rollout log-probs -3.0 sampled at temperature 1 (an
+    importance-corrected loss refuses log-probs whose temperature it does not know)."""
     from tailflow.engines.train.batch import TrainSample
 
     rng = random.Random(seed)
@@ -54,7 +55,8 @@ def make_batch(num_samples: int, seed: int):
         for index in range(8):
             length = int(round(8 * (300 / 8) ** rng.random()))
             response = tuple(rng.randrange(3, 22) for _ in range(length))
-            samples.append(TrainSample(prompt, response, 1.0 if index % 2 else -1.0, (-3.0,) * length))
+            samples.append(TrainSample(prompt, response, 1.0 if index % 2 else -1.0, (-3.0,) * length,
+                                       rollout_temperature=1.0))
     return samples
 
 

@@ -2,9 +2,9 @@
 
 Each runs as its own process, as a user runs it; the numbers are not checked
 here (the real runs are), only that the scripts finish and report what makes
-their numbers comparable. The two that train twice (~100 s each) are marked
-`bench` and left out of the default run to keep CI under its 20 minutes:
-`scripts/test.sh -m bench`.
+their numbers comparable. They are marked `bench` (and so `slow`): the whole
+suite runs them, the fast subset (`-m "not slow"`) leaves them out;
+`scripts/test.sh -m bench` runs only them.
 """
 from __future__ import annotations
 

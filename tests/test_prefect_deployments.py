@@ -2,8 +2,8 @@
 and the flow run's page in headless Chromium.
 
 One module-scoped server and worker serve every test here; the tests run in file order (the UI test reads the
-flow run the concurrency test made). Off by default (marker `e2e`, ~2.5 min) to keep the default run under CI's
-20 minutes: `./scripts/test.sh -m e2e`.
+flow run the concurrency test made). Marked `e2e` (~2.5 min; also `slow`): the whole suite runs it, the fast
+subset leaves it out; `./scripts/test.sh -m e2e` runs only it.
 """
 from __future__ import annotations
 
