@@ -124,9 +124,12 @@ def test_skipping_zero_advantage_samples_keeps_the_gradient(random_tiny_model_di
     samples = samples_with_zero_advantage_groups()
     full, _ = weights_after(str(random_tiny_model_dir), samples, samples)
     skipped, stats = weights_after(str(random_tiny_model_dir), samples, samples[:3])
-    assert max((full[k] - skipped[k]).abs().max().item() for k in full) < 1e-6
+    # The micro-batches differ (the skipped samples are not packed), so sums run in another order; AdamW's first
+    # step, lr * g / (|g| + eps), turns that rounding into up to ~1e-5 on weights whose gradient is near eps
+    # (seen with transformers 5.24). A change in the gradient itself moves weights by about lr (1e-3).
+    assert max((full[k] - skipped[k]).abs().max().item() for k in full) < 1e-4
     assert max((full[k] - weights_after(str(random_tiny_model_dir), samples, samples[:2])[0][k]).abs().max().item()
-               for k in full) > 1e-6  # leaving out a sample WITH signal does change the step
+               for k in full) > 1e-3  # leaving out a sample WITH signal does change the step
     assert stats.num_samples == 3
     assert stats.num_tokens == count_response_tokens(samples)  # the loss denominator is the whole batch's
 
