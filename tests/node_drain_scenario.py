@@ -64,7 +64,7 @@ def drain_mid_round(cluster, model_dir: str) -> dict:
     group.wait_for_joins()
     result = dict(
         spot_node=spot.node_id, head_node=cluster.head_node.node_id, nodes_before=nodes_before,
-        nodes_after=dict(group.membership.node_of), worker_ids=group.membership.worker_ids,
+        nodes_after=dict(group.membership.node_of), worker_ids=list(group.membership.worker_ids),
         events=[dict(kind=e.kind.value, worker_id=e.worker_id, num_requests=e.num_requests, detail=e.detail)
                 for e in group.membership.log.events],
         finished={c.request_id: list(c.token_ids) for c in finished}, expected=expected,
