@@ -36,12 +36,19 @@ def stop(process: subprocess.Popen) -> None:
             pass
 
 
+SCHEDULER_LOOP_S = 10
+"""How often the server's scheduler makes the runs of schedules (Prefect's default: 60 s). It makes only runs
+due after the moment it looks, so a test's schedule due 30 s ahead was skipped to its next slot, an hour later,
+whenever the default loop looked more than 30 s after the schedule was made."""
+
+
 @contextmanager
 def running_server(home: Path, startup_timeout_s: float = 300):
     """Yields {"url", "ui", "env", "home"}; raises RuntimeError with the server's log if it never answers."""
     port = free_port()
     url = f"http://127.0.0.1:{port}/api"
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=url)
+    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=url,
+               PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS=str(SCHEDULER_LOOP_S))
     server = start([sys.executable, "-m", "tailflow.cli", "server", "--port", str(port)], env, home / "server.log")
     try:
         deadline = time.time() + startup_timeout_s
