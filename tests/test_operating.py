@@ -251,3 +251,19 @@ def test_the_docs_name_the_deployments_and_tasks_the_code_has():
     assert listed, "README.md lists the iteration's tasks as `tasks — a, b, ... —`"
     iteration_tasks = {name for name, value in vars(iteration).items() if isinstance(value, Task)}
     assert {name.strip() for name in listed.group(1).split(",")} == iteration_tasks
+
+
+def test_a_fault_with_a_record_fires_once_across_processes(monkeypatch, tmp_path):
+    """A Retried flow run is a new process with the same job variables: TAILFLOW_FAULT_RECORD keeps the fault it
+    fired from firing again (without it, each process fires it once)."""
+    from tailflow.engines import faults
+
+    monkeypatch.setenv(faults.ENV, "crash-train@2,raise-sync@1")
+    assert faults.armed("crash-train@2") and not faults.armed("crash-train@2")  # once in this process
+    monkeypatch.setenv(faults.ENV, "crash-train@2")  # a new process, without a record: fires again
+    assert faults.armed("crash-train@2")
+    monkeypatch.setenv(faults.RECORD_ENV, str(tmp_path / "fired"))
+    for _ in range(2):  # two new processes sharing the record: the first fires, the second does not
+        monkeypatch.setenv(faults.ENV, "crash-train@2")
+        assert faults.armed("crash-train@2") is (_ == 0)
+    assert sorted(p.name for p in (tmp_path / "fired").iterdir()) == ["crash-train@2"]

@@ -13,7 +13,9 @@ tests), every call is a dictionary lookup that does nothing. What:
 
 Phases: `rollout`, `reward`, `train`, `sync`, `checkpoint` (checkpoint stored,
 state not yet), `commit` (state stored, `latest` not yet). Each armed fault
-fires once per process, so a retried iteration does not fail again.
+fires once per process, so a retried iteration does not fail again; with
+`TAILFLOW_FAULT_RECORD=<dir>` once per directory (a file per fault fired), so a
+Retried flow run, a new process with the same environment, does not either.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import signal
 from typing import Callable
 
 ENV = "TAILFLOW_FAULT"
+RECORD_ENV = "TAILFLOW_FAULT_RECORD"
 
 
 class InjectedFault(RuntimeError):
@@ -36,6 +39,13 @@ def armed(name: str) -> bool:
     if name not in wanted:
         return False
     os.environ[ENV] = ",".join(item for item in wanted if item != name)
+    record = os.environ.get(RECORD_ENV)
+    if record:
+        try:  # the file is the record across processes; creating it is the test-and-set
+            os.makedirs(record, exist_ok=True)
+            open(os.path.join(record, name), "x").close()
+        except FileExistsError:
+            return False
     return True
 
 

@@ -13,12 +13,13 @@ the run looks at its state after each commit and stops there.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from datetime import datetime
 from typing import Iterator
 
 from prefect.exceptions import Abort
 
 from tailflow.engines.runs.commit import read_committed_state
-from tailflow.flows.run_log import iteration_flow_run_id, say
+from tailflow.flows.run_log import say
 
 
 class RunCancelled(Abort):
@@ -64,7 +65,7 @@ def stop_if_cancelled(store, run_id: str, store_uri: str, iteration: int) -> Non
 
 
 @contextmanager
-def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int) -> Iterator[None]:
+def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int, since: datetime) -> Iterator[None]:
     """Around iteration `iteration` in the run's flow: whatever stops it while the run is being cancelled
     becomes the run's line, a Cancelled subflow and flow run, and RunCancelled; any other error passes."""
     try:
@@ -74,7 +75,7 @@ def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int) -> Itera
             raise
         line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
         say(line)
-        cancel_iteration_subflow(iteration, line)
+        cancel_unfinished_subflows(since, line)
         raise run_cancelled(line) from None
 
 
@@ -104,15 +105,22 @@ def run_cancelled(line: str) -> RunCancelled:
     return cancelled
 
 
-def cancel_iteration_subflow(iteration: int, line: str) -> None:
-    """Set this flow run's newest `iter-NNNN` subflow Cancelled unless it completed or is Cancelled already."""
+def cancel_unfinished_subflows(since: datetime, line: str) -> None:
+    """Set every `iter-NNNN` subflow this flow run started after `since` (this attempt) Cancelled unless it
+    completed or is Cancelled already: the one the signal stopped, and any other it left Crashed or Running on the
+    way (a task's or a subflow's engine reports the signal as a crash when it lands outside the iteration's own
+    code). Subflows of earlier attempts keep their states (a killed attempt's Crashed one says what replaced it)."""
     from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.runtime import flow_run
     from prefect.states import Cancelled
 
-    subflow_id = iteration_flow_run_id(iteration)
-    if subflow_id is None:
+    if not flow_run.id:
         return
+    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]))
     with get_client(sync_client=True) as client:
-        state = client.read_flow_run(subflow_id).state
-        if state is None or not (state.is_completed() or state.is_cancelled()):
-            client.set_flow_run_state(subflow_id, Cancelled(message=line), force=True)
+        for subflow in client.read_flow_runs(flow_run_filter=runs_filter):
+            state = subflow.state
+            if (subflow.name.startswith("iter-") and subflow.created is not None and subflow.created >= since
+                    and (state is None or not (state.is_completed() or state.is_cancelled()))):
+                client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from prefect import flow
@@ -134,8 +135,9 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
         artifacts.progress(state.iteration)
         if ctx.metrics.wandb_run is not None:
             artifacts.wandb_link(ctx.metrics.wandb_run)
+        attempt_started = datetime.now(timezone.utc)  # a Cancel ends this attempt's subflows, not earlier ones
         for step in range(state.iteration, run_config.train.iterations):
-            with ended_on_cancel(ctx.store, run_id, run_config.storage.uri, step):
+            with ended_on_cancel(ctx.store, run_id, run_config.storage.uri, step, since=attempt_started):
                 ctx, state = run_iteration(ctx, state, step)
             rows = ctx.metrics.rows()
             after_iteration(ctx, state, rows[-1], lease, live)
