@@ -24,8 +24,11 @@ python3 -m pip install --quiet --disable-pip-version-check -e ".[dev,megatron]"
 [ -x .venv-vllm/bin/python ] || python3 -m venv --system-site-packages .venv-vllm
 scripts/install_vllm.sh .venv-vllm/bin/python
 # pytest exits 5 when the selection holds no test (e.g. a file without vllm tests, in the second run).
+# The main run takes two pytest-xdist workers, a test file each at a time (module fixtures and file order kept):
+# most of the suite waits (servers starting, runs polling, subprocesses), so one core idled through a serial run.
+# The vLLM run stays serial: each vLLM engine reserves a share of the machine's memory.
 set +e
-python3 -m pytest "$@"
+python3 -m pytest -n 2 --dist loadfile "$@"
 main=$?
 .venv-vllm/bin/python -m pytest --vllm-only "$@"
 vllm=$?

@@ -15,6 +15,10 @@ os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
 os.environ.pop("PREFECT_API_URL", None)
+# A Ray started by a test with `ray start` (or a multi-node scenario) records itself as this machine's cluster, and
+# ray.init() with no address joins the recorded one: with two test workers running at once, every run would join
+# the other worker's cluster. "local" makes each ray.init() start its own; tests that attach give an address.
+os.environ["RAY_ADDRESS"] = "local"
 
 import pytest  # noqa: E402
 
