@@ -10,9 +10,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
 from moto.iam import access_control
@@ -53,6 +55,25 @@ def retry_as_the_ui_does(server: dict, flow_run_id, job_variables: dict) -> None
     assert due.status.value == "ACCEPT", due.details
 
 
+def settled_after_the_crash(server: dict, flow_run_id, quiet_s: float = 10.0) -> None:
+    """Wait, as an operator looking at a Crashed run does before pressing Retry, until the worker has logged its
+    report of the crash and the run's states have not changed for `quiet_s`: the crash can be reported more than
+    once (the worker, and the runner it supervises through), and a report that lands after Retry was pressed sets
+    the retried run Crashed again (seen twice in this test)."""
+    reported = f"Reported flow run '{flow_run_id}' as crashed"
+    last = {"states": None, "since": time.time()}
+
+    def settled(client) -> bool:
+        states = [(state.type.value, state.timestamp) for state in client.read_flow_run_states(flow_run_id)]
+        if states != last["states"]:
+            last.update(states=states, since=time.time())
+        quiet = time.time() - last["since"]
+        logged = reported in Path(server["worker_log"]).read_text()
+        return states[-1][0] == "CRASHED" and quiet >= (quiet_s if logged else 3 * quiet_s)
+
+    wait_until(server, settled, "the crash reported and the run's states settled", timeout_s=300)
+
+
 def test_retry_of_a_killed_run_with_persisted_results_runs_every_iteration(operated_prefect, tmp_path):
     reference = trigger(operated_prefect, {"run_id": "whole", "overrides": tiny_run(str(tmp_path), 4)},
                         job_variables={"env": PERSIST})
@@ -69,6 +90,7 @@ def test_retry_of_a_killed_run_with_persisted_results_runs_every_iteration(opera
 
     # an operator's run has no fault armed: the retry's job variables leave it out, and the fault, fired once,
     # would not fire again anyway (TAILFLOW_FAULT_RECORD)
+    settled_after_the_crash(operated_prefect, killed.id)
     retry_as_the_ui_does(operated_prefect, killed.id, {"env": PERSIST})
     (retried,) = wait_final(operated_prefect, [killed.id])
     assert retried.state.is_completed(), retried.state.message

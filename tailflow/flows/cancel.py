@@ -71,6 +71,8 @@ def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int, since: d
     try:
         yield
     except BaseException as error:
+        if isinstance(error, RunCancelled) and getattr(error, "state", None) is not None:
+            raise  # stop_if_cancelled ended the run already, its line said
         if not isinstance(error, RunCancelled) and not cancel_requested():
             raise
         line = cancelled_line(store, run_id, store_uri, iteration, finished=False)

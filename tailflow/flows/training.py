@@ -137,13 +137,14 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
             artifacts.wandb_link(ctx.metrics.wandb_run)
         attempt_started = datetime.now(timezone.utc)  # a Cancel ends this attempt's subflows, not earlier ones
         for step in range(state.iteration, run_config.train.iterations):
+            # the hooks too: a Cancel's signal lands as often while the report of a committed step is drawn
             with ended_on_cancel(ctx.store, run_id, run_config.storage.uri, step, since=attempt_started):
                 ctx, state = run_iteration(ctx, state, step)
-            rows = ctx.metrics.rows()
-            after_iteration(ctx, state, rows[-1], lease, live)
-            artifacts.progress(state.iteration)
-            artifacts.metrics(rows)
-            artifacts.checkpoint_link(ctx.store, state.latest_checkpoint, step, run_config.storage.link_expiry_s)
+                rows = ctx.metrics.rows()
+                after_iteration(ctx, state, rows[-1], lease, live)
+                artifacts.progress(state.iteration)
+                artifacts.metrics(rows)
+                artifacts.checkpoint_link(ctx.store, state.latest_checkpoint, step, run_config.storage.link_expiry_s)
         after_run(ctx, state)
         return summarize(ctx.store, state, ctx.metrics.rows())
     finally:
