@@ -113,13 +113,18 @@ def cancel_unfinished_subflows(since: datetime, line: str) -> None:
     way (a task's or a subflow's engine reports the signal as a crash when it lands outside the iteration's own
     code). Subflows of earlier attempts keep their states (a killed attempt's Crashed one says what replaced it)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
+                                                FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
     from prefect.runtime import flow_run
     from prefect.states import Cancelled
 
     if not flow_run.id:
         return
-    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]))
+    # unfinished ones only, asked of the server: a long run has one finished subflow per iteration, more than a
+    # page of results
+    unfinished = FlowRunFilterState(type=FlowRunFilterStateType(not_any_=[StateType.COMPLETED, StateType.CANCELLED]))
+    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]), state=unfinished)
     with get_client(sync_client=True) as client:
         for subflow in client.read_flow_runs(flow_run_filter=runs_filter):
             state = subflow.state
