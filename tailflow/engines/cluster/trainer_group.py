@@ -113,22 +113,25 @@ class TrainerGroup:
         actor_class = ray.remote(num_cpus=num_cpus_per_worker, num_gpus=num_gpus_per_worker, max_restarts=0)(
             TrainerWorker
         )
+        self._start_workers(actor_class, options, model_path, num_threads, dict(trainer_kwargs or {}))
+        self.reservation = reservation.hold() if reservation is not None else None
+
+    def _start_workers(self, actor_class, options: list[dict], model_path: str, num_threads: int,
+                       trainer_kwargs: dict[str, Any]) -> None:
+        """Start the ranks and join their process group, on a new rendezvous port after a failed start."""
         for attempt in range(START_ATTEMPTS):
-            self.workers = [
-                actor_class.options(**options[rank]).remote(model_path, rank, world_size, num_threads,
-                                                            dict(trainer_kwargs or {}))
-                for rank in range(world_size)
-            ]
+            self.workers = [actor_class.options(**options[rank]).remote(model_path, rank, self.world_size,
+                                                                        num_threads, trainer_kwargs)
+                            for rank in range(self.world_size)]
             self._accumulating: list[ray.ObjectRef] = []
             try:
                 self.master_addr, self.master_port = rendezvous_address(self.workers[0])
                 get_all([worker.connect.remote(self.master_addr, self.master_port) for worker in self.workers])
-                break
+                return
             except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError):
                 self.shutdown()
                 if attempt == START_ATTEMPTS - 1:
                     raise
-        self.reservation = reservation.hold() if reservation is not None else None
 
     def train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False, ppo_epochs: int = 1,
                    mini_batches: int = 1, seed: int = 0) -> TrainStepStats:

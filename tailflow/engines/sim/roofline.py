@@ -24,7 +24,7 @@ from; `presets.py` the hardware's and models').
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tailflow.engines.sim.comm import collective_s
 from tailflow.engines.sim.costs import CostModel, CostModelError, Infeasible
@@ -85,9 +85,6 @@ class RooflineCost(CostModel):
     def from_presets(cls, hardware: str, model: str, num_gpus: int, tp: int,
                      efficiency: Efficiency = Efficiency()) -> "RooflineCost":
         return cls(hardware_preset(hardware), model_preset(model), ClusterShape(num_gpus, tp), efficiency)
-
-    def with_tp(self, tp: int) -> "RooflineCost":
-        return RooflineCost(self.hardware, self.model, replace(self.cluster, tp=tp), self.efficiency)
 
     @property
     def kv_bytes_per_token(self) -> float:

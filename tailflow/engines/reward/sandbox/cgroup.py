@@ -52,16 +52,6 @@ class Cgroup:
             finally:
                 os.close(fd)
 
-    def peak_memory_bytes(self) -> int | None:
-        """The most memory it held at once (for measurements)."""
-        name = "memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"
-        for directory in self.dirs:
-            try:
-                return int(Path(directory, name).read_text())
-            except (OSError, ValueError):
-                continue
-        return None
-
     def remove(self) -> bool:
         """Kill whatever is left in it and remove it; False if it could not be removed (left for a later sweep)."""
         return all(remove_dir(directory) for directory in self.dirs)

@@ -52,6 +52,15 @@ def feed_stdin(proc: subprocess.Popen, data: bytes) -> None:
     threading.Thread(target=write, daemon=True).start()
 
 
+def nonblocking_selector(fds: tuple[int, ...]) -> selectors.BaseSelector:
+    """A selector over `fds`, each set non-blocking (a read returns what is there, never waits)."""
+    selector = selectors.DefaultSelector()
+    for fd in fds:
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
+    return selector
+
+
 def supervise(proc: subprocess.Popen, stdin: bytes, timeout_s: float, max_output_bytes: int,
               kill: Callable[[], None]) -> Outcome:
     started = time.monotonic()
@@ -59,10 +68,7 @@ def supervise(proc: subprocess.Popen, stdin: bytes, timeout_s: float, max_output
     feed_stdin(proc, stdin)
     fds = proc.stdout.fileno(), proc.stderr.fileno()
     buffers = {fd: BoundedBuffer(max_output_bytes) for fd in fds}
-    selector = selectors.DefaultSelector()
-    for fd in fds:
-        os.set_blocking(fd, False)
-        selector.register(fd, selectors.EVENT_READ)
+    selector = nonblocking_selector(fds)
     timed_out = overflowed = False
     exited_at = None
     while selector.get_map():
