@@ -267,3 +267,39 @@ def test_a_fault_with_a_record_fires_once_across_processes(monkeypatch, tmp_path
         monkeypatch.setenv(faults.ENV, "crash-train@2")
         assert faults.armed("crash-train@2") is (_ == 0)
     assert sorted(p.name for p in (tmp_path / "fired").iterdir()) == ["crash-train@2"]
+
+
+def test_a_task_a_cancel_stops_ends_completed_and_its_caller_gets_run_cancelled(prefect_api, monkeypatch):
+    """Prefect logs every end of a task run but Completed as an error, and a Cancel's signal most often lands in a
+    task's body (inside Ray's C code it arrives as a SystemError): such a task ends Completed and calling it
+    raises RunCancelled, which the iteration turns into Cancelled states. Without a Cancel the same error fails
+    the task and reaches its caller as before."""
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    from tailflow.tasks import cancellable
+
+    @cancellable.run_task
+    def interrupted() -> int:
+        raise SystemError("<built-in method __new__> returned a result with an exception set")
+
+    @flow(persist_result=False)
+    def calls_it() -> str:
+        try:
+            interrupted()
+        except cancellable.RunCancelled:
+            return "cancelled"
+        return "went on"
+
+    monkeypatch.setattr(cancellable, "cancel_requested", lambda: True)
+    state = calls_it(return_state=True)
+    assert state.result() == "cancelled"
+    with get_client(sync_client=True) as client:
+        task_runs = client.read_task_runs(
+            flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id])))
+    assert [run.state.type.value for run in task_runs] == ["COMPLETED"]
+
+    monkeypatch.setattr(cancellable, "cancel_requested", lambda: False)
+    with pytest.raises(SystemError):
+        calls_it()

@@ -7,8 +7,9 @@ Ray call in flight may fail first. Whatever error reaches the iteration or the r
 run is Cancelling the run writes one line (iterations committed, the checkpoint, how to resume), sets the
 iteration's subflow and its own flow run Cancelled, and stops with `RunCancelled`. That is Prefect's `Abort`
 ("the orchestrator ended this run"): the engines then neither report a crash nor propose a state of their
-own, and no retry starts. A flow run no worker supervises (`tailflow train` with a server) is cancelled too:
-the run looks at its state after each commit and stops there.
+own, and no retry starts. A task the signal stops ends Completed and its call raises `RunCancelled`
+(tasks/cancellable.py): Prefect logs every other end of a task run as an error. A flow run no worker supervises
+(`tailflow train` with a server) is cancelled too: the run looks at its state after each commit and stops there.
 """
 from __future__ import annotations
 
@@ -16,31 +17,11 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Iterator
 
-from prefect.exceptions import Abort
-
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.flows.run_log import say
+from tailflow.tasks.cancellable import RunCancelled, cancel_requested
 
-
-class RunCancelled(Abort):
-    """The run's flow run was cancelled; the message is the line the run wrote. `state` (when set): the flow
-    run's Cancelled state, which Prefect's engine records as the run's end."""
-
-
-def cancel_requested() -> bool:
-    """Whether the run this flow run belongs to (its root flow run) is Cancelling or Cancelled. False when the
-    API cannot say: the error at hand is then reported as it is."""
-    from prefect.client.orchestration import get_client
-    from prefect.runtime import flow_run
-
-    if not flow_run.id:
-        return False
-    try:
-        with get_client(sync_client=True) as client:
-            state = client.read_flow_run(flow_run.root_flow_run_id or flow_run.id).state
-    except Exception:  # noqa: BLE001 - see the docstring
-        return False
-    return state is not None and (state.is_cancelling() or state.is_cancelled())
+__all__ = ["RunCancelled", "cancel_requested", "ended_on_cancel", "aborted_on_cancel", "stop_if_cancelled"]
 
 
 def cancelled_line(store, run_id: str, store_uri: str, iteration: int, finished: bool) -> str:
@@ -108,10 +89,11 @@ def run_cancelled(line: str) -> RunCancelled:
 
 
 def cancel_unfinished_subflows(since: datetime, line: str) -> None:
-    """Set every `iter-NNNN` subflow this flow run started after `since` (this attempt) Cancelled unless it
-    completed or is Cancelled already: the one the signal stopped, and any other it left Crashed or Running on the
-    way (a task's or a subflow's engine reports the signal as a crash when it lands outside the iteration's own
-    code). Subflows of earlier attempts keep their states (a killed attempt's Crashed one says what replaced it)."""
+    """Set every subflow this flow run started after `since` (this attempt) Cancelled unless it completed or is
+    Cancelled already: the one the signal stopped, and any other it left Crashed or Running on the way (a
+    subflow's engine reports the signal as a crash when it lands outside the iteration's own code; one it hit
+    while starting still has its generated name, not `iter-NNNN`). Subflows of earlier attempts keep their
+    states (a killed attempt's Crashed one says what replaced it)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
                                                 FlowRunFilterStateType)
@@ -128,6 +110,6 @@ def cancel_unfinished_subflows(since: datetime, line: str) -> None:
     with get_client(sync_client=True) as client:
         for subflow in client.read_flow_runs(flow_run_filter=runs_filter):
             state = subflow.state
-            if (subflow.name.startswith("iter-") and subflow.created is not None and subflow.created >= since
+            if (subflow.created is not None and subflow.created >= since
                     and (state is None or not (state.is_completed() or state.is_cancelled()))):
                 client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)

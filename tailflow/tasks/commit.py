@@ -4,18 +4,16 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from tailflow.engines.faults import fault_point
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RngState, RunState
 from tailflow.engines.runs.checkpoint import weights_sha256, write_checkpoint
 from tailflow.engines.runs.commit import commit_state, prune_checkpoints
 from tailflow.engines.runs.layout import checkpoint_key
+from tailflow.tasks.cancellable import run_task
 
 
-@task(cache_policy=NO_CACHE, persist_result=False)
+@run_task
 def commit(ctx: RunContext, state: RunState, metrics_row: dict[str, Any]) -> RunState:
     """Every iteration: the checkpoint (model + optimizer, a Hugging Face directory), then the metrics row,
     then the state naming both, then `latest`. A crash anywhere before `latest` leaves the previous commit."""

@@ -3,15 +3,13 @@ from __future__ import annotations
 
 import time
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from tailflow.engines.evaluation import held_out_accuracy
 from tailflow.engines.outcome import Evaluation
 from tailflow.engines.run_context import RunContext
+from tailflow.tasks.cancellable import run_task
 
 
-@task(cache_policy=NO_CACHE, persist_result=False)
+@run_task
 def evaluate_policy(ctx: RunContext) -> Evaluation:
     started = time.perf_counter()
     config = ctx.config

@@ -5,19 +5,16 @@ asynchronous one was launched earlier and the rounds after it keep running.
 """
 from __future__ import annotations
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.tail.pipeline_state import PipelineState
 from tailflow.engines.tail.taken import TakenRound
 from tailflow.engines.track.rollout_trace import RolloutTraceLog, trace_of
+from tailflow.tasks.cancellable import run_task
 
 
-# Never cached: each of these drives stateful Ray actors.
-@task(cache_policy=NO_CACHE, persist_result=False)
+@run_task
 def take_round(ctx: RunContext, state: RunState, iteration: int) -> TakenRound:
     """Round `iteration`, once its completion rule is done; with `storage.rollout_trace` its trace row (every
     launched response's length, finish step, kept or aborted) is appended to the run's rollout_trace.jsonl.
@@ -41,14 +38,14 @@ def take_round(ctx: RunContext, state: RunState, iteration: int) -> TakenRound:
     return taken
 
 
-@task(cache_policy=NO_CACHE, persist_result=False)
+@run_task
 def pause_rollout(ctx: RunContext) -> int:
     """Stop the requests in flight, keeping their tokens: the engines go idle for the weight sync. Returns how
     many were stopped (none in a synchronous run)."""
     return ctx.pipeline.pause()
 
 
-@task(cache_policy=NO_CACHE, persist_result=False)
+@run_task
 def resume_rollout(ctx: RunContext, version: int) -> PipelineState | None:
     """Resubmit them under weights `version`; what is resubmitted, with the rounds running ahead, is what the
     commit records (None: nothing, as in every synchronous run)."""

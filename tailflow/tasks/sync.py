@@ -3,16 +3,14 @@ from __future__ import annotations
 
 import time
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.weight_sync import push_weights
 from tailflow.engines.outcome import WeightSync
 from tailflow.engines.run_context import RunContext
+from tailflow.tasks.cancellable import run_task
 
 
-@task(cache_policy=NO_CACHE, persist_result=False)
+@run_task
 def sync_weights(ctx: RunContext, version: int, iteration: int) -> WeightSync:
     """Engines refuse new weights while a request is in flight, so no response ever mixes two versions. Colocated
     on GPUs the trainer parks first, so the engines wake into the GPU memory it held."""

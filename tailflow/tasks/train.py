@@ -5,9 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.weight_sync import offload_rollout
 from tailflow.engines.reward.scoring import ScoredRound
@@ -16,10 +13,10 @@ from tailflow.engines.run_context import RunContext
 from tailflow.engines.tail.taken import OverlapStats
 from tailflow.engines.train.samples import samples_from_groups
 from tailflow.engines.train.trainer import TrainStepStats
+from tailflow.tasks.cancellable import run_task
 
 if TYPE_CHECKING:
     from tailflow.engines.cluster.trainer_group import PendingTrainStep
-
 
 @dataclass(frozen=True)
 class TrainedStep:
@@ -28,7 +25,7 @@ class TrainedStep:
     """What the rollout did during the step (nothing when synchronous)."""
 
 
-@task(cache_policy=NO_CACHE, persist_result=False)
+@run_task
 def train_policy(ctx: RunContext, scored: ScoredRound, work: RoundWork, iteration: int,
                  weight_version: int) -> TrainedStep:
     """One step on the round's groups. `weight_version`: the weights the trainer holds (the responses may be at
