@@ -292,7 +292,7 @@ def run_resume(args, config) -> int:
 def run_to_its_end(run) -> int:
     """Run the training flow and print its summary. Cancelled (from the UI, with a server), the run has said
     where it stopped and how to resume: exit 1 without a traceback."""
-    from tailflow.flows.cancel import RunCancelled
+    from tailflow.tasks.cancellable import RunCancelled
 
     with one_line_user_errors():
         try:

@@ -21,8 +21,6 @@ from tailflow.engines.runs.commit import read_committed_state
 from tailflow.flows.run_log import say
 from tailflow.tasks.cancellable import RunCancelled, cancel_requested
 
-__all__ = ["RunCancelled", "cancel_requested", "ended_on_cancel", "aborted_on_cancel", "stop_if_cancelled"]
-
 
 def cancelled_line(store, run_id: str, store_uri: str, iteration: int, finished: bool) -> str:
     """What the run says when cancelled in (or, `finished`, after) `iteration`: what is committed, how to go on."""
@@ -103,13 +101,11 @@ def cancel_unfinished_subflows(since: datetime, line: str) -> None:
 
     if not flow_run.id:
         return
-    # unfinished ones only, asked of the server: a long run has one finished subflow per iteration, more than a
-    # page of results
+    # the server leaves out completed and cancelled ones: a long run has a finished subflow per iteration, more
+    # than a page of results
     unfinished = FlowRunFilterState(type=FlowRunFilterStateType(not_any_=[StateType.COMPLETED, StateType.CANCELLED]))
     runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]), state=unfinished)
     with get_client(sync_client=True) as client:
         for subflow in client.read_flow_runs(flow_run_filter=runs_filter):
-            state = subflow.state
-            if (subflow.created is not None and subflow.created >= since
-                    and (state is None or not (state.is_completed() or state.is_cancelled()))):
+            if subflow.created is not None and subflow.created >= since:
                 client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)

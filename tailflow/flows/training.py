@@ -19,7 +19,7 @@ from tailflow.engines.track import MetricsLogger
 from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
 from tailflow.flows.artifacts import RunArtifacts
-from tailflow.flows.cancel import cancel_requested, ended_on_cancel
+from tailflow.flows.cancel import ended_on_cancel
 from tailflow.flows.iteration import iteration
 from tailflow.flows.live_progress import live_progress
 from tailflow.flows.preflight import check_inputs
@@ -31,6 +31,7 @@ from tailflow.flows.run_log import print_resume, print_start, say
 from tailflow.flows.setup import (build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context,
                                   shutdown_workers)
 from tailflow.flows.writer import run_writer
+from tailflow.tasks.cancellable import cancel_requested
 from tailflow.tasks.evaluate import evaluate_policy
 
 

@@ -27,7 +27,8 @@ class RunCancelled(Abort):
 
 def cancel_requested() -> bool:
     """Whether the run this flow run belongs to (its root flow run) is Cancelling or Cancelled. False when the
-    API cannot say: the error at hand is then reported as it is."""
+    API cannot say: the error at hand is then reported as it is. Once it says yes the run winds down, so from
+    then on this process ignores SIGTERM (`hold_off_termination`)."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 

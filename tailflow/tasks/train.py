@@ -18,6 +18,7 @@ from tailflow.tasks.cancellable import run_task
 if TYPE_CHECKING:
     from tailflow.engines.cluster.trainer_group import PendingTrainStep
 
+
 @dataclass(frozen=True)
 class TrainedStep:
     stats: TrainStepStats
