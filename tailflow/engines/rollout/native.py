@@ -29,35 +29,13 @@ from tailflow.engines.rollout.model_runner import ModelRunner
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
 from tailflow.engines.rollout.sampler import make_batch, sample
 from tailflow.engines.rollout.scheduler import Scheduler, prefill_chunks
-from tailflow.engines.rollout.sequence import Sequence
+from tailflow.engines.rollout.sequence import Sequence, check_requests, eos_ids
+from tailflow.engines.rollout.vllm_weights import check_weight_names
 
 
 def default_dtype(device: torch.device | str) -> torch.dtype:
     """bf16 on CUDA (what GPU rollout engines run), fp32 on CPU (CPU bf16 matmuls are slow and inexact)."""
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
-
-
-def config_eos_ids(model: PreTrainedModel) -> tuple[int, ...]:
-    """EOS ids from the generation config, else the model config (int, list or None)."""
-    generation = getattr(model, "generation_config", None)
-    eos = getattr(generation, "eos_token_id", None)
-    if eos is None:
-        eos = model.config.eos_token_id
-    if eos is None:
-        return ()
-    return (eos,) if isinstance(eos, int) else tuple(eos)
-
-
-def check_state_dict(model: PreTrainedModel, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-    """Refuse, before touching any weight, a state dict that does not match the model exactly."""
-    own = model.state_dict()
-    tied = getattr(model.config, "tie_word_embeddings", False)
-    missing = [k for k in own if k not in state_dict and not (tied and k == "lm_head.weight")]
-    unexpected = [k for k in state_dict if k not in own]
-    mismatched = [k for k in state_dict if k in own and tuple(state_dict[k].shape) != tuple(own[k].shape)]
-    if missing or unexpected or mismatched:
-        raise KeyError(f"load_weights(version={version}): missing {missing}, unexpected {unexpected}, "
-                       f"wrong shape {mismatched}")
 
 
 class NativeEngine:
@@ -85,7 +63,9 @@ class NativeEngine:
         self.max_seq_len = max_seq_len
         self.seed = seed
         self.vocab_size = model.config.vocab_size
-        self.eos_token_ids = frozenset(config_eos_ids(model) if eos_token_ids is None else eos_token_ids)
+        config_eos = eos_ids(getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+                             model.config.eos_token_id)
+        self.eos_token_ids = frozenset(config_eos if eos_token_ids is None else eos_token_ids)
         self.weight_version = weight_version
         self.num_arrived = 0
         self.num_steps = 0
@@ -104,32 +84,10 @@ class NativeEngine:
     def submit(self, requests: Seq[Request]) -> None:
         """Queue requests FIFO; all are validated before any is queued."""
         self._check_awake("submit")
-        self.scheduler.check_new(requests, self._validate)
+        check_requests(requests, self.scheduler.in_flight_ids(), self.vocab_size, self.max_seq_len)
         for request in requests:
             self.scheduler.add(Sequence(request, self.num_arrived, self.seed))
             self.num_arrived += 1
-
-    def _validate(self, request: Request, seen: set[str]) -> None:
-        rid, prompt = request.request_id, request.prompt_token_ids
-        if rid in seen:
-            raise ValueError(f"request {rid!r}: duplicate request id (already in flight or twice in this call)")
-        if not prompt:
-            raise ValueError(f"request {rid!r}: empty prompt")
-        if min(prompt) < 0 or max(prompt) >= self.vocab_size:
-            raise ValueError(f"request {rid!r}: prompt token ids must be in [0, {self.vocab_size})")
-        prefix = request.prefix
-        if prefix is not None:
-            if len(prefix.token_ids) >= request.params.max_new_tokens:
-                raise ValueError(f"request {rid!r}: its prefix of {len(prefix.token_ids)} tokens already reaches "
-                                 f"max_new_tokens ({request.params.max_new_tokens}): it is finished, not in flight")
-            if prefix.token_ids and (min(prefix.token_ids) < 0 or max(prefix.token_ids) >= self.vocab_size):
-                raise ValueError(f"request {rid!r}: prefix token ids must be in [0, {self.vocab_size})")
-        needed = len(prompt) + request.params.max_new_tokens
-        if needed > self.max_seq_len:
-            raise ValueError(
-                f"request {rid!r}: prompt ({len(prompt)}) + max_new_tokens ({request.params.max_new_tokens}) "
-                f"= {needed} exceeds the engine's max_seq_len {self.max_seq_len}"
-            )
 
     # ---- the loop ----------------------------------------------------------------------------
 
@@ -254,7 +212,9 @@ class NativeEngine:
                 f"{len(self.scheduler.waiting)} waiting requests would mix weight versions; "
                 "finish or abort them first"
             )
-        check_state_dict(self.runner.model, state_dict, version)
+        own = {name: tuple(tensor.shape) for name, tensor in self.runner.model.state_dict().items()}
+        tied = getattr(self.runner.model.config, "tie_word_embeddings", False)
+        check_weight_names(own, state_dict, tied, version)
         self.runner.model.load_state_dict(dict(state_dict), strict=False)
         if not self.is_asleep:
             self.runner.refresh_weights()
@@ -275,12 +235,9 @@ class NativeEngine:
             )
         self.runner.release_memory()
 
-    def wake_up(self, tags: Seq[str] | None = None) -> None:
+    def wake_up(self) -> None:
         """Back on the device after `sleep()`, with whatever weights were loaded meanwhile; a seeded request
-        then gives exactly what it would have without the sleep. Idempotent.
-
-        `tags` is vLLM's `wake_up(tags)` argument (wake only "weights" or "kv_cache"), accepted so callers
-        can treat both engines alike; this engine always wakes everything at once and ignores it."""
+        then gives exactly what it would have without the sleep. Idempotent."""
         self.runner.restore_memory()
 
     def _check_awake(self, what: str) -> None:

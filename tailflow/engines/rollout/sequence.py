@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from enum import Enum
+from typing import Iterable, Sequence as Seq
 
 import torch
 
@@ -21,7 +22,65 @@ class SequenceStatus(Enum):
     FINISHED = "finished"
 
 
-class Sequence:
+def eos_ids(generation_eos: int | Seq[int] | None, config_eos: int | Seq[int] | None) -> tuple[int, ...]:
+    """EOS ids from the generation config, else the model config (each an int, a list or None)."""
+    eos = config_eos if generation_eos is None else generation_eos
+    if eos is None:
+        return ()
+    return (eos,) if isinstance(eos, int) else tuple(eos)
+
+
+def check_requests(requests: Iterable[Request], in_flight_ids: Iterable[str], vocab_size: int,
+                   max_seq_len: int) -> None:
+    """Refuse a batch before any of it is queued (the native and vLLM engines' `submit`): a request id already
+    in flight or earlier in the batch, an empty prompt, token ids outside the vocabulary, a prefix that is
+    already finished, prompt + max_new_tokens over the engine's `max_seq_len`."""
+    seen = set(in_flight_ids)
+    for request in requests:
+        rid, prompt, prefix, params = request.request_id, request.prompt_token_ids, request.prefix, request.params
+        if rid in seen:
+            raise ValueError(f"request {rid!r}: duplicate request id (already in flight or twice in this call)")
+        if not prompt:
+            raise ValueError(f"request {rid!r}: empty prompt")
+        if min(prompt) < 0 or max(prompt) >= vocab_size:
+            raise ValueError(f"request {rid!r}: prompt token ids must be in [0, {vocab_size})")
+        if prefix is not None:
+            if len(prefix.token_ids) >= params.max_new_tokens:
+                raise ValueError(f"request {rid!r}: its prefix of {len(prefix.token_ids)} tokens already reaches "
+                                 f"max_new_tokens ({params.max_new_tokens}): it is finished, not in flight")
+            if prefix.token_ids and (min(prefix.token_ids) < 0 or max(prefix.token_ids) >= vocab_size):
+                raise ValueError(f"request {rid!r}: prefix token ids must be in [0, {vocab_size})")
+        needed = len(prompt) + params.max_new_tokens
+        if needed > max_seq_len:
+            raise ValueError(f"request {rid!r}: prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) "
+                             f"= {needed} exceeds the engine's max_seq_len {max_seq_len}")
+        seen.add(rid)
+
+
+class ResponseSoFar:
+    """A request plus the response it has so far (a continued request starts from its prefix): what both
+    engines hold per request in flight."""
+
+    def __init__(self, request: Request) -> None:
+        prefix = request.prefix
+        self.request = request
+        self.request_id = request.request_id
+        self.token_ids: list[int] = list(prefix.token_ids) if prefix else []
+        self.logprobs: list[float] = list(prefix.logprobs) if prefix else []
+        self.weight_versions: list[int] = list(prefix.weight_versions) if prefix else []
+
+    def ends_with_stop_sequence(self) -> bool:
+        tokens = self.token_ids
+        return any(0 < len(stop) <= len(tokens) and tuple(tokens[-len(stop):]) == tuple(stop)
+                   for stop in self.request.params.stop_sequences)
+
+    def to_completion(self, reason: FinishReason, weight_version: int) -> Completion:
+        mixed = any(version != weight_version for version in self.weight_versions)
+        return self.request.completion(tuple(self.token_ids), tuple(self.logprobs), reason, weight_version,
+                                       tuple(self.weight_versions) if mixed else ())
+
+
+class Sequence(ResponseSoFar):
     """A request plus what it has produced so far.
 
     `num_cached` counts positions whose keys/values are in the cache; the last
@@ -29,15 +88,10 @@ class Sequence:
     """
 
     def __init__(self, request: Request, arrival_index: int, engine_seed: int) -> None:
+        super().__init__(request)
         params = request.params
-        self.request = request
-        self.request_id = request.request_id
         self.params = params
         self.status = SequenceStatus.WAITING
-        prefix = request.prefix
-        self.token_ids: list[int] = list(prefix.token_ids) if prefix else []
-        self.logprobs: list[float] = list(prefix.logprobs) if prefix else []
-        self.weight_versions: list[int] = list(prefix.weight_versions) if prefix else []
         self.num_cached = 0
         seed = params.seed if params.seed is not None else derive_seed(engine_seed, arrival_index)
         self.generator = torch.Generator().manual_seed(seed)
@@ -70,20 +124,8 @@ class Sequence:
         token = self.token_ids[-1]
         if token in eos_token_ids:
             return FinishReason.EOS
-        if token in self.params.stop_token_ids or self._ends_with_stop_sequence():
+        if token in self.params.stop_token_ids or self.ends_with_stop_sequence():
             return FinishReason.STOP
         if len(self.token_ids) >= self.params.max_new_tokens:
             return FinishReason.LENGTH
         return None
-
-    def _ends_with_stop_sequence(self) -> bool:
-        tokens = self.token_ids
-        return any(
-            len(stop) > 0 and len(tokens) >= len(stop) and tuple(tokens[-len(stop):]) == tuple(stop)
-            for stop in self.params.stop_sequences
-        )
-
-    def to_completion(self, reason: FinishReason, weight_version: int) -> Completion:
-        mixed = any(version != weight_version for version in self.weight_versions)
-        return self.request.completion(tuple(self.token_ids), tuple(self.logprobs), reason, weight_version,
-                                       tuple(self.weight_versions) if mixed else ())

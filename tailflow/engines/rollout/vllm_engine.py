@@ -47,7 +47,7 @@ import torch
 
 from tailflow.config import ConfigError
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
-from tailflow.engines.rollout.sequence import derive_seed
+from tailflow.engines.rollout.sequence import check_requests, derive_seed
 from tailflow.engines.rollout.vllm_translate import (InFlight, VllmCalls, engine_kwargs, eos_ids_and_vocab_of,
                                                      finish_reason_of, sampled_logprobs, sampling_kwargs)
 from tailflow.engines.rollout.vllm_kernel_scan import modules_hidden_from_vllm_scan
@@ -162,33 +162,13 @@ class VllmEngine:
     def submit(self, requests: Seq[Request]) -> None:
         """Queue requests FIFO; all are validated before any is queued."""
         self._check_awake("submit")
-        seen = {*self.running, *(seq.request_id for seq in self.waiting)}
-        for request in requests:
-            self._validate(request, seen)
-            seen.add(request.request_id)
+        check_requests(requests, [*self.running, *(seq.request_id for seq in self.waiting)], self.vocab_size,
+                       self.max_seq_len)
         for request in requests:
             seed = request.params.seed if request.params.seed is not None else derive_seed(self.seed,
                                                                                            self.num_arrived)
             self.waiting.append(InFlight(request, seed))
             self.num_arrived += 1
-
-    def _validate(self, request: Request, seen: set[str]) -> None:
-        rid, prefix, params = request.request_id, request.prefix, request.params
-        if rid in seen:
-            raise ValueError(f"request {rid!r}: duplicate request id (already in flight or twice in this call)")
-        if not request.prompt_token_ids:
-            raise ValueError(f"request {rid!r}: empty prompt")
-        context = (*request.prompt_token_ids, *(prefix.token_ids if prefix else ()))
-        if any(not 0 <= token < self.vocab_size for token in context):
-            raise ValueError(f"request {rid!r}: prompt and prefix token ids must be in [0, {self.vocab_size})")
-        if prefix is not None and len(prefix.token_ids) >= params.max_new_tokens:
-            raise ValueError(f"request {rid!r}: its prefix of {len(prefix.token_ids)} tokens already reaches "
-                             f"max_new_tokens ({params.max_new_tokens}): it is finished, not in flight")
-        needed = len(request.prompt_token_ids) + params.max_new_tokens
-        if needed > self.max_seq_len:
-            raise ValueError(f"request {rid!r}: prompt ({len(request.prompt_token_ids)}) + max_new_tokens "
-                             f"({params.max_new_tokens}) = {needed} exceeds the engine's max_seq_len "
-                             f"{self.max_seq_len}")
 
     def _admit(self) -> None:
         """Hand waiting requests to vLLM while fewer than num_slots are inside it."""

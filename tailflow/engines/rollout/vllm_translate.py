@@ -10,9 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence as Seq
 
-import torch
-
-from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request, SamplingParams
+from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
+from tailflow.engines.rollout.sequence import ResponseSoFar, eos_ids
 from tailflow.engines.rollout.vllm_worker_hooks import PREFIX_DRAWS
 
 CPU_BLOCK_SIZE = 128
@@ -32,10 +31,7 @@ def eos_ids_and_vocab_of(model_path: str | Path) -> tuple[tuple[int, ...], int]:
         eos = GenerationConfig.from_pretrained(model_path).eos_token_id
     except OSError:  # no generation_config.json
         eos = None
-    if eos is None:
-        eos = config.eos_token_id
-    eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
-    return eos_ids, config.vocab_size
+    return eos_ids(eos, config.eos_token_id), config.vocab_size
 
 
 def kv_cache_bytes(model_path: str | Path, num_slots: int, max_seq_len: int) -> int:
@@ -118,25 +114,10 @@ class VllmCalls:
         return cls(sampling_params, tokens_input)
 
 
-class InFlight:
+class InFlight(ResponseSoFar):
     """One request inside the engine: its response so far (a continued request starts from its prefix)."""
 
     def __init__(self, request: Request, seed: int) -> None:
-        prefix = request.prefix
-        self.request = request
-        self.request_id = request.request_id
+        super().__init__(request)
         self.seed = seed
-        self.token_ids: list[int] = list(prefix.token_ids) if prefix else []
-        self.logprobs: list[float] = list(prefix.logprobs) if prefix else []
-        self.weight_versions: list[int] = list(prefix.weight_versions) if prefix else []
         self.num_prefix_tokens = len(self.token_ids)
-
-    def ends_with_stop_sequence(self) -> bool:
-        tokens = self.token_ids
-        return any(0 < len(stop) <= len(tokens) and tuple(tokens[-len(stop):]) == tuple(stop)
-                   for stop in self.request.params.stop_sequences)
-
-    def to_completion(self, reason: FinishReason, weight_version: int) -> Completion:
-        mixed = any(version != weight_version for version in self.weight_versions)
-        return self.request.completion(tuple(self.token_ids), tuple(self.logprobs), reason, weight_version,
-                                       tuple(self.weight_versions) if mixed else ())

@@ -36,7 +36,8 @@ def checkpoint_shapes(model_path: str | Path) -> dict[str, tuple[int, ...]]:
 def check_weight_names(expected: Mapping[str, tuple[int, ...]], state_dict: Mapping[str, torch.Tensor],
                        tied_lm_head: bool, version: int) -> None:
     """Refuse, before any weight moves, a state dict that does not match the checkpoint's names and shapes.
-    A tied `lm_head.weight` may be present or absent (vLLM's loaders skip it)."""
+    A tied `lm_head.weight` may be present or absent (vLLM's loaders skip it). The native engine checks against
+    its model's own state dict with it too."""
     optional = {"lm_head.weight"} if tied_lm_head else set()
     missing = sorted(set(expected) - set(state_dict) - optional)
     unexpected = sorted(set(state_dict) - set(expected) - optional)
