@@ -212,8 +212,7 @@ class RolloutPipeline:
         self.rounds[saved.plan.iteration] = live
         self.round_of.update((rid, saved.plan.iteration) for rid in requests)
         live.observed = [c.completion(requests[c.request_id]) for c in saved.observed]
-        for completion in live.observed:
-            live.rule.observe([completion])
+        live.rule.observe(live.observed)
         live.aborted = [c.completion(requests[c.request_id]) for c in saved.aborted]
         live.show(live.observed)  # scored again: nothing a commit held is lost
         live.settled = live.rule.is_done
@@ -261,12 +260,9 @@ class RolloutPipeline:
             len(self.rounds), self.prompts_in_flight())
 
     def _generate(self, live: LiveRound) -> None:
-        """A batch round: every request to completion in one call, shown to the rule in request order."""
-        completions = self.rollout.generate(list(live.requests.values()))
-        steps = getattr(self.rollout, "finish_steps", {})
-        live.rule.observe(completions)
-        live.observed = list(completions)
-        live.finish_steps = {c.request_id: steps[c.request_id] for c in completions if c.request_id in steps}
+        """A batch round: every request to completion in one call, shown to the rule in request order (a
+        wait-for-all rule aborts nothing)."""
+        self._observe(live.planned.plan.iteration, self.rollout.generate(list(live.requests.values())))
         self._settle()
 
     def roll_while(self, busy: Callable[[], bool], fixed_steps: int = 0) -> OverlapStats:
@@ -293,7 +289,9 @@ class RolloutPipeline:
         if not finished and not self.rollout.has_unfinished():
             waiting = [live.rule for live in self.rounds.values() if not live.rule.is_done]
             if waiting:
-                raise stalled_error(waiting[0])
+                in_flight = waiting[0].in_flight_request_ids()
+                raise RolloutStalled(f"rollout stalled: {len(in_flight)} requests in flight but no engine has "
+                                     f"unfinished work (lost by an engine?): {', '.join(in_flight)}")
         by_round: dict[int, list[Completion]] = {}
         for completion in finished:  # owners first: a request its rule aborts in this batch still goes to it
             j = self.round_of.get(completion.request_id)
@@ -391,10 +389,4 @@ class RolloutPipeline:
 
     def _request(self, request_id: str) -> Request:
         return self.rounds[self.round_of[request_id]].requests[request_id]
-
-
-def stalled_error(rule: CompletionRule) -> RolloutStalled:
-    in_flight = rule.in_flight_request_ids()
-    return RolloutStalled(f"rollout stalled: {len(in_flight)} requests in flight but no engine has unfinished work "
-                          f"(lost by an engine?): {', '.join(in_flight)}")
 
