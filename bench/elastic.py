@@ -107,8 +107,8 @@ def play_round(rollout, iteration: int, requests: list[Request], args):
                      args.prompts // 2)
     planned = PlannedRound(plan, problems, TailState())
     settings = TailSettings(args.prompts // 2, args.per_prompt - 1, steps_per_poll=STEPS_PER_POLL)
-    pipeline = RolloutPipeline(rollout, settings, 0.0, False, problems, {p.problem_id: p for p in problems},
-                               lambda _: requests, plan=lambda tail, j, live: planned)
+    pipeline = RolloutPipeline(rollout, settings, 0.0, False, problems, lambda _: requests,
+                               plan=lambda tail, j, live: planned)
     pipeline.start(TailState(), iteration)
     return pipeline.take(iteration).result
 

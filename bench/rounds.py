@@ -15,8 +15,7 @@ class RoundsInTurn:
         from tailflow.engines.tail.pipeline import RolloutPipeline
         from tailflow.engines.tail.state import TailState
 
-        self.pipeline = RolloutPipeline(rollout, settings, 0.0, False, problems,
-                                        {p.problem_id: p for p in problems}, make_requests, observe)
+        self.pipeline = RolloutPipeline(rollout, settings, 0.0, False, problems, make_requests, observe)
         self.pipeline.start(TailState())
         self.num_taken = 0
 

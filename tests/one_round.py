@@ -34,8 +34,8 @@ def take_one_round(rollout, requests: list[Request], kind: RoundKind, responses_
     plan = RoundPlan(kind, iteration, len(problems), (), per_prompt, responses_kept, prompts_to_complete)
     planned = PlannedRound(plan, problems, TailState())
     settings = TailSettings(prompts_to_complete, responses_kept, steps_per_poll=steps_per_poll)
-    pipeline = RolloutPipeline(rollout, settings, 0.0, False, problems, {p.problem_id: p for p in problems},
-                               lambda _: requests, lambda _planned, _version: observer or Unobserved(),
+    pipeline = RolloutPipeline(rollout, settings, 0.0, False, problems, lambda _: requests,
+                               lambda _planned, _version: observer or Unobserved(),
                                plan=lambda tail, j, live: planned)
     pipeline.start(TailState(), iteration)
     return pipeline.take(iteration)

@@ -76,7 +76,6 @@ def weights(version: int) -> dict[str, torch.Tensor]:
 
 
 PROBLEMS = [Problem(f"p{i:02d}", f"prompt {i}", "0") for i in range(40)]
-BY_ID = {p.problem_id: p for p in PROBLEMS}
 
 
 def make_requests(planned):
@@ -91,7 +90,7 @@ def pipeline(alpha: float, partial: bool = True, tail: bool = True, prompt_ratio
     engine = NativeEngine(tiny_qwen2(), num_slots=8, max_seq_len=32, eos_token_ids=(1,))
     tail_settings = TailSettings(prompts_per_step=P0, responses_kept=R0, prompt_ratio=prompt_ratio,
                                  responses_launched=3, enabled=tail, data_seed=0, steps_per_poll=steps_per_poll)
-    return RolloutPipeline(OneEngine(engine), tail_settings, alpha, partial, PROBLEMS, BY_ID, make_requests, observe)
+    return RolloutPipeline(OneEngine(engine), tail_settings, alpha, partial, PROBLEMS, make_requests, observe)
 
 
 def run(pipe: RolloutPipeline, iterations: range, steps_during_train: int = 6):

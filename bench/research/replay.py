@@ -55,7 +55,7 @@ def replay_rounds(rounds: Sequence[TraceRound], group: SimGroup, prompts_per_ste
         return requests
 
     settings = TailSettings(prompts_per_step, responses_kept, steps_per_poll=steps_per_poll)
-    pipeline = RolloutPipeline(group, settings, 0.0, False, [], {}, requests_of,
+    pipeline = RolloutPipeline(group, settings, 0.0, False, [], requests_of,
                                plan=lambda tail, j, live: planned[j])
     replayed = []
     for trace_round in rounds:

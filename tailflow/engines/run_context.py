@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 
 
 class RunContext:
-    __slots__ = ("run_id", "config", "store", "tokenizer", "train_problems", "eval_problems", "problems_by_id",
-                 "reward", "timeouts", "sampling", "tail", "rollout", "trainer", "reward_pool", "metrics",
-                 "model_path", "model_config", "max_seq_len", "num_skipped_rows", "watch", "round_work", "pipeline")
+    __slots__ = ("run_id", "config", "store", "tokenizer", "train_problems", "eval_problems", "reward", "timeouts",
+                 "sampling", "tail", "rollout", "trainer", "reward_pool", "metrics", "model_path", "model_config",
+                 "max_seq_len", "num_skipped_rows", "watch", "round_work", "pipeline")
 
     run_id: str
     config: RunConfig
@@ -46,7 +46,6 @@ class RunContext:
     tokenizer: PreTrainedTokenizerBase
     train_problems: list[Problem]
     eval_problems: list[Problem]
-    problems_by_id: dict[str, Problem]
     reward: RewardSpec
     """Which reward, and what it implies (`runs_code`)."""
     timeouts: TimeoutPolicy
@@ -78,12 +77,11 @@ class RunContext:
     commits; each iteration restores it from the last commit unless it is already there."""
 
     def __init__(self, **fields) -> None:
-        optional = {"problems_by_id", "watch", "round_work", "pipeline"}
+        optional = {"watch", "round_work", "pipeline"}
         missing = set(self.__slots__) - set(fields) - optional
         if missing:
             raise TypeError(f"RunContext needs {', '.join(sorted(missing))}")
-        fields.setdefault("problems_by_id", {problem.problem_id: problem for problem in fields["train_problems"]})
-        for name in optional - {"problems_by_id"}:
+        for name in optional:
             fields.setdefault(name, None)
         for name, value in fields.items():
             object.__setattr__(self, name, value)

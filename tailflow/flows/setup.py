@@ -183,7 +183,7 @@ def with_pipeline(ctx: RunContext) -> RunContext:
     round_work = RoundWorkFactory(config, ctx.reward_pool, ctx.trainer, ctx.tokenizer, ctx.reward.runs_code,
                                   ctx.watch)
     pipeline = RolloutPipeline(ctx.rollout, ctx.tail, config.rollout.async_ratio, config.rollout.partial,
-                               ctx.train_problems, ctx.problems_by_id, make_requests, round_work)
+                               ctx.train_problems, make_requests, round_work)
     return ctx.replacing(round_work=round_work, pipeline=pipeline)
 
 

@@ -116,10 +116,8 @@ class PolicySimulation:
         self.settings, self.lengths, self.group, self.trainer = settings, lengths, group, trainer
         self.streaming = streaming
         self.problems = [Problem(problem_id, "", "") for problem_id in lengths.problem_ids()]
-        self.problems_by_id = {problem.problem_id: problem for problem in self.problems}
         observe = (lambda planned, version: StreamedRound(lambda: group.clock_s)) if streaming.any else None
-        self.pipeline = RolloutPipeline(group, settings, alpha, partial, self.problems, self.problems_by_id,
-                                        self.requests_of, observe)
+        self.pipeline = RolloutPipeline(group, settings, alpha, partial, self.problems, self.requests_of, observe)
         self.pipeline.start(TailState())
         self.rounds: list[SimRound] = []
         self.steps: list[SimStep] = []

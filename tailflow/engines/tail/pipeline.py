@@ -47,7 +47,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import AbstractSet, Callable, Mapping, Protocol, Sequence
+from typing import AbstractSet, Callable, Protocol, Sequence
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
@@ -137,14 +137,13 @@ class RolloutPipeline:
     """
 
     def __init__(self, rollout: StreamingRollout, settings: TailSettings, alpha: float, partial: bool,
-                 problems: Sequence[Problem], problems_by_id: Mapping[str, Problem],
-                 make_requests: Callable[[PlannedRound], list[Request]],
+                 problems: Sequence[Problem], make_requests: Callable[[PlannedRound], list[Request]],
                  observe: Callable[[PlannedRound, int], RoundObserver] | None = None,
                  plan: Callable[[TailState, int, AbstractSet[str]], PlannedRound] | None = None) -> None:
         if 0 < alpha < 1:
             raise ValueError(f"async_ratio must be 0 (synchronous) or >= 1, got {alpha}")
         self.rollout, self.settings, self.alpha, self.partial = rollout, settings, alpha, partial
-        self.problems, self.problems_by_id = problems, problems_by_id
+        self.problems, self.problems_by_id = problems, {problem.problem_id: problem for problem in problems}
         self.make_requests = make_requests
         self.observe = observe or (lambda planned, version: Unobserved())
         self.plan = plan or self._plan_from_data
