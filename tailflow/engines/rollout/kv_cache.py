@@ -21,7 +21,6 @@ class SlotKVCache:
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.num_slots = num_slots
         self.max_seq_len = max_seq_len
 
     def write_prefill(self, layer: int, first_row: int, k: torch.Tensor, v: torch.Tensor) -> None:

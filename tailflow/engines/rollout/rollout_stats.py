@@ -10,7 +10,6 @@ from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishRea
 @dataclass(frozen=True)
 class RolloutStats:
     seconds: float
-    num_requests: int
     tokens_generated: int
     bubble_ratio: float
     """1 - busy slot-steps / available slot-steps, over the engines' decode steps of this phase."""
@@ -35,7 +34,6 @@ def summarize_rollout(
     tokens = sum(a.tokens_generated - b.tokens_generated for a, b in zip(after, before))
     return RolloutStats(
         seconds=seconds,
-        num_requests=len(completions),
         tokens_generated=tokens,
         bubble_ratio=1.0 - busy / available if available else 0.0,
         num_truncated=sum(1 for c in completions if c.finish_reason == FinishReason.LENGTH),

@@ -151,16 +151,13 @@ class RolloutWorker:
         return tagged
 
     def generate(self, requests: Sequence[Request]) -> list[Completion]:
-        return [tagged.completion for tagged in self.generate_tagged(requests)]
-
-    def generate_tagged(self, requests: Sequence[Request]) -> list[FinishedAt]:
         """Submit and step until idle (the engine's `generate`), keeping each completion's finish step."""
         self._start_round()
         self.engine.submit(requests)
-        tagged = []
+        completions = []
         while self.engine.has_unfinished():
-            tagged += self.step_many_tagged(64)
-        return tagged
+            completions += self.step_many(64)
+        return completions
 
     def submit(self, requests: Sequence[Request]) -> None:
         if not self.engine.has_unfinished():

@@ -34,10 +34,7 @@ class SavedCompletion(BaseModel):
 
     @classmethod
     def of(cls, completion: Completion) -> "SavedCompletion":
-        return cls(request_id=completion.request_id, token_ids=list(completion.token_ids),
-                   logprobs=list(completion.logprobs), finish_reason=completion.finish_reason,
-                   weight_version=completion.weight_version,
-                   token_weight_versions=list(completion.token_weight_versions))
+        return cls.model_validate(completion, from_attributes=True)
 
     def completion(self, request: Request) -> Completion:
         """This completion again, with the identity and prompt of `request` (rebuilt from the round's plan)."""

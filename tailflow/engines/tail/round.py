@@ -1,7 +1,7 @@
 """A round's two ends: `begin_round` chooses its prompts, `settle_round` queues the ones it gave up on.
 
 Between them the caller launches the plan's requests and runs them under the
-round's completion rule (driver.py). Both ends are pure: they take a
+round's completion rule (pipeline.py). Both ends are pure: they take a
 `TailState` and return a new one, and the data cursor advances only in the
 returned state.
 
