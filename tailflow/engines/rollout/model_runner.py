@@ -196,12 +196,12 @@ class ModelRunner:
         self.model.to(device=self.device, dtype=self.dtype)
         self.positions = torch.arange(self.max_seq_len, device=self.device)
         self.rows = torch.arange(self.num_slots, device=self.device)
-        self.cos, self.sin = self._rope_table(self.max_seq_len)
+        self.cos, self.sin = self._rope_table()
         self.cache = SlotKVCache(config.num_hidden_layers, self.num_slots, self.num_kv_heads, self.max_seq_len,
                                  self.head_dim, dtype=self.dtype, device=self.device)
         self.refresh_weights()
 
-    def _rope_table(self, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope_table(self) -> tuple[torch.Tensor, torch.Tensor]:
         """cos/sin [max_seq_len, head_dim] from the model's own rotary module (any rope_type it supports),
         computed in fp32 and rounded to the model's dtype, as Hugging Face applies them."""
         with torch.inference_mode():
