@@ -62,7 +62,7 @@ def inside_limits(limits: SandboxLimits, cgroup: Cgroup | None) -> dict:
 
 def launch_spec(limits: SandboxLimits, cgroup: Cgroup | None) -> dict:
     """What the in-sandbox launcher needs, for both namespace backends."""
-    return {"interpreter": interpreter(), "scratch": SANDBOX_DIR, "limits": inside_limits(limits, cgroup)}
+    return {"scratch": SANDBOX_DIR, "limits": inside_limits(limits, cgroup)}
 
 
 def jail_command(workdir: str, limits: SandboxLimits, cgroup: Cgroup | None) -> list[str]:
