@@ -115,9 +115,6 @@ class CodeReward:
         tally.timeouts += verdict.timeouts
         tally.add_time(verdict.slowest_s)
 
-    def close(self) -> None:
-        """Nothing to release: every sandbox is gone when `score_problem` returns."""
-
     def __setstate__(self, state: dict) -> None:
         """Unpickled on another machine (a Ray worker), `auto` means what it means there."""
         self.__dict__.update(state, backend=resolve_backend(state["sandbox"]))
