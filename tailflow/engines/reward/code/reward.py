@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from tailflow.engines.data.problem import CodeTests, Problem
 from tailflow.engines.reward.code.extract import extract_program, same_output
@@ -104,11 +104,9 @@ class CodeReward:
         budget_s = deadline - time.monotonic()
         if budget_s <= 0:
             return
-        limits = self.limits(budget_s)
+        limits = {name: value for name, value in asdict(self.limits(budget_s)).items() if name != "timeout_s"}
         spec = TestsSpec(code, list(tests.asserts), tests.test_module, list(tests.test_functions), timeout_s,
-                         budget_s, self.backend, dict(cpu_time_s=limits.cpu_time_s, memory_bytes=self.memory_bytes,
-                                                      max_processes=self.max_processes,
-                                                      max_output_bytes=self.max_output_bytes))
+                         budget_s, self.backend, limits)
         verdict = run_verdict(spec)
         self.num_executions += verdict.sessions
         tally.passed += len(set(verdict.passed) & set(range(spec.num_tests)))
