@@ -28,12 +28,10 @@ from dataclasses import asdict, dataclass
 
 from tailflow.engines.data.problem import CodeTests, Problem
 from tailflow.engines.reward.code.extract import extract_program, same_output
-from tailflow.engines.reward.code.runner import RUNNER_SLACK_S, run_verdict
+from tailflow.engines.reward.code.runner import run_verdict
 from tailflow.engines.reward.code.verdict import TestsSpec
 from tailflow.engines.reward.result import RewardResult
 from tailflow.engines.reward.sandbox import SandboxLimits, cgroup, resolve_backend, run_python
-
-__all__ = ["RUNNER_SLACK_S", "CodeReward", "extract_program", "same_output"]
 
 
 @dataclass
