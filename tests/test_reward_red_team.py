@@ -21,7 +21,7 @@ import pytest
 from tailflow.engines.data.code_task import builtin_code_problems
 from tailflow.engines.data.problem import CodeTests, Problem
 from tailflow.engines.reward.code import CodeReward
-from tailflow.engines.reward.code.reward import RUNNER_SLACK_S
+from tailflow.engines.reward.code.runner import RUNNER_SLACK_S
 from tailflow.engines.reward.sandbox import SandboxLimits, run_python
 from tailflow.engines.reward.sandbox.bwrap import bwrap_works
 from tailflow.engines.reward.sandbox.process import namespaces_available

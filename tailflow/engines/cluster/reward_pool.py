@@ -34,8 +34,8 @@ from tailflow.engines.reward.worker import RewardWorker, ScoreItem, ScoreOutcome
 
 
 class RewardPool:
-    def __init__(self, spec: RewardSpec, min_workers: int = 1, max_workers: int = 4, backlog_per_worker: int = 8,
-                 num_threads: int = 1) -> None:
+    def __init__(self, spec: RewardSpec, min_workers: int = 1, max_workers: int = 4,
+                 backlog_per_worker: int = 8) -> None:
         if not 1 <= min_workers <= max_workers:
             raise ValueError(f"need 1 <= min_workers ({min_workers}) <= max_workers ({max_workers})")
         if backlog_per_worker < 1:
@@ -43,7 +43,6 @@ class RewardPool:
         self.spec = spec
         self.min_workers, self.max_workers, self.backlog_per_worker = min_workers, max_workers, backlog_per_worker
         self._actor_class = ray.remote(num_cpus=0, max_restarts=0)(RewardWorker)
-        self._num_threads = num_threads
         self.workers: list = []
         self._outstanding: dict = {}
         """ObjectRef -> (index of the worker scoring it, the request id it scores)."""
@@ -53,17 +52,15 @@ class RewardPool:
         """Index -> its `ping` call, for workers that have not answered yet."""
         self.peak_workers = 0
         self.peak_backlog = 0
-        self.workers_started = 0
         for _ in range(min_workers):
             self._add_worker()  # starting meanwhile: the first submit waits for one, or check_started for all
 
     # ---- sizing ------------------------------------------------------------------------------
 
     def _add_worker(self) -> None:
-        worker = self._actor_class.remote(self.spec, self._num_threads)
+        worker = self._actor_class.remote(self.spec)
         self._starting[len(self.workers)] = worker.ping.remote()
         self.workers.append(worker)
-        self.workers_started += 1
         self.peak_workers = max(self.peak_workers, len(self.workers))
 
     def check_started(self) -> None:
@@ -87,10 +84,6 @@ class RewardPool:
     def workers_wanted(self, backlog: int) -> int:
         return min(self.max_workers, max(self.min_workers, math.ceil(backlog / self.backlog_per_worker)))
 
-    def _grow_for(self, backlog: int) -> None:
-        while len(self.workers) < self.workers_wanted(backlog):
-            self._add_worker()
-
     def shrink_to_recent_need(self) -> None:
         """After a round: keep what its peak backlog needed; idle workers beyond that are stopped."""
         wanted = self.workers_wanted(self.peak_backlog)
@@ -109,7 +102,8 @@ class RewardPool:
 
     def submit(self, items: Sequence[ScoreItem]) -> None:
         for item in items:
-            self._grow_for(self.backlog + 1)
+            while len(self.workers) < self.workers_wanted(self.backlog + 1):
+                self._add_worker()
             load = [0] * len(self.workers)
             for index, _ in self._outstanding.values():
                 load[index] += 1

@@ -17,7 +17,7 @@ class IOCase:
 class CodeTests:
     """How a code problem is checked.
 
-    - `asserts`: statements run after the response's code, in its namespace (one test each);
+    - `asserts`: statements the test runner runs outside the sandbox, on the program's names (one test each);
     - `test_module` + `test_functions`: a pytest-style module (KodCode's `test` field) that may
       `from solution import f`; each named `test_*` function is one test;
     - `io_cases`: stdin/stdout pairs (APPS style), one execution each.

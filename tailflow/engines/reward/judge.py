@@ -59,6 +59,3 @@ class JudgeReward:
         yes, no = self.engine.next_token_logprobs(self.prompt_ids(response_text, problem), (self.yes_id, self.no_id))
         p_yes = 1.0 / (1.0 + math.exp(no - yes))
         return RewardResult(reward=p_yes, correct=p_yes > 0.5, formatted=True)
-
-    def close(self) -> None:
-        pass

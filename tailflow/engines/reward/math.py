@@ -157,7 +157,7 @@ class MathReward:
         return RewardResult(reward=reward, correct=is_correct, formatted=is_formatted)
 
     def score_problem(self, response_text: str, problem, timeout_s: float | None = None) -> RewardResult:
-        """The reward-function protocol (`engines/reward/scoring.py`); math has no adaptive timeout."""
+        """The reward-function protocol (`spec.build_reward`); math has no adaptive timeout."""
         return self.score(response_text, problem.answer)
 
     def score_batch(self, texts: Sequence[str], golds: Sequence[str]) -> list[RewardResult]:

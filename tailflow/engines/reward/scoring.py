@@ -34,8 +34,6 @@ class ScoredGroup:
 
 @dataclass(frozen=True)
 class ScoringStats:
-    exposed_s: float
-    """Wall time from the end of rollout until every kept response was scored: the step's reward time."""
     busy_s: float
     """Scoring time summed over responses (worker wall clock)."""
     hidden_s: float

@@ -40,7 +40,8 @@ def reward_spec(reward_config, policy_model_path: str) -> RewardSpec:
 
 
 def build_reward(spec: RewardSpec):
-    """The reward function object: anything with `score_problem(text, problem, timeout_s) -> RewardResult`."""
+    """The reward function object: anything with `score_problem(text, problem, timeout_s) -> RewardResult`, and
+    `close()` where it holds something to release (`RewardWorker.close`)."""
     if spec.type == "math":
         from tailflow.engines.reward.math import MathReward
 

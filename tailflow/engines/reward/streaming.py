@@ -15,7 +15,6 @@ are counted (`reward/unused_scores`), not used.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tailflow.engines.data.problem import Problem
@@ -40,10 +39,8 @@ class StreamingScorer:
         self.timeout_of = timeout_of
         self.streaming = streaming
         self._outcomes: dict[str, ScoreOutcome] = {}
-        self._sent: set[str] = set()
         self.texts: dict[str, str] = {}
-        """Each response's text, decoded once when it is sent to the reward."""
-        self.rollout_ended_at: float | None = None
+        """Each response's text, decoded once when it is sent to the reward: its keys are the responses sent."""
         self.watcher = watcher if streaming else None
 
     def item_for(self, completion: Completion) -> ScoreItem:
@@ -59,10 +56,9 @@ class StreamingScorer:
         if not self.streaming:
             return
         items = [self.item_for(c) for c in completions
-                 if c.finish_reason is not FinishReason.ABORT and c.request_id not in self._sent]
-        self._sent.update(item.request_id for item in items)
+                 if c.finish_reason is not FinishReason.ABORT and c.request_id not in self.texts]
         self.pool.submit(items)
-        self._collect(self.pool.ready(self._sent - self._outcomes.keys()))
+        self._collect(self.pool.ready(self.texts.keys() - self._outcomes.keys()))
 
     def scored_group(self, problem_id: str, kept: Sequence[Completion]) -> ScoredGroup | None:
         """A completed prompt's group if every kept response has been scored by the last `on_finished` (which
@@ -77,20 +73,17 @@ class StreamingScorer:
 
     def finish(self, kept: Sequence[Completion]) -> tuple[dict[str, ScoreOutcome], ScoringStats]:
         """Outcomes of the kept completions (scoring any not yet sent), and the round's figures."""
-        self.rollout_ended_at = time.time()
-        started = time.perf_counter()
-        missing = [self.item_for(c) for c in kept if c.request_id not in self._sent]
-        self._sent.update(item.request_id for item in missing)
+        rollout_ended_at = time.time()
+        missing = [self.item_for(c) for c in kept if c.request_id not in self.texts]
         self.pool.submit(missing)
-        self._collect(self.pool.wait_for(self._sent - self._outcomes.keys()))
-        exposed_s = time.perf_counter() - started
+        self._collect(self.pool.wait_for(self.texts.keys() - self._outcomes.keys()))
         kept_ids = {c.request_id for c in kept}
         outcomes = {request_id: self._outcomes[request_id] for request_id in kept_ids}
         busy = sum(o.seconds for o in self._outcomes.values())
-        hidden = sum(max(0.0, min(o.finished_at, self.rollout_ended_at) - o.started_at)
+        hidden = sum(max(0.0, min(o.finished_at, rollout_ended_at) - o.started_at)
                      for o in self._outcomes.values())
         stats = ScoringStats(
-            exposed_s=exposed_s, busy_s=busy, hidden_s=hidden, num_scored=len(self._outcomes),
+            busy_s=busy, hidden_s=hidden, num_scored=len(self._outcomes),
             num_unused=len(self._outcomes) - len(kept_ids),
             unused_reward_sum=sum(o.result.reward for r, o in self._outcomes.items() if r not in kept_ids),
             num_timeouts=sum(outcome.result.timeouts for outcome in outcomes.values()),

@@ -2,25 +2,11 @@
 
     T = min(max(T_min, lambda * T_anchor), T_max)
 
-`T_anchor` is a high quantile (`reward.timeout_anchor_quantile`, 0.9) of the
-slowest single execution of each of the last `reward.timeout_anchor_window`
-(100) *correct* responses: correct code has shown how long the task needs,
-and anything much slower is almost surely looping. The paper's anchor is the
-maximum; a maximum can be ratcheted: a correct program that sleeps just under
-T raises the anchor to T, the next timeout is lambda * T, and repeats push it
-to T_max for everyone. With the quantile, one slow response moves nothing,
-and moving the anchor takes more than (1 - q) of the window's correct
-responses being slow. With one anchor per task every problem shares it; per
-problem, a problem's own window (else the dataset's reference time for it,
-else nothing) applies. Before any anchor exists the timeout is T_max, the
-fixed timeout a non-adaptive run uses throughout.
-
-Anchors are read from the last commit and updated from the iteration's
-results in launch order, after scoring: every response of an iteration gets
-the timeout the commit implies, whatever order the reward workers finish in,
-and a resumed run continues with exactly the windows it had. States committed
-before the windows existed hold only the anchors (`task_s`, `problem_s`); they
-load with each anchor as a window of one.
+`T_anchor` is a high quantile of the slowest execution of each of the last
+correct responses, not the paper's maximum, which a correct program sleeping
+just under T can ratchet up to T_max. The whole rule (scopes, fallbacks,
+anchors in the committed state, older states): docs/rewards.md, "Adaptive
+timeout (code)".
 """
 from __future__ import annotations
 

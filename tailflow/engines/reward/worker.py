@@ -41,11 +41,11 @@ class ScoreOutcome:
 
 
 class RewardWorker:
-    def __init__(self, spec: RewardSpec, num_threads: int = 1) -> None:
+    def __init__(self, spec: RewardSpec) -> None:
         if spec.type == "judge":  # only the judge computes with torch; importing it costs the others seconds
             import torch
 
-            torch.set_num_threads(num_threads)  # a judge model must not take every core from rollout
+            torch.set_num_threads(1)  # a judge model must not take every core from rollout
         self.reward = build_reward(spec)
 
     def score(self, items: Sequence[ScoreItem]) -> list[ScoreOutcome]:

@@ -32,7 +32,8 @@ import time
 import types
 
 from tailflow.engines.reward.code.errors import ExceptionClasses, RemoteError, SessionLost, rebuild_exception
-from tailflow.engines.reward.code.wire import WIRE_MAX_ITEMS, wire_decode, wire_dumps, wire_encode, wire_loads
+from tailflow.engines.reward.code.wire import (NEXT_BATCH_MAX, WIRE_MAX_ITEMS, wire_decode, wire_dumps, wire_encode,
+                                               wire_loads)
 from tailflow.engines.reward.sandbox.session import SandboxSession
 
 __all__ = ["MAX_REPLY_BYTES", "RemoteError", "RemoteObject", "RemoteProgram", "SessionLost"]
@@ -43,7 +44,6 @@ MAX_REPLY_BYTES = 16 << 20
 """All replies of one session together."""
 MAX_VALUES = 2_000_000
 """Values (each list item, dict key and value...) all replies of one session may decode to."""
-NEXT_BATCH_MAX = 4096
 _STOP = object()
 
 

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from tailflow.engines.data.problem import CodeTests, Problem
 from tailflow.engines.reward.code.extract import extract_program, same_output
-from tailflow.engines.reward.code.runner import RUNNER_SLACK_S, run_verdict
+from tailflow.engines.reward.code.runner import run_verdict
 from tailflow.engines.reward.code.verdict import TestsSpec
 from tailflow.engines.reward.result import RewardResult
 from tailflow.engines.reward.sandbox import SandboxLimits, cgroup, resolve_backend, run_python
-
-__all__ = ["RUNNER_SLACK_S", "CodeReward", "extract_program", "same_output"]
 
 
 @dataclass
@@ -104,19 +102,14 @@ class CodeReward:
         budget_s = deadline - time.monotonic()
         if budget_s <= 0:
             return
-        limits = self.limits(budget_s)
+        limits = {name: value for name, value in asdict(self.limits(budget_s)).items() if name != "timeout_s"}
         spec = TestsSpec(code, list(tests.asserts), tests.test_module, list(tests.test_functions), timeout_s,
-                         budget_s, self.backend, dict(cpu_time_s=limits.cpu_time_s, memory_bytes=self.memory_bytes,
-                                                      max_processes=self.max_processes,
-                                                      max_output_bytes=self.max_output_bytes))
+                         budget_s, self.backend, limits)
         verdict = run_verdict(spec)
         self.num_executions += verdict.sessions
         tally.passed += len(set(verdict.passed) & set(range(spec.num_tests)))
         tally.timeouts += verdict.timeouts
         tally.add_time(verdict.slowest_s)
-
-    def close(self) -> None:
-        """Nothing to release: every sandbox is gone when `score_problem` returns."""
 
     def __setstate__(self, state: dict) -> None:
         """Unpickled on another machine (a Ray worker), `auto` means what it means there."""

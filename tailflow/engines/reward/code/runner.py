@@ -12,17 +12,18 @@ remove, are removed here.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 from dataclasses import asdict
 
 from tailflow.engines.reward.code.verdict import TestsSpec, TestVerdict
 from tailflow.engines.reward.sandbox import cgroup
-from tailflow.engines.reward.sandbox.supervise import supervise
+from tailflow.engines.reward.sandbox.process import kill_everything, supervised
+from tailflow.engines.reward.sandbox.records import Launched
 
 RUNNER_SLACK_S = 10.0
 """Past the budget, how long the test runner may take to start and report before it is killed."""
@@ -38,20 +39,11 @@ def run_verdict(spec: TestsSpec) -> TestVerdict:
     env = {key: value for key, value in os.environ.items() if key != "PYTHONHASHSEED"}
     proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env=env, start_new_session=True)
-
-    def kill() -> None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    launched = Launched(proc, functools.partial(kill_everything, proc, False), ())
     try:
-        outcome = supervise(proc, json.dumps(asdict(spec)).encode(), spec.budget_s + RUNNER_SLACK_S,
-                            RUNNER_OUTPUT_BYTES, kill)
+        outcome = supervised(launched, json.dumps(asdict(spec)).encode(), spec.budget_s + RUNNER_SLACK_S,
+                             RUNNER_OUTPUT_BYTES)
     finally:
-        kill()
-        proc.wait()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            stream.close()
         cgroup.remove_owned_by(proc.pid)
     if outcome.timed_out:
         return TestVerdict([], 1, spec.budget_s, spec.budget_s, 1)

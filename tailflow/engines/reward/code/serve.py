@@ -19,8 +19,6 @@ import os
 import sys
 import types
 
-NEXT_BATCH_LIMIT = 4096
-"""At most this many items of an iterator per `next` request (a generator may be endless)."""
 SERVE_MESSAGE_LIMIT = 200
 """Characters of an exception message sent back."""
 MAX_EXCEPTION_BASES = 8
@@ -64,7 +62,7 @@ def next_items(table, target, count):
     """Up to `count` items of an iterator, whether it ended, and the exception it raised after them."""
     items, reply = [], {"stop": 0}
     try:
-        for _ in range(max(1, min(count, NEXT_BATCH_LIMIT))):
+        for _ in range(max(1, min(count, NEXT_BATCH_MAX))):
             items.append(next(target))
     except StopIteration:
         reply["stop"] = 1

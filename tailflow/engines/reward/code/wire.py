@@ -32,6 +32,9 @@ WIRE_MAX_ITEMS = 200_000
 """Values one decoded message may hold (each list item, set member, dict key and value, tuple item counts)."""
 WIRE_MAX_SHARED_HASH = 32
 """Members of one decoded set (keys of one dict) that may share a hash value."""
+NEXT_BATCH_MAX = 4096
+"""Items of an iterator one `next` request asks for, and the program's side gives, at most (a generator may be
+endless)."""
 HANDLE_KEYS = {"h", "c", "n", "i", "e"}
 PLAIN_SCALARS = (type(None), bool, int, float, str)
 TAGS = {"t": tuple, "s": set, "fs": frozenset}

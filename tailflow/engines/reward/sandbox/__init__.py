@@ -42,8 +42,7 @@ def resolve_backend(backend: str) -> str:
         from tailflow.engines.reward.sandbox.bwrap import bwrap_available
 
         if not bwrap_available():
-            raise SandboxError("reward.sandbox: backend 'bwrap' needs bubblewrap and prlimit on PATH "
-                               "(apt-get install bubblewrap)")
+            raise SandboxError("reward.sandbox: backend 'bwrap' needs bubblewrap on PATH (apt-get install bubblewrap)")
     if backend == "docker":
         from tailflow.engines.reward.sandbox.docker import docker_available
 

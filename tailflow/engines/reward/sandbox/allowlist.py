@@ -52,10 +52,6 @@ class ReadOnlyView:
     binds: tuple[tuple[str, str], ...]
     masked: tuple[str, ...]
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "ReadOnlyView":
-        return cls(tuple((source, target) for source, target in data["binds"]), tuple(data["masked"]))
-
 
 def interpreter() -> str:
     """The interpreter the sandbox runs (a venv's `python` resolved to the real binary, whose prefix holds the
@@ -98,22 +94,22 @@ def shared_libraries(binaries: list[str]) -> list[str]:
     return sorted(libraries - set(binaries))
 
 
+def file_version(path: str) -> str:
+    """`path` and what changes when the file is replaced or rewritten: a part of a cache key (OSError if absent)."""
+    info = os.stat(path)
+    return f"{path}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns};"
+
+
 @functools.cache
 def read_only_view() -> ReadOnlyView:
-    """The read-only part of every sandbox on this host, once per process (from the host's cache)."""
-    return compute_view()
-
-
-def compute_view() -> ReadOnlyView:
-    """The view from the cache where this host's interpreter and libraries have not changed since, else computed
-    (and cached)."""
+    """The read-only part of every sandbox on this host, once per process: from the host's cache where this
+    host's interpreter and libraries have not changed since, else computed (and cached)."""
     executable, stdlib = interpreter(), standard_library()
     extensions = sorted(glob.glob(os.path.join(stdlib, "lib-dynload", "*.so")))
     digest = hashlib.sha256()
     for path in (executable, LOADER_CACHE, *extensions):
         try:
-            info = os.stat(path)
-            digest.update(f"{path}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns};".encode())
+            digest.update(file_version(path).encode())
         except OSError:
             digest.update(f"{path}:absent;".encode())
     try:
@@ -122,7 +118,8 @@ def compute_view() -> ReadOnlyView:
         return view_of(executable, stdlib, extensions)
     try:
         with open(cached) as file:
-            view = ReadOnlyView.from_dict(json.load(file))
+            data = json.load(file)
+        view = ReadOnlyView(tuple((source, target) for source, target in data["binds"]), tuple(data["masked"]))
         if all(os.path.exists(source) for source, _ in view.binds):
             return view
     except (OSError, ValueError, KeyError, TypeError):
@@ -177,8 +174,7 @@ def gathered(files: list[str]) -> str:
     """A read-only directory holding exactly `files` (by base name), made once per host and file versions."""
     digest = hashlib.sha256()
     for path in sorted(files):
-        info = os.stat(path)
-        digest.update(f"{path}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns};".encode())
+        digest.update(file_version(path).encode())
     home = cache_home()
     final = os.path.join(home, digest.hexdigest()[:24])
     if os.path.isdir(final):

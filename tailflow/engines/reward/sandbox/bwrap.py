@@ -12,14 +12,11 @@ and cgroup namespaces, its own pid namespace (it cannot see or signal host
 processes, and when the namespace's init dies every process in it dies, so a
 setsid daemon cannot outlive the run), a scrubbed environment, uid 65534.
 
-The sandbox's command is the stdlib launcher `inner.py`, passed as source:
-as root it applies the rlimits (CPU time, address space, process count, file
-size, no core dumps), drops to uid/gid 65534 with no supplementary groups
-and no_new_privs (the uid change from 0 clears every capability), and execs
-the program. Without root, bubblewrap needs unprivileged user namespaces:
-the uid is 65534 only inside the user namespace, and RLIMIT_NPROC counts the
-caller's own processes; that path is written but not tested here (the tests
-run as root).
+The sandbox's command is the stdlib launcher `inner.py`, passed as source
+(its docstring says what it does before the program). Without root,
+bubblewrap needs unprivileged user namespaces: the uid is 65534 only inside
+the user namespace, and RLIMIT_NPROC counts the caller's own processes; that
+path is written but not tested here (the tests run as root).
 """
 from __future__ import annotations
 
@@ -31,13 +28,11 @@ from pathlib import Path
 
 from tailflow.engines.reward.sandbox.allowlist import SANDBOX_DIR, interpreter, read_only_view, scratch_bytes
 from tailflow.engines.reward.sandbox.cgroup import Cgroup
-from tailflow.engines.reward.sandbox.inner import encode_spec
-from tailflow.engines.reward.sandbox.process import child_setup, clean_env, kill_everything, launch_spec
+from tailflow.engines.reward.sandbox.inner import NOBODY, encode_spec
+from tailflow.engines.reward.sandbox.process import (NAMESPACE_ISOLATION, child_setup, clean_env, kill_everything,
+                                                     launch_spec)
 from tailflow.engines.reward.sandbox.records import Launched, SandboxLimits
 
-ISOLATION = ("rlimits", "session", "clean-env", "net-ns", "pid-ns", "ipc-ns", "mount-ns", "uid-nobody",
-             "allowlist-root")
-NOBODY = "65534"
 LAUNCHER_SOURCE = Path(__file__).with_name("inner.py").read_text()
 
 
@@ -60,7 +55,7 @@ def mount_arguments(workdir: str, limits: SandboxLimits) -> list[str]:
 def bwrap_command(workdir: str, limits: SandboxLimits, cgroup: Cgroup | None = None) -> list[str]:
     namespaces = ["--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup"]
     if os.geteuid() != 0:
-        namespaces += ["--unshare-user", "--uid", NOBODY, "--gid", NOBODY]
+        namespaces += ["--unshare-user", "--uid", str(NOBODY), "--gid", str(NOBODY)]
     env = [arg for key, value in clean_env(SANDBOX_DIR).items() for arg in ("--setenv", key, value)]
     launcher = [interpreter(), "-I", "-S", "-c", LAUNCHER_SOURCE, "--launch",
                 encode_spec(launch_spec(limits, cgroup))]
@@ -88,9 +83,7 @@ def bwrap_works() -> bool:
 
 def launch_bwrap(workdir: str, limits: SandboxLimits, cgroup: Cgroup | None = None) -> Launched:
     """Start `workdir/main.py` under bubblewrap (`--die-with-parent`: it dies with the calling thread)."""
-    if not bwrap_available():
-        raise RuntimeError("sandbox backend 'bwrap' needs bubblewrap on PATH (apt-get install bubblewrap)")
     proc = subprocess.Popen(bwrap_command(workdir, limits, cgroup), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, start_new_session=True, preexec_fn=child_setup(cgroup, False))
-    return Launched(proc, functools.partial(kill_everything, proc), ISOLATION, cgroup)
+    return Launched(proc, functools.partial(kill_everything, proc), NAMESPACE_ISOLATION, cgroup)
 

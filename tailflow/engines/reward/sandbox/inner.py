@@ -39,7 +39,7 @@ def apply_limits(limits):
     cpu = int(limits["cpu_time_s"])
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))  # SIGXCPU, then SIGKILL a second later
     resource.setrlimit(resource.RLIMIT_AS, (limits["memory_bytes"],) * 2)
-    nproc = int(limits.get("nproc", limits["max_processes"]))
+    nproc = int(limits["nproc"])
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["max_file_bytes"],) * 2)
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

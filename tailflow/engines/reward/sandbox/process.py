@@ -62,7 +62,7 @@ def inside_limits(limits: SandboxLimits, cgroup: Cgroup | None) -> dict:
 
 def launch_spec(limits: SandboxLimits, cgroup: Cgroup | None) -> dict:
     """What the in-sandbox launcher needs, for both namespace backends."""
-    return {"interpreter": interpreter(), "scratch": SANDBOX_DIR, "limits": inside_limits(limits, cgroup)}
+    return {"scratch": SANDBOX_DIR, "limits": inside_limits(limits, cgroup)}
 
 
 def jail_command(workdir: str, limits: SandboxLimits, cgroup: Cgroup | None) -> list[str]:
@@ -159,15 +159,21 @@ def child_setup(cgroup: Cgroup | None, die_with_parent: bool, limit=None):
     return setup
 
 
-def finish(launched: Launched, stdin: str, limits: SandboxLimits) -> SandboxResult:
-    """Feed stdin, collect the output under the limits, kill what is left: a one-shot run's whole life."""
+def supervised(launched: Launched, stdin: bytes, timeout_s: float, max_output_bytes: int) -> Outcome:
+    """Feed stdin, collect the output within the bounds, kill what is left and release it: a process's whole
+    life once launched."""
     proc = launched.proc
     try:
-        outcome = supervise(proc, stdin.encode(), limits.timeout_s, limits.max_output_bytes, launched.kill)
+        return supervise(proc, stdin, timeout_s, max_output_bytes, launched.kill)
     finally:
         launched.kill()
         proc.wait()
         launched.release()
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             stream.close()
+
+
+def finish(launched: Launched, stdin: str, limits: SandboxLimits) -> SandboxResult:
+    """A one-shot run's whole life, under its limits."""
+    outcome = supervised(launched, stdin.encode(), limits.timeout_s, limits.max_output_bytes)
     return to_result(outcome, launched.isolation, limits)

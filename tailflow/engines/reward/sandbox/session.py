@@ -4,10 +4,10 @@ Code tests need this: the tests run on the trusted side and call into the
 program many times, each call's result deciding what the test does next.
 The session is the same sandbox as a one-shot run (same backend, same
 `SandboxLimits`, the same kill of the whole process tree); what differs is
-that stdin and stdout are a conversation, and the wall clock of every reply
-is measured here, outside the sandbox, where the program cannot reach it.
-The program's stderr is drained in a thread into a bounded buffer, so a
-program that prints without end can neither block nor bloat this side.
+that stdin and stdout are a conversation; the clock is the test runner's
+(`verdict.timed`), outside the sandbox, where the program cannot reach it.
+The program's stderr is drained in a thread and discarded, so a program
+that prints without end can neither block nor bloat this side.
 """
 from __future__ import annotations
 
@@ -20,17 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tailflow.engines.reward.sandbox.records import SandboxLimits
-from tailflow.engines.reward.sandbox.supervise import CHUNK, BoundedBuffer
+from tailflow.engines.reward.sandbox.supervise import CHUNK
 
 
 @dataclass(frozen=True)
 class Reply:
     """One answer: `line` when `status` is "ok"; else "timeout" (killed), "closed" (the program is gone)
-    or "overflow" (a reply longer than the output bound; killed). `seconds` is this side's clock."""
+    or "overflow" (a reply longer than the output bound; killed)."""
 
     status: str
     line: str
-    seconds: float
 
 
 class SandboxSession:
@@ -42,8 +41,6 @@ class SandboxSession:
         Path(self.workdir.name, "main.py").write_text(code)
         self.launched = launch(resolve_backend(backend), self.workdir.name, limits, die_with_parent=True)
         self.proc = self.launched.proc
-        self.started = time.monotonic()
-        self.stderr = BoundedBuffer(limits.max_output_bytes)
         self.drainer = threading.Thread(target=self._drain_stderr, daemon=True)
         self.drainer.start()
         self.pending = bytearray()
@@ -53,24 +50,22 @@ class SandboxSession:
 
     def _drain_stderr(self) -> None:
         try:
-            for chunk in iter(lambda: self.proc.stderr.read1(CHUNK), b""):
-                self.stderr.add(chunk)
+            while self.proc.stderr.read1(CHUNK):
+                pass
         except (OSError, ValueError):
             pass  # closed under us: the session is over
 
     def ask(self, line: str, timeout_s: float) -> Reply:
         """Send one line, wait for one line back; on timeout or overflow the session is killed."""
-        started = time.monotonic()
-        deadline = started + max(0.0, timeout_s)
+        deadline = time.monotonic() + max(0.0, timeout_s)
         status = "closed" if self.is_closed else self._exchange(line.encode(), deadline)
-        seconds = time.monotonic() - started
         if status != "ok":
             self.close()
-            return Reply(status, "", seconds)
+            return Reply(status, "")
         newline = self.pending.index(b"\n")
         reply = bytes(self.pending[:newline]).decode("utf-8", errors="replace")
         del self.pending[:newline + 1]
-        return Reply("ok", reply, seconds)
+        return Reply("ok", reply)
 
     def _exchange(self, payload: bytes, deadline: float) -> str:
         out_fd, in_fd = self.proc.stdin.fileno(), self.proc.stdout.fileno()
@@ -101,11 +96,6 @@ class SandboxSession:
                         return "overflow"
         return "ok"
 
-    @property
-    def seconds(self) -> float:
-        """Wall time since the sandbox started, by this side's clock."""
-        return time.monotonic() - self.started
-
     def close(self) -> None:
         """Kill everything in the sandbox and remove its files; idempotent."""
         if self.is_closed:
@@ -122,10 +112,4 @@ class SandboxSession:
         self.drainer.join(timeout=5)
         self.proc.stderr.close()
         self.workdir.cleanup()
-
-    def __enter__(self) -> SandboxSession:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
