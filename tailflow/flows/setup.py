@@ -127,8 +127,7 @@ def prepare_run_dir(store: ArtifactStore, config: RunConfig, run_id: str) -> Non
         store.write_text(metrics_key(run_id), "")
 
 
-def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch=None, workers_added: int = 0
-                  ) -> RunContext:
+def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch, workers_added: int) -> RunContext:
     """Everything the run holds; `watch` (live progress) gives a watcher for each round's finished responses;
     `workers_added`: the rollout workers a resumed run added at runtime (its commit's `rollout_workers_added`)."""
     model_path = resolve_model_path(config, store)
