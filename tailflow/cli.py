@@ -475,7 +475,6 @@ def print_summary(summary) -> None:
     )
 
 
-
 NEEDS_NO_CONFIG = ("sandbox", "server", "worker", "deploy")
 COMMANDS = {"config": run_config, "train": run_train, "eval": run_eval, "warmstart": run_warmstart,
             "resume": run_resume, "report": run_report, "runs": run_runs, "workers": run_workers,

@@ -179,13 +179,11 @@ class RewardConfig(Section):
         if self.timeout_max_s < self.timeout_min_s:
             raise ValueError(f"reward.timeout_max_s ({self.timeout_max_s}) must be >= reward.timeout_min_s "
                              f"({self.timeout_min_s})")
-        for name in ("judge_template",):
-            template = getattr(self, name)
-            try:
-                template.format(prompt="p", reference="r", response="x")
-            except (KeyError, IndexError, ValueError) as error:
-                raise ValueError(f"reward.{name}: only {{prompt}}, {{reference}} and {{response}} may appear "
-                                 f"({error!r})") from None
+        try:
+            self.judge_template.format(prompt="p", reference="r", response="x")
+        except (KeyError, IndexError, ValueError) as error:
+            raise ValueError("reward.judge_template: only {prompt}, {reference} and {response} may appear "
+                             f"({error!r})") from None
         return self
 
 
@@ -272,14 +270,6 @@ class TrainConfig(Section):
     seed: int = 0
     """Seeds rollout sampling and the trainer."""
 
-    @model_validator(mode="after")
-    def _check_stream(self) -> "TrainConfig":
-        if self.stream and (self.ppo_epochs > 1 or self.mini_batches > 1):
-            raise ValueError(f"train.stream cannot be exact with train.ppo_epochs ({self.ppo_epochs}) or "
-                             f"train.mini_batches ({self.mini_batches}) > 1: their mini-batches and proximal "
-                             "log-probs need the whole batch before the first update; set both to 1 or stream false")
-        return self
-
     @property
     def skips_zero_advantage(self) -> bool:
         """Whether a step leaves out zero-advantage samples: asked for, and no KL term (which gives them a
@@ -287,7 +277,11 @@ class TrainConfig(Section):
         return self.skip_zero_advantage and self.kl_coef == 0
 
     @model_validator(mode="after")
-    def _check_backend(self) -> "TrainConfig":
+    def _check_combinations(self) -> "TrainConfig":
+        if self.stream and (self.ppo_epochs > 1 or self.mini_batches > 1):
+            raise ValueError(f"train.stream cannot be exact with train.ppo_epochs ({self.ppo_epochs}) or "
+                             f"train.mini_batches ({self.mini_batches}) > 1: their mini-batches and proximal "
+                             "log-probs need the whole batch before the first update; set both to 1 or stream false")
         if self.backend == "fsdp2" and self.tensor_parallel not in (None, 1):
             raise ValueError(f"train.tensor_parallel {self.tensor_parallel} needs train.backend megatron; fsdp2 shards "
                              "data-parallel only")

@@ -76,14 +76,10 @@ class ExportResult:
     weights_sha256: str
 
 
-def run_exists(store: Any, run_id: str) -> bool:
-    return store.exists(config_key(run_id)) or store.exists(latest_key(run_id))
-
-
 def require_run(store: Any, run_id: str) -> None:
     if not run_id or "/" in run_id or run_id in (".", ".."):
         raise RunError(f"run id {run_id!r} is not a run directory name")
-    if not run_exists(store, run_id):
+    if not (store.exists(config_key(run_id)) or store.exists(latest_key(run_id))):
         raise RunError(f"run {run_id} does not exist in {store.uri()}")
 
 

@@ -14,13 +14,15 @@ from tailflow.engines.reward.streaming import StreamingScorer
 from tailflow.engines.rollout.requests import greedy_requests
 
 if TYPE_CHECKING:
+    from tailflow.config import RunConfig
     from tailflow.engines.cluster.reward_pool import RewardPool
     from tailflow.engines.cluster.rollout_group import RolloutGroup
 
 
 def held_out_accuracy(rollout: RolloutGroup, pool: RewardPool, tokenizer, problems: Sequence[Problem],
-                      prompt_template: str, max_new_tokens: int, timeout_s: float | None) -> float:
-    requests = greedy_requests(problems, max_new_tokens, tokenizer, prompt_template)
+                      config: RunConfig, runs_code: bool) -> float:
+    timeout_s = config.reward.timeout_max_s if runs_code else None
+    requests = greedy_requests(problems, config.rollout.max_new_tokens, tokenizer, config.data.prompt_template)
     completions = rollout.generate(requests)
     scorer = StreamingScorer(pool, tokenizer, problems, lambda problem: timeout_s, streaming=False)
     scored = scorer.score_round(problems, completions)

@@ -26,9 +26,7 @@ def evaluate_model(config_path: str | None = None, overrides: list[str] | None =
     start_ray(config.cluster.address, config.cluster.num_cpus, config.rollout.num_workers, config.cluster.num_gpus)
     rollout, pool, _ = start_rollout_and_reward(config, model_path, max_seq_len)
     try:
-        return held_out_accuracy(rollout, pool, tokenizer, datasets.eval, config.data.prompt_template,
-                                 config.rollout.max_new_tokens,
-                                 config.reward.timeout_max_s if reward.runs_code else None)
+        return held_out_accuracy(rollout, pool, tokenizer, datasets.eval, config, reward.runs_code)
     finally:
         rollout.shutdown()
         pool.shutdown()

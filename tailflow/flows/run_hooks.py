@@ -13,7 +13,7 @@ from tailflow.flows.live_progress import LiveProgress
 from tailflow.flows.run_log import iteration_flow_run_id, progress_line, say
 
 
-def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease | None, live: LiveProgress | None) -> None:
+def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease, live: LiveProgress) -> None:
     """After iteration `row["iteration"]` committed: its progress line (in the run's logs and the iteration's),
     the writer check, a Cancel asked for meanwhile, and the report every `tracking.report_every` iterations."""
     line = progress_line(row)
@@ -21,19 +21,13 @@ def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease | None, li
     subflow = iteration_flow_run_id(row["iteration"])
     if subflow is not None:
         say(line, flow_run_id=subflow)
-    if lease is not None:
-        lease.check()
+    lease.check()
     if state.iteration < ctx.config.train.iterations:
         stop_if_cancelled(ctx.store, ctx.run_id, ctx.config.storage.uri, row["iteration"])
-    if live is not None:
-        live.iteration_done(state)
+    live.iteration_done(state)
     every = ctx.config.tracking.report_every
     if every and state.iteration % every == 0 and state.iteration < ctx.config.train.iterations:
         publish_report(ctx)
-
-
-def after_run(ctx, state) -> None:
-    publish_report(ctx)
 
 
 def publish_report(ctx) -> None:

@@ -4,6 +4,7 @@ Kept out of the flows so they read as the steps they run.
 """
 from __future__ import annotations
 
+import functools
 import json
 import secrets
 import sys
@@ -31,6 +32,7 @@ from tailflow.engines.cluster.runtime import start_ray
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.cluster.worker_control import WorkerControl
 from tailflow.engines.data.arith import default_splits
+from tailflow.engines.data.dataset import load_problems
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.models import check_model_dir
 from tailflow.engines.reward.spec import reward_spec
@@ -89,37 +91,28 @@ class Datasets:
 
 
 def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int, runs_code: bool) -> Datasets:
-    """`runs_code` (the reward spec's): code problems with tests; else math-style problems with answers."""
-    data = config.data
-    if runs_code:
-        return load_code_datasets(config, tokenizer, max_prompt_tokens)
-    if data.train_path is None:
-        train, held_out = default_splits(data.num_train, data.num_eval, data.seed)
-        return Datasets(train, held_out, 0)
-    from tailflow.engines.data.dataset import load_problems
-
-    common = dict(
-        prompt_field=data.prompt_field, answer_field=data.answer_field, id_field=data.id_field,
-        prompt_template=data.prompt_template, tokenizer=tokenizer, max_prompt_tokens=max_prompt_tokens,
-        on_invalid=data.on_invalid,
-    )
-    train = load_problems(data.train_path, source_name="data.train_path", **common)
-    held_out = load_problems(data.eval_path, source_name="data.eval_path", **common)
-    return Datasets(train.problems, held_out.problems[: data.num_eval], train.num_skipped + held_out.num_skipped)
-
-
-def load_code_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int) -> Datasets:
-    """Code problems: the built-in code task, or KodCode / APPS style JSONL (`data.code_format`)."""
-    from tailflow.engines.data.code_task import builtin_code_problems, load_code_problems
-
+    """`runs_code` (the reward spec's): code problems with tests (the built-in code task, or KodCode / APPS style
+    files, `data.code_format`); else math-style problems with answers."""
     data = config.data
     if data.train_path is None:
-        train, held_out = builtin_code_problems(data.seed)
+        if runs_code:
+            from tailflow.engines.data.code_task import builtin_code_problems
+
+            train, held_out = builtin_code_problems(data.seed)
+        else:
+            train, held_out = default_splits(data.num_train, data.num_eval, data.seed)
         return Datasets(train, held_out[: data.num_eval], 0)
     common = dict(id_field=data.id_field, prompt_template=data.prompt_template, tokenizer=tokenizer,
                   max_prompt_tokens=max_prompt_tokens, on_invalid=data.on_invalid)
-    train = load_code_problems(data.train_path, data.code_format, source_name="data.train_path", **common)
-    held_out = load_code_problems(data.eval_path, data.code_format, source_name="data.eval_path", **common)
+    if runs_code:
+        from tailflow.engines.data.code_task import load_code_problems
+
+        load = functools.partial(load_code_problems, style=data.code_format, **common)
+    else:
+        load = functools.partial(load_problems, prompt_field=data.prompt_field, answer_field=data.answer_field,
+                                 **common)
+    train = load(data.train_path, source_name="data.train_path")
+    held_out = load(data.eval_path, source_name="data.eval_path")
     return Datasets(train.problems, held_out.problems[: data.num_eval], train.num_skipped + held_out.num_skipped)
 
 
@@ -134,8 +127,7 @@ def prepare_run_dir(store: ArtifactStore, config: RunConfig, run_id: str) -> Non
         store.write_text(metrics_key(run_id), "")
 
 
-def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch=None, workers_added: int = 0
-                  ) -> RunContext:
+def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch, workers_added: int) -> RunContext:
     """Everything the run holds; `watch` (live progress) gives a watcher for each round's finished responses;
     `workers_added`: the rollout workers a resumed run added at runtime (its commit's `rollout_workers_added`)."""
     model_path = resolve_model_path(config, store)

@@ -26,7 +26,7 @@ from tailflow.flows.preflight import check_inputs
 from tailflow.flows.resume import (check_config_for_resume, commit_initial_state, finished_state, restore_commit,
                                    restore_weights)
 from tailflow.flows.retry_policy import no_retry_on_user_error
-from tailflow.flows.run_hooks import after_iteration, after_run
+from tailflow.flows.run_hooks import after_iteration, publish_report
 from tailflow.flows.run_log import print_resume, print_start, say
 from tailflow.flows.setup import (build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context,
                                   shutdown_workers)
@@ -114,14 +114,14 @@ def rollout_workers(run_id: str, add: int = 0, remove: int | None = None, config
         return store.uri(send_worker_command(store, run_id, command))
 
 
-def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=None, live=None) -> RunSummary:
+def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease, live) -> RunSummary:
     store = open_store(run_config.storage.uri)
     committed = read_committed_state(store, run_id)
     if committed is not None:
         check_config_for_resume(store, run_id, run_config, allow_change, committed)
     else:
         prepare_run_dir(store, run_config, run_id)
-    ctx = build_context(run_config, run_id, store, watch=live.watcher if live is not None else None,
+    ctx = build_context(run_config, run_id, store, watch=live.watcher,
                         workers_added=committed.rollout_workers_added if committed is not None else 0)
     try:
         if committed is not None:
@@ -146,7 +146,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease=Non
                 artifacts.progress(state.iteration)
                 artifacts.metrics(rows)
                 artifacts.checkpoint_link(ctx.store, state.latest_checkpoint, step, run_config.storage.link_expiry_s)
-        after_run(ctx, state)
+        publish_report(ctx)
         return summarize(ctx.store, state, ctx.metrics.rows())
     finally:
         shutdown_context(ctx)

@@ -5,15 +5,11 @@ All three run the `rl_training` flow, which holds the run's store lease
 returns. The lease lives in the store, not in Prefect, so it guards CLI runs
 on the ephemeral server, flow runs from a deployment and a mix of both alike.
 
-Crashed means crashed: a flow run whose process was killed cannot report its
-own end, so Prefect shows it Running for ever, and so do the iteration subflow
-and tasks it was in. The lease names the flow run that holds it; when a later
-flow run takes the lease, it marks that flow run Crashed (unless it is this same
-flow run, retried), and every iteration subflow still Running under either (an
-earlier attempt's) Crashed too, naming the flow run that replaced it. Crashing
-the subflow's tracking task run as well keeps a retried parent from reattaching
-a later iteration to it (Prefect reuses a subflow whose tracking task run is
-not final).
+Crashed means crashed (docs/operations.md#one-writer-per-run): the flow run
+that takes the lease marks the holder's flow run Crashed, and every iteration
+subflow still Running under either. Crashing the subflow's tracking task run
+as well keeps a retried parent from reattaching a later iteration to it
+(Prefect reuses a subflow whose tracking task run is not final).
 """
 from __future__ import annotations
 
@@ -69,10 +65,10 @@ def mark_crashed(previous: Lease, own_id: str | None) -> None:
     say(f"[tailflow] run {previous.run_id}: marked flow run {run.name} ({run.id}) Crashed: {message}")
 
 
-def end_orphaned_iterations(run_id: str, parent_ids: set[str], replaced_by: str) -> list[str]:
+def end_orphaned_iterations(run_id: str, parent_ids: set[str], replaced_by: str) -> None:
     """Set Crashed every iteration subflow of `parent_ids` that is not final, with its tracking task run and the
     tasks still running inside it. Called before this attempt runs any iteration, so whatever is not final is an
-    earlier attempt's. Returns the names of the subflows ended."""
+    earlier attempt's."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
                                                 FlowRunFilterStateType)
@@ -90,7 +86,6 @@ def end_orphaned_iterations(run_id: str, parent_ids: set[str], replaced_by: str)
             ended.append(orphan.name)
     for name in ended:
         say(f"[tailflow] run {run_id}: marked {name} of the earlier attempt Crashed (replaced by {replaced_by})")
-    return ended
 
 
 def crash_with_tasks(client, orphan, message: str) -> None:

@@ -34,11 +34,12 @@ from typing import Any, Callable, Literal
 from tailflow.engines.data.dataset import (
     DatasetError,
     LoadedProblems,
-    _check_arguments,
-    _InvalidRow,
+    _field,
     _id_text,
-    _read_rows,
+    _InvalidRow,
+    _load_rows,
     _require_text,
+    _templated_prompt,
 )
 from tailflow.engines.data.problem import CodeTests, IOCase, Problem
 
@@ -229,30 +230,11 @@ def load_code_problems(
 ) -> LoadedProblems:
     """Code problems from a JSONL (or Parquet) file; bad rows are errors naming file, line and field, or
     (`on_invalid="skip"`) are skipped and counted by reason."""
-    from pathlib import Path
-
     if style not in ("kodcode", "apps"):
         raise DatasetError(f"data.code_format must be 'kodcode' or 'apps', got {style!r}")
-    path = Path(path)
-    where = f"{source_name}: {path}"
-    _check_arguments(where, prompt_template, tokenizer, max_prompt_tokens, on_invalid)
     rules = _CodeRowRules(style, id_field or ("problem_id" if style == "apps" else None), prompt_template,
                           tokenizer, max_prompt_tokens)
-    loaded, seen, num_rows = LoadedProblems(problems=[]), set(), 0
-    for index, label, record in _read_rows(path, where):
-        num_rows += 1
-        try:
-            problem = rules.problem(record, default_id=f"{path.stem}-{index}", seen=seen)
-        except _InvalidRow as invalid:
-            loaded.record_invalid(invalid.reason, f"{where}: {label}: {invalid}", on_invalid)
-            continue
-        seen.add(problem.problem_id)
-        loaded.problems.append(problem)
-    if num_rows == 0:
-        raise DatasetError(f"{where} is empty: no rows")
-    if not loaded.problems:
-        raise DatasetError(f"{where}: no valid problems in {num_rows} rows; skipped by reason: {loaded.skip_reasons}")
-    return loaded
+    return _load_rows(path, source_name, on_invalid, rules)
 
 
 @dataclass(frozen=True)
@@ -265,11 +247,7 @@ class _CodeRowRules:
     tokenizer: Any
     max_prompt_tokens: int | None
 
-    def problem(self, record: Any, default_id: str, seen: set[str]) -> Problem:
-        if isinstance(record, _InvalidRow):
-            raise record
-        if not isinstance(record, dict):
-            raise _InvalidRow("not_an_object", f"expected a JSON object, got {type(record).__name__}")
+    def problem(self, record: dict, default_id: str, seen: set[str]) -> Problem:
         id_field = self.id_field
         problem_id = _id_text(record, id_field) if id_field and id_field in record else default_id
         if id_field and id_field not in record and self.style == "kodcode":
@@ -277,12 +255,7 @@ class _CodeRowRules:
         if problem_id in seen:
             raise _InvalidRow("duplicate_id", f"field '{id_field}': duplicate problem id {problem_id!r}")
         prompt, solution, tests = (_kodcode_problem if self.style == "kodcode" else _apps_problem)(record)
-        prompt = self.prompt_template.format(prompt=prompt)
-        if self.max_prompt_tokens is not None:
-            num_tokens = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-            if num_tokens > self.max_prompt_tokens:
-                raise _InvalidRow("prompt_too_long", f"field 'question': prompt is {num_tokens} tokens (with the "
-                                                     f"template), over max_prompt_tokens={self.max_prompt_tokens}")
+        prompt = _templated_prompt(prompt, self.prompt_template, self.tokenizer, self.max_prompt_tokens, "question")
         return Problem(problem_id, prompt, "", solution=solution, tests=tests)
 
 
@@ -318,9 +291,7 @@ def _kodcode_problem(record: dict) -> tuple[str, str | None, CodeTests]:
 
 
 def _json_field(record: dict, name: str) -> Any:
-    if name not in record:
-        raise _InvalidRow("missing_field", f"missing field '{name}'; fields present: {sorted(record)}")
-    value = record[name]
+    value = _field(record, name)
     if isinstance(value, str):
         try:
             value = json.loads(value)

@@ -60,6 +60,17 @@ class _RowSpec:
     tokenizer: Any
     max_prompt_tokens: int | None
 
+    def problem(self, record: dict, default_id: str, seen_ids: set[str]) -> Problem:
+        prompt = _require_text(record, self.prompt_field, "empty_prompt")
+        answer = _answer_text(record, self.answer_field)
+        problem_id = _id_text(record, self.id_field) if self.id_field else default_id
+        if problem_id in seen_ids:
+            raise _InvalidRow("duplicate_id", f"field '{self.id_field}': duplicate problem id {problem_id!r}")
+        solution = _optional_text(record, self.solution_field) if self.solution_field else None
+        prompt = _templated_prompt(prompt, self.prompt_template, self.tokenizer, self.max_prompt_tokens,
+                                   self.prompt_field)
+        return Problem(problem_id=problem_id, prompt=prompt, answer=answer, solution=solution)
+
 
 class _InvalidRow(Exception):
     def __init__(self, reason: str, message: str):
@@ -81,15 +92,21 @@ def load_problems(
     source_name: str = "data",
 ) -> LoadedProblems:
     """`source_name` is the config key the path came from (e.g. "data.train_path"); every message starts with it."""
+    spec = _RowSpec(prompt_field, answer_field, id_field, solution_field, prompt_template, tokenizer, max_prompt_tokens)
+    return _load_rows(path, source_name, on_invalid, spec)
+
+
+def _load_rows(path: str | os.PathLike, source_name: str, on_invalid: str, rules) -> LoadedProblems:
+    """The loop of both file loaders. `rules` (a `_RowSpec`, or code_task's `_CodeRowRules`) holds the prompt
+    template, tokenizer and max_prompt_tokens, and turns each row object into a Problem."""
     path = Path(path)
     where = f"{source_name}: {path}"
-    _check_arguments(where, prompt_template, tokenizer, max_prompt_tokens, on_invalid)
-    spec = _RowSpec(prompt_field, answer_field, id_field, solution_field, prompt_template, tokenizer, max_prompt_tokens)
+    _check_arguments(where, rules.prompt_template, rules.tokenizer, rules.max_prompt_tokens, on_invalid)
     loaded, seen_ids, num_rows = LoadedProblems(problems=[]), set(), 0
     for index, label, record in _read_rows(path, where):
         num_rows += 1
         try:
-            problem = _to_problem(record, spec, f"{path.stem}-{index}", seen_ids)
+            problem = rules.problem(_row_object(record), f"{path.stem}-{index}", seen_ids)
         except _InvalidRow as invalid:
             loaded.record_invalid(invalid.reason, f"{where}: {label}: {invalid}", on_invalid)
             continue
@@ -169,27 +186,23 @@ def _read_parquet(path: Path, where: str) -> Iterator[tuple[int, str, Any]]:
             index += 1
 
 
-def _to_problem(record: Any, spec: _RowSpec, default_id: str, seen_ids: set[str]) -> Problem:
+def _row_object(record: Any) -> dict:
     if isinstance(record, _InvalidRow):
         raise record
     if not isinstance(record, dict):
         raise _InvalidRow("not_an_object", f"expected a JSON object, got {type(record).__name__}")
-    prompt = _require_text(record, spec.prompt_field, "empty_prompt")
-    answer = _answer_text(record, spec.answer_field)
-    problem_id = _id_text(record, spec.id_field) if spec.id_field else default_id
-    if problem_id in seen_ids:
-        raise _InvalidRow("duplicate_id", f"field '{spec.id_field}': duplicate problem id {problem_id!r}")
-    solution = _optional_text(record, spec.solution_field) if spec.solution_field else None
-    prompt = spec.prompt_template.format(prompt=prompt)
-    if spec.max_prompt_tokens is not None:
-        num_tokens = len(spec.tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        if num_tokens > spec.max_prompt_tokens:
-            raise _InvalidRow(
-                "prompt_too_long",
-                f"field '{spec.prompt_field}': prompt is {num_tokens} tokens (with the template),"
-                f" over max_prompt_tokens={spec.max_prompt_tokens}",
-            )
-    return Problem(problem_id=problem_id, prompt=prompt, answer=answer, solution=solution)
+    return record
+
+
+def _templated_prompt(raw: str, prompt_template: str, tokenizer, max_prompt_tokens: int | None, field_name: str) -> str:
+    """`prompt_template` around the row's prompt; an `_InvalidRow` naming `field_name` if over `max_prompt_tokens`."""
+    prompt = prompt_template.format(prompt=raw)
+    if max_prompt_tokens is not None:
+        num_tokens = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if num_tokens > max_prompt_tokens:
+            raise _InvalidRow("prompt_too_long", f"field '{field_name}': prompt is {num_tokens} tokens (with the "
+                                                 f"template), over max_prompt_tokens={max_prompt_tokens}")
+    return prompt
 
 
 def _field(record: dict, name: str) -> Any:

@@ -19,11 +19,6 @@ PRINTABLE_ASCII = "".join(chr(code) for code in range(32, 127)) + "\n\t"
 """Enough to write Python: the vocabulary of a tiny code model (tests, benchmarks of code rewards)."""
 
 
-def byte_level_symbol(character: str) -> str:
-    """The symbol byte-level BPE uses for a one-byte character ('\\n' -> 'Ċ')."""
-    return _BYTE_TO_SYMBOL[ord(character)]
-
-
 def _bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable-character table."""
     printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
@@ -41,7 +36,7 @@ _BYTE_TO_SYMBOL = _bytes_to_unicode()
 
 
 def build_char_tokenizer(characters: str = CHARACTERS) -> PreTrainedTokenizerFast:
-    symbols = [byte_level_symbol(character) for character in characters]
+    symbols = [_BYTE_TO_SYMBOL[ord(character)] for character in characters]  # byte-level BPE's: '\n' -> 'Ċ'
     vocab = {token: index for index, token in enumerate([PAD, EOS, UNK, *symbols])}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)

@@ -13,12 +13,13 @@ the same values, gathered: rollout engines and `tailflow export` read those).
 """
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from tailflow.engines.store.local import sha256_of_file
 
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
@@ -77,8 +78,4 @@ def read_shards(shards_dir: Path) -> list[dict[str, Any]]:
 
 
 def weights_sha256(directory: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(Path(directory) / WEIGHTS_FILE, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
+    return sha256_of_file(Path(directory) / WEIGHTS_FILE)

@@ -13,12 +13,6 @@
 """
 from __future__ import annotations
 
-LATEST = "latest.json"
-CONFIG = "config.yaml"
-METRICS = "metrics.jsonl"
-ROLLOUT_TRACE = "rollout_trace.jsonl"
-
-
 def checkpoint_key(run_id: str, iteration: int) -> str:
     return f"{run_id}/checkpoints/iter-{iteration:04d}"
 
@@ -30,19 +24,19 @@ def state_key(run_id: str, completed_iteration: int | None) -> str:
 
 
 def latest_key(run_id: str) -> str:
-    return f"{run_id}/{LATEST}"
+    return f"{run_id}/latest.json"
 
 
 def config_key(run_id: str) -> str:
-    return f"{run_id}/{CONFIG}"
+    return f"{run_id}/config.yaml"
 
 
 def metrics_key(run_id: str) -> str:
-    return f"{run_id}/{METRICS}"
+    return f"{run_id}/metrics.jsonl"
 
 
 def rollout_trace_key(run_id: str) -> str:
-    return f"{run_id}/{ROLLOUT_TRACE}"
+    return f"{run_id}/rollout_trace.jsonl"
 
 
 def lease_key(run_id: str) -> str:

@@ -2,28 +2,9 @@
 
 Two processes writing one run (two `tailflow resume`s, a flow run and a CLI
 run, a schedule firing during a resume) would interleave metrics rows and
-race on `latest.json`. Whatever starts a run therefore first creates
-`.leases/<run_id>.json` in the run's store with a conditional write (local:
-create-if-absent under an flock; S3: `If-None-Match: *`), and renews it every
-`heartbeat_s` with a write conditional on the version it last wrote (S3:
-`If-Match: <ETag>`). The object names the holder, host, pid and heartbeat, so
-a refused writer is told who holds the run.
-
-A lease whose holder died must not block a resume for long:
-- same host (hostname and boot id match) and the pid is gone, or now belongs
-  to a younger process: stale at once;
-- otherwise stale once its last heartbeat is older than `timeout_s`
-  (`LEASE_TIMEOUT_S`), measured by the store's own clock (the object's age),
-  so a reader's clock need not agree with the holder's.
-Taking a stale lease (or any lease, with `take_over`) is again a conditional
-write on the version read, so of two resumers exactly one wins.
-
-What this guarantees: while a holder heartbeats, no second holder acquires
-the lease. What it does not: a holder stalled past `timeout_s` (a paused VM)
-or taken over by an operator learns it lost the lease at its next heartbeat
-and stops at the next iteration boundary; an iteration it was already
-committing may still land (fencing every store write would need the lease
-version on each write, which plain S3 PUTs cannot check).
+race on `latest.json`. How the lease is taken and renewed, when a dead holder's
+lease goes stale, and what it does and does not guarantee:
+docs/operations.md#one-writer-per-run.
 """
 from __future__ import annotations
 

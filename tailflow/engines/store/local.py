@@ -36,6 +36,14 @@ def _fsync_dir(path: str | Path) -> None:
         os.close(handle)
 
 
+def sha256_of_file(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 class StoreError(OSError):
     pass
 

@@ -46,7 +46,7 @@ from botocore.config import Config
 from botocore.exceptions import (BotoCoreError, ClientError, FlexibleChecksumError, IncompleteReadError,
                                  NoCredentialsError, PartialCredentialsError, ReadTimeoutError, ResponseStreamingError)
 
-from tailflow.engines.store.local import StoreAccessError, StoreError, Versioned
+from tailflow.engines.store.local import StoreAccessError, StoreError, Versioned, sha256_of_file
 
 MIB = 1024 * 1024
 MANIFEST_NAME = ".manifest.json"
@@ -74,14 +74,6 @@ class ManifestEntry:
     path: str
     size: int
     sha256: str
-
-
-def sha256_of_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(MIB), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def one_line(error: BaseException) -> str:

@@ -59,13 +59,12 @@ class MetricsLogger:
         if self.tensorboard is not None:
             self.tensorboard.log(jsonable_row(row))
 
-    def keep_committed(self, num_iterations: int) -> int:
-        """On resume: drop rows of iterations >= `num_iterations` (written, never committed); returns rows dropped."""
+    def keep_committed(self, num_iterations: int) -> None:
+        """On resume: drop rows of iterations >= `num_iterations` (written, never committed)."""
         rows = self.rows()
         kept = [row for row in rows if row["iteration"] < num_iterations]
         if len(kept) != len(rows):
             self.store.write_text(self.key, "".join(json.dumps(row, sort_keys=True) + "\n" for row in kept))
-        return len(rows) - len(kept)
 
     def rows(self) -> list[dict[str, Any]]:
         if not self.store.exists(self.key):

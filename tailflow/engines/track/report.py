@@ -23,7 +23,8 @@ matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tailflow.engines.runs.commit import read_latest  # noqa: E402
-from tailflow.engines.runs.layout import metrics_key, rollout_trace_key  # noqa: E402
+from tailflow.engines.runs.layout import rollout_trace_key  # noqa: E402
+from tailflow.engines.track.metrics import MetricsLogger  # noqa: E402
 
 REPORT = "report.html"
 PLOTS_DIR = "report"
@@ -40,10 +41,7 @@ class RunReport:
 
 
 def read_rows(store: Any, run_id: str) -> list[dict[str, Any]]:
-    key = metrics_key(run_id)
-    if not store.exists(key):
-        return []
-    rows = [json.loads(line) for line in store.read_text(key).splitlines() if line.strip()]
+    rows = MetricsLogger(store, run_id).rows()
     latest = read_latest(store, run_id)
     committed = latest.iteration if latest else 0
     return [row for row in rows if row["iteration"] < committed]  # rows past the commit may be run again
@@ -188,17 +186,14 @@ def write_index(store: Any, run_id: str) -> str:
     files = [name for name in run_files(store, run_id) if name != "index.html"]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(run_id)}</title></head><body>",
              f"<h1>Run {html.escape(run_id)}</h1>"]
-    listed: set[str] = set()
-    for title, prefixes in INDEX_SECTIONS:
-        chosen = [name for name in files if any(name == p or (p.endswith("/") and name.startswith(p)) for p in prefixes)]
-        listed.update(chosen)
+    sections = [(title, [name for name in files if any(name == p or (p.endswith("/") and name.startswith(p))
+                                                       for p in prefixes)]) for title, prefixes in INDEX_SECTIONS]
+    listed = {name for _, chosen in sections for name in chosen}
+    sections.append(("Other files", [name for name in files if name not in listed]))
+    for title, chosen in sections:
         if chosen:
             parts.append(f"<h2>{title}</h2><ul>" + "".join(
                 f'<li><a href="{html.escape(name)}">{html.escape(name)}</a></li>' for name in chosen) + "</ul>")
-    rest = [name for name in files if name not in listed]
-    if rest:
-        parts.append("<h2>Other files</h2><ul>" + "".join(
-            f'<li><a href="{html.escape(name)}">{html.escape(name)}</a></li>' for name in rest) + "</ul>")
     key = f"{run_id}/index.html"
     store.write_text(key, "".join(parts) + "</body></html>\n")
     return key

@@ -26,7 +26,6 @@ class TensorBoardLog:
         require_tensorboard()
         from torch.utils.tensorboard import SummaryWriter
 
-        self.directory = directory
         self.writer = SummaryWriter(log_dir=str(directory))
 
     def log(self, row: dict[str, Any]) -> None:
