@@ -133,7 +133,6 @@ def interpolate(axis: Sequence[int], x: float) -> tuple[int, float]:
 class TableCost(CostModel):
     def __init__(self, table: StepCostTable) -> None:
         self.table = table
-        self.name = table.kind
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TableCost":
@@ -151,16 +150,6 @@ class TableCost(CostModel):
             return 0.0
         t = self.table
         return bilinear(t.prefill_seconds, t.rows, t.context, num_seqs, num_tokens / num_seqs)
-
-    def train_s(self, num_tokens: int) -> float:
-        """0 when the calibration measured no training (then only rollout time is predicted)."""
-        return (self.table.train_s_per_token or 0.0) * num_tokens
-
-    def reward_s(self, num_responses: int, num_tokens: int) -> float:
-        return 0.0
-
-    def weight_sync_s(self) -> float:
-        return self.table.weight_sync_s or 0.0
 
     def describe(self) -> str:
         t = self.table
