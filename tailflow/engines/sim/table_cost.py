@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,13 +50,8 @@ class StepCostTable:
     weight_sync_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "kind": self.kind, "device": self.device, "engine": self.engine, "model": self.model,
-                "tp": self.tp, "attention": self.attention,
-                "rows": list(self.rows), "context": list(self.context),
-                "decode_seconds": [list(line) for line in self.decode_seconds],
-                "prefill_seconds": [list(line) for line in self.prefill_seconds],
-                "kv_budget_tokens": self.kv_budget_tokens, "train_s_per_token": self.train_s_per_token,
-                "weight_sync_s": self.weight_sync_s}
+        """The file's fields in the schema's order (the tuples are written as JSON lists)."""
+        return {"format": FORMAT, **asdict(self)}
 
 
 def read_table(path: str | Path) -> StepCostTable:
