@@ -21,7 +21,6 @@ scoring and the train step run during rollout as the product runs them
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Request, SamplingParams
@@ -124,10 +123,6 @@ class PolicySimulation:
         self.rounds: list[SimRound] = []
         self.steps: list[SimStep] = []
 
-    @property
-    def tail(self) -> TailState:
-        return self.pipeline.tail
-
     def requests_of(self, planned: PlannedRound) -> list[Request]:
         """A round's requests, launched now: their lengths are drawn for this round and pinned."""
         requests = sim_requests(planned.problems, planned.plan.responses_per_prompt, self.lengths,
@@ -186,7 +181,7 @@ class PolicySimulation:
     def run_cycles(self, min_rounds: int, max_rounds: int | None = None) -> list[SimRound]:
         """At least `min_rounds`, then until the queue is empty (whole short+long cycles), at most `max_rounds`."""
         max_rounds = max_rounds or 4 * min_rounds
-        while len(self.rounds) < min_rounds or (len(self.tail.queue) and len(self.rounds) < max_rounds):
+        while len(self.rounds) < min_rounds or (len(self.pipeline.tail.queue) and len(self.rounds) < max_rounds):
             self.run_round()
         return self.rounds
 
@@ -194,9 +189,5 @@ class PolicySimulation:
         """`run_cycles`, summarised as a run: its makespan, pool utilisations and staleness."""
         self.run_cycles(min_rounds, max_rounds)
         return SimRun(tuple(self.steps), tuple(self.rounds), len(self.group.engines),
-                      sum(e.busy_s for e in self.group.engines), tuple(q.problem_id for q in self.tail.queue))
-
-
-def simulate_policy(settings: TailSettings, lengths: LengthSource, make_group: Callable[[], SimGroup],
-                    min_rounds: int, max_rounds: int | None = None) -> list[SimRound]:
-    return PolicySimulation(settings, lengths, make_group()).run_cycles(min_rounds, max_rounds)
+                      sum(e.busy_s for e in self.group.engines),
+                      tuple(q.problem_id for q in self.pipeline.tail.queue))
