@@ -11,14 +11,9 @@ GPU calibration (issue 15) on a lent GPU:
      "decode_seconds": [[...], ...], "prefill_seconds": [[...], ...],
      "kv_budget_tokens": null | int, "train_s_per_token": null | float, "weight_sync_s": null | float}
 
-`decode_seconds[i][j]` is one decode step of `rows[i]` rows whose context is
-`context[j]` tokens each; `prefill_seconds[i][j]` is prefilling `rows[i]`
-prompts of `context[j]` tokens (attention makes it superlinear in length, so a
-table, not a line). `attention` says which context a decode step pays for:
-`padded` engines (the native one) attend over the longest row for every row,
-`paged` ones (vLLM) over each row's own, so the mean. Between grid points the
-cost is bilinear; past the largest it extends the last segment's slope, below
-the smallest it is the smallest's.
+What each field means, and the bilinear interpolation: docs/simulator.md
+(`cpu` and `measured`). Prefill is a table, not a line: attention makes it
+superlinear in length. Below the grid's smallest point the cost is that point's.
 """
 from __future__ import annotations
 
