@@ -15,7 +15,7 @@ from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource, ResponseLength
 from tailflow.engines.sim.placeholder import PlaceholderTokens
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.sim.simulate import SimRound, sim_round
+from tailflow.engines.sim.simulate import SimRound, take_round
 from tailflow.engines.sim.trace import finished_lengths
 from tailflow.engines.tail.launch import launch_order
 from tailflow.engines.tail.pipeline import RolloutPipeline
@@ -103,10 +103,7 @@ def replay_rounds(rounds: Sequence[TraceRound], group: SimGroup, prompts_per_ste
     replayed = []
     for trace_round in rounds:
         pipeline.start(TailState(), trace_round.iteration)
-        started, preempted, busy_before = group.clock_s, group.num_preemptions, [e.busy_s for e in group.engines]
-        taken = pipeline.take(trace_round.iteration)
-        busy = sum(e.busy_s - b for e, b in zip(group.engines, busy_before))
-        replayed.append(sim_round(taken, group, group.clock_s - started, busy, group.num_preemptions - preempted))
+        replayed.append(take_round(pipeline, group, trace_round.iteration)[1])
     return replayed
 
 
