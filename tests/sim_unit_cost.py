@@ -1,13 +1,11 @@
 """A cost model whose times a test can work out by hand: 1 s a decode step with any rows, `prefill_s_per_token`
-a prefilled token, nothing for training, reward or the weight sync (shared by the simulator's tests)."""
+a prefilled token (shared by the simulator's tests)."""
 from __future__ import annotations
 
 from tailflow.engines.sim.costs import CostModel
 
 
 class UnitCost(CostModel):
-    name = "unit"
-
     def __init__(self, prefill_s_per_token: float = 0.01):
         self.prefill_s_per_token = prefill_s_per_token
 
@@ -16,12 +14,3 @@ class UnitCost(CostModel):
 
     def prefill_s(self, num_tokens, num_seqs):
         return self.prefill_s_per_token * num_tokens
-
-    def train_s(self, num_tokens):
-        return 0.0
-
-    def reward_s(self, num_responses, num_tokens):
-        return 0.0
-
-    def weight_sync_s(self):
-        return 0.0

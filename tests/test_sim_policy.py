@@ -12,7 +12,7 @@ from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import ResponseLength
 from tailflow.engines.sim.paper_lengths import PaperLikeLengths
 from tailflow.engines.sim.roofline import RooflineCost
-from tailflow.engines.sim.simulate import simulate_policy
+from tailflow.engines.sim.simulate import PolicySimulation
 from tailflow.engines.tail import pipeline
 from tailflow.engines.tail import round as tail_round
 from tailflow.engines.tail.state import TailSettings
@@ -56,7 +56,7 @@ def test_the_simulator_drives_the_real_tail_functions(monkeypatch):
     monkeypatch.setattr(pipeline.RolloutPipeline, "take", spy("take", pipeline.RolloutPipeline.take))
     cost = RooflineCost.from_presets("h800", "qwen2.5-7b", 2, 1)
     lengths = PaperLikeLengths(400, 2048, seed=1)
-    rounds = simulate_policy(TailSettings(8, 4, 1.5, 5), lengths, lambda: SimGroup.of(cost, lengths, 2, 64), 4)
+    rounds = PolicySimulation(TailSettings(8, 4, 1.5, 5), lengths, SimGroup.of(cost, lengths, 2, 64)).run_cycles(4)
     assert calls["make_round_plan"] == calls["take"] == calls["defer"] == len(rounds) >= 4
     assert calls["observe"] > len(rounds)  # streamed: the rule saw many polls
     assert [r.kind.value for r in rounds].count("long") >= 1  # 4 deferred a round fill the queue of P0 = 8
@@ -65,7 +65,7 @@ def test_the_simulator_drives_the_real_tail_functions(monkeypatch):
 def test_tail_batching_shortens_short_rounds_and_pays_in_long_ones():
     cost = RooflineCost.from_presets("h800", "qwen2.5-7b", 4, 1)
     lengths = PaperLikeLengths(2000, 4096, seed=2)
-    run = lambda policy: simulate_policy(policy, lengths, lambda: SimGroup.of(cost, lengths, 4, 256), 5)
+    run = lambda policy: PolicySimulation(policy, lengths, SimGroup.of(cost, lengths, 4, 256)).run_cycles(5)
     sync = run(TailSettings(16, 4, enabled=False))
     tail = run(TailSettings(16, 4, 1.25, 5))
     short = [r.rollout_s for r in tail if r.kind.value == "short"]

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import dataclasses
 
+import bench_path  # noqa: F401  (bench/research is not part of the package)
 import pytest
 import torch
+from research.replay import TraceLengths
 
 from tailflow.engines.data.arith import default_splits
 from tailflow.engines.data.tokenizer import build_char_tokenizer
@@ -24,7 +26,6 @@ from tailflow.engines.rollout.worker import LocalRollout
 from tailflow.engines.sim.engine import SimEngine
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.roofline import RooflineCost
-from tailflow.engines.sim.trace import TraceLengths
 from tailflow.engines.tail import LongPromptQueue, RoundKind, make_round_plan
 from tailflow.engines.track.rollout_trace import trace_of
 

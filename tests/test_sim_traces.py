@@ -4,13 +4,15 @@ from __future__ import annotations
 import json
 import statistics
 
+import bench_path  # noqa: F401  (bench/research is not part of the package)
 import pytest
+from research.replay import TraceLengths
 
 from tailflow.engines.rollout.protocol import FinishReason, Request, SamplingParams
 from tailflow.engines.sim.lengths import ResponseLength
 from tailflow.engines.sim.paper_lengths import PaperLikeLengths
 from tailflow.engines.sim.rollpacker import read_rollpacker_lengths
-from tailflow.engines.sim.trace import TraceLengths, pools_from_trace
+from tailflow.engines.sim.trace import pools_from_trace
 from tailflow.engines.track.rollout_trace import (
     RolloutTraceLog,
     TraceError,

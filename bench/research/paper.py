@@ -17,7 +17,7 @@ from tailflow.engines.sim.efficiency import Efficiency
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.paper_lengths import PaperLikeLengths
 from tailflow.engines.sim.roofline import RooflineCost
-from tailflow.engines.sim.simulate import SimRound, simulate_policy
+from tailflow.engines.sim.simulate import PolicySimulation, SimRound
 from tailflow.engines.tail.state import TailSettings
 from tailflow.engines.sim.step_time import mean_step_time, shares_from_baseline
 
@@ -88,8 +88,8 @@ def simulate_cell(setting: PaperSetting, prompt_ratio: float, responses: int, mi
     cost = RooflineCost.from_presets("h800", setting.model, setting.num_gpus, setting.tp, efficiency)
     lengths = PaperLikeLengths(NUM_PROMPTS, setting.max_new_tokens, seed)
     policy = TailSettings(prompts_per_step, R0, prompt_ratio, responses, enabled=enabled, data_seed=seed)
-    group = lambda: SimGroup.of(cost, lengths, cost.cluster.num_replicas, NUM_SLOTS, cost.kv_budget_tokens)
-    return simulate_policy(policy, lengths, group, min_rounds)
+    group = SimGroup.of(cost, lengths, cost.cluster.num_replicas, NUM_SLOTS, cost.kv_budget_tokens)
+    return PolicySimulation(policy, lengths, group).run_cycles(min_rounds)
 
 
 def simulate_setting(setting: PaperSetting, min_rounds: int, seed: int, prompts_per_step: int = P0,

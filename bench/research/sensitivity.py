@@ -10,13 +10,15 @@ with a constant is only as good as that constant.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Callable, Sequence
 
 from research.paper import PaperSetting, SimulatedSetting, priced, simulate_setting
 
-from tailflow.engines.sim.efficiency import FIELDS, Efficiency
+from tailflow.engines.sim.efficiency import Efficiency
 
+FIELDS = tuple(f.name for f in fields(Efficiency) if f.name != "extra_forward_passes")
+"""The continuous constants (the sensitivity table's rows)."""
 TRAINER_ONLY = ("mfu", "dp_comm_overlap")
 FACTORS = (0.7, 1.3)
 PREDICTIONS: dict[str, Callable[[SimulatedSetting], float]] = {

@@ -2,8 +2,8 @@
 
 The simulated engine asks only two questions per engine step (how long does
 prefilling these tokens take, how long does one decode step of these rows
-take); the round simulator asks three more per training step (train, reward,
-weight sync). A decode step is described by its number of active rows, the sum of their
+take); the round simulator asks a `NonRolloutCost` three more per training step
+(train, reward, weight sync). A decode step is described by its number of active rows, the sum of their
 context lengths and the longest one: the GPU roofline reads weights + every
 cached key (the sum), the native CPU engine pads attention to the longest row
 (rows x the longest). The engine keeps these as running totals, so a step
@@ -24,17 +24,20 @@ class Infeasible(CostModelError):
 
 
 class NonRolloutCost(Protocol):
-    """What a training step costs besides rollout: scoring, training, the weight sync (a `CostModel`, or the
-    linear prices of `step_time.py`)."""
+    """What a training step costs besides rollout: scoring, training, the weight sync (`trainer_cost.py`'s
+    `TrainerCost`, a `RooflineCost`'s own, or the linear prices of `step_time.py`)."""
 
-    def train_s(self, num_tokens: int) -> float: ...
-    def reward_s(self, num_responses: int, num_tokens: int) -> float: ...
-    def weight_sync_s(self) -> float: ...
+    def train_s(self, num_tokens: int) -> float:
+        """One optimizer step (forward, backward, update) over `num_tokens` trained tokens (prompt + response)."""
+
+    def reward_s(self, num_responses: int, num_tokens: int) -> float:
+        """Scoring a round's `num_responses` kept responses of `num_tokens` tokens, after rollout (not overlapped)."""
+
+    def weight_sync_s(self) -> float:
+        """Sending the new weights from the trainer to every rollout replica."""
 
 
 class CostModel(ABC):
-    name: str = "cost"
-
     @abstractmethod
     def decode_s(self, num_rows: int, context_tokens: int, max_context: int) -> float:
         """One decode step of `num_rows` rows whose contexts (prompt + generated so far) sum to `context_tokens`,
@@ -56,18 +59,3 @@ class CostModel(ABC):
     def replica_slowdowns(self, num_replicas: int, seed: int = 0) -> list[float]:
         """Each replica's time multiplier (stragglers); 1 where the model was measured on the device itself."""
         return [1.0] * num_replicas
-
-    @abstractmethod
-    def train_s(self, num_tokens: int) -> float:
-        """One optimizer step (forward, backward, update) over `num_tokens` trained tokens (prompt + response)."""
-
-    @abstractmethod
-    def reward_s(self, num_responses: int, num_tokens: int) -> float:
-        """Scoring a round's `num_responses` kept responses of `num_tokens` tokens, after rollout (not overlapped)."""
-
-    @abstractmethod
-    def weight_sync_s(self) -> float:
-        """Sending the new weights from the trainer to every rollout replica."""
-
-    def describe(self) -> str:
-        return self.name

@@ -4,11 +4,11 @@ None was fitted to a result: the first five came with the roofline and have
 not changed since; the rest came with the terms they price (scale: stragglers,
 data-parallel communication) and were set from their sources before any
 simulation with them ran. `bench/sim_validate.py` prints how every prediction
-moves when each is changed by +-30% (`FIELDS`).
+moves when each is changed by +-30% (bench/research/sensitivity.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 from tailflow.engines.sim.costs import CostModelError
 
@@ -48,7 +48,3 @@ class Efficiency:
         if not 0 <= self.dp_comm_overlap <= 1 or self.straggler_spread < 0 or self.step_overhead_s < 0:
             raise CostModelError("efficiency: dp_comm_overlap must be in [0, 1], straggler_spread and "
                                  "step_overhead_s >= 0")
-
-
-FIELDS = tuple(f.name for f in fields(Efficiency) if f.name != "extra_forward_passes")
-"""The continuous constants (the sensitivity table's rows)."""

@@ -1,10 +1,11 @@
 """The simulated rollout engine: the native engine's protocol on a virtual clock.
 
 It speaks `RolloutEngine` (submit, step, abort, has_unfinished, load_weights,
-stats) plus the `generate` / `poll` a worker offers, so the rollout pipeline
-drives it unchanged. Each request's response length comes from a `LengthSource`; each
-step admits, prefills and decodes exactly as the native engine does (the same
-scheduler, see sim_scheduler.py) and advances the clock by a cost model.
+stats) plus the `generate` a worker offers; `SimGroup` drives its replicas
+through `run`, so the rollout pipeline drives them unchanged. Each request's
+response length comes from a `LengthSource`; each step admits, prefills and
+decodes exactly as the native engine does (the same scheduler, see
+sim_scheduler.py) and advances the clock by a cost model.
 
 Steps in which nothing finishes, is admitted or is preempted change nothing
 but the clock, so the engine jumps over them in one cost-model call: a round
@@ -40,7 +41,7 @@ class Finished:
 
 class SimEngine:
     def __init__(self, cost: CostModel, lengths: RequestLengths, num_slots: int, kv_budget_tokens: int | None = None,
-                 max_seq_len: int | None = None, weight_version: int = 0, slowdown: float = 1.0) -> None:
+                 slowdown: float = 1.0) -> None:
         """`slowdown`: this replica's time multiplier (its slowest GPU, `stragglers.py`)."""
         if num_slots < 1:
             raise ValueError(f"num_slots must be >= 1, got {num_slots}")
@@ -49,14 +50,12 @@ class SimEngine:
         self.slowdown = slowdown
         self.num_slots = num_slots
         self.kv_budget_tokens = UNLIMITED if kv_budget_tokens is None else kv_budget_tokens
-        self.max_seq_len = max_seq_len
         self.scheduler = SimScheduler(num_slots, self.kv_budget_tokens)
-        self.weight_version = weight_version
+        self.weight_version = 0
         self.clock_s = 0.0
         self.kv_used_tokens = 0
         """Cached positions of the running rows (their prompts and generated tokens)."""
         self.num_steps = 0
-        self.num_busy_slot_steps = 0
         self.num_tokens_generated = 0
         self.num_preemptions = 0
         self.busy_s = 0.0
@@ -86,8 +85,6 @@ class SimEngine:
             raise ValueError(f"request {rid!r}: duplicate request id (already in flight or twice in this call)")
         if not request.prompt_token_ids:
             raise ValueError(f"request {rid!r}: empty prompt")
-        if self.max_seq_len is not None and needed > self.max_seq_len:
-            raise ValueError(f"request {rid!r}: prompt + max_new_tokens = {needed} exceeds max_seq_len {self.max_seq_len}")
         if needed + 1 > self.kv_budget_tokens:
             raise Infeasible(f"request {rid!r}: prompt + max_new_tokens = {needed} tokens can never fit the KV budget "
                              f"of {self.kv_budget_tokens:,} tokens (raise TP)")
@@ -96,12 +93,6 @@ class SimEngine:
 
     def step(self) -> list[Completion]:
         return [f.completion for f in self.run(1)]
-
-    def step_many(self, max_steps: int) -> list[Completion]:
-        return [f.completion for f in self.run(max_steps)]
-
-    poll = step_many
-    """The name the pipeline's `StreamingRollout` uses."""
 
     def generate(self, requests: Seq[Request]) -> list[Completion]:
         self.submit(requests)
@@ -130,7 +121,6 @@ class SimEngine:
             self._charge(self.cost.decode_span_s(num_rows, self.kv_used_tokens, longest, jump))
             self.kv_used_tokens += num_rows * jump
             self.num_steps += jump
-            self.num_busy_slot_steps += num_rows * jump
             self.num_tokens_generated += num_rows * jump
             steps_left -= jump
             if jump == to_finish:
@@ -234,5 +224,5 @@ class SimEngine:
     def stats(self) -> EngineStats:
         return EngineStats(num_slots=self.num_slots, num_running=len(self.scheduler.running),
                            num_waiting=len(self.scheduler.waiting), weight_version=self.weight_version,
-                           steps=self.num_steps, busy_slot_steps=self.num_busy_slot_steps,
-                           tokens_generated=self.num_tokens_generated)
+                           steps=self.num_steps, busy_slot_steps=self.num_tokens_generated,
+                           tokens_generated=self.num_tokens_generated)  # a busy slot makes one token a step

@@ -119,8 +119,6 @@ class PlanReport:
     recommended: PlanCell | None
     """The fastest feasible setting; None when none could run."""
     tp_choices: list[TpChoice]
-    tp_short: int | None
-    tp_long: int | None
 
 
 def smallest_tp(hardware: str, model: str, num_gpus: int, request_tokens: int = 1) -> int:
@@ -165,17 +163,6 @@ def rollout_cluster(request: PlanRequest, tp: int) -> RolloutCluster:
                           f"{measured.describe()}, {request.num_gpus // table.tp} replicas, KV budget {kv_budget:,}")
 
 
-def simulate_setting(request: PlanRequest, lengths: LengthSource, cluster: RolloutCluster, prompt_ratio: float,
-                     responses: int, trainer: NonRolloutCost | None = None) -> SimRun:
-    enabled = (prompt_ratio, responses) != (1.0, request.responses_kept)
-    policy = TailSettings(request.prompts_per_step, request.responses_kept, prompt_ratio, responses, enabled,
-                          data_seed=request.seed, steps_per_poll=request.steps_per_poll)
-    group = SimGroup.of(cluster.cost, lengths, cluster.num_replicas, NUM_SLOTS, cluster.kv_budget_tokens,
-                        request.seed)
-    streaming = request.streaming if trainer is not None else StreamingSettings()
-    return PolicySimulation(policy, lengths, group, trainer=trainer, streaming=streaming).run(request.rounds)
-
-
 def to_cell(prompt_ratio: float, responses: int, run: SimRun, step_s: float, baseline_step_s: float | None) -> PlanCell:
     rounds = run.rounds
     return PlanCell(prompt_ratio, responses, mean(r.rollout_s for r in rounds), step_s,
@@ -187,7 +174,14 @@ def simulate_cell(request: PlanRequest, lengths: LengthSource, tp: int, prompt_r
                   trainer: NonRolloutCost | None, baseline_step_s: float | None) -> PlanCell | SimRun:
     """One setting at one TP, in a worker process: its cell (with `trainer`), its run (without), or why not."""
     try:
-        run = simulate_setting(request, lengths, rollout_cluster(request, tp), prompt_ratio, responses, trainer)
+        cluster = rollout_cluster(request, tp)
+        enabled = (prompt_ratio, responses) != (1.0, request.responses_kept)
+        policy = TailSettings(request.prompts_per_step, request.responses_kept, prompt_ratio, responses, enabled,
+                              data_seed=request.seed, steps_per_poll=request.steps_per_poll)
+        group = SimGroup.of(cluster.cost, lengths, cluster.num_replicas, NUM_SLOTS, cluster.kv_budget_tokens,
+                            request.seed)
+        streaming = request.streaming if trainer is not None else StreamingSettings()
+        run = PolicySimulation(policy, lengths, group, trainer=trainer, streaming=streaming).run(request.rounds)
     except Infeasible as reason:
         return PlanCell(prompt_ratio, responses, infeasible=str(reason))
     return run if trainer is None else to_cell(prompt_ratio, responses, run, run.step_s, baseline_step_s)
@@ -223,10 +217,9 @@ def choose_tp(request: PlanRequest, lengths: LengthSource, prompt_ratio: float, 
     choices: dict[int, TpChoice] = {}
 
     def done(args: tuple, result) -> None:
-        choices[args[2]] = tp_choice(args[2], result)
-        progress(f"TP {args[2]}: " + (choices[args[2]].infeasible or
-                                      f"short rounds {choices[args[2]].short_round_s:.1f} s, long "
-                                      f"{choices[args[2]].long_round_s:.1f} s"))
+        choice = choices[args[2]] = tp_choice(args[2], result)
+        progress(f"TP {args[2]}: " + (choice.infeasible or
+                                      f"short rounds {choice.short_round_s:.1f} s, long {choice.long_round_s:.1f} s"))
 
     fan_out(jobs, [(request, lengths, tp, prompt_ratio, responses, None, None) for tp in tps], done)
     return [choices[tp] for tp in tps]
@@ -244,7 +237,7 @@ def plan(request: PlanRequest, lengths: LengthSource, lengths_description: str,
         cells = [PlanCell(p, n, infeasible=baseline_run.infeasible) for p, n in settings]
         where = f"{request.model} on {request.num_gpus} x {request.hardware}, TP {request.tp}"
         return PlanReport(request, where, lengths_description, f"{request.pricing} (nothing ran to price)",
-                          baseline_run, cells, None, choose_tp(request, lengths, 1.0, r0, jobs, progress), None, None)
+                          baseline_run, cells, None, choose_tp(request, lengths, 1.0, r0, jobs, progress))
     cluster = rollout_cluster(request, request.tp)
     table = cluster.cost.table if isinstance(cluster.cost, TableCost) else None
     trainer, pricing = step_pricing(request.pricing, make_cost(request, request.tp), baseline_run.rounds, table,
@@ -266,7 +259,5 @@ def plan(request: PlanRequest, lengths: LengthSource, lengths_description: str,
     recommended = max(feasible, key=lambda c: c.speedup) if feasible else None
     best = recommended or baseline
     tp_choices = choose_tp(request, lengths, best.prompt_ratio, best.responses_launched, jobs, progress)
-    ran = [t for t in tp_choices if not t.infeasible]
     return PlanReport(request, cluster.description, lengths_description, pricing, baseline, cells, recommended,
-                      tp_choices, min(ran, key=lambda t: t.short_round_s).tp if ran else None,
-                      min(ran, key=lambda t: t.long_round_s).tp if ran else None)
+                      tp_choices)

@@ -26,18 +26,20 @@ def reasons(report: PlanReport) -> list[str]:
 
 def recommendation(report: PlanReport) -> str:
     best, r = report.recommended, report.request
+    ran = [t for t in report.tp_choices if not t.infeasible]
     if best is None:
-        runnable = [t.tp for t in report.tp_choices if not t.infeasible]
-        hint = f"rollout TP {', '.join(map(str, runnable))} can run it" if runnable else "no TP up to 16 can run it"
+        hint = f"rollout TP {', '.join(str(t.tp) for t in ran)} can run it" if ran else "no TP up to 16 can run it"
         why = report.baseline.infeasible or "see the rows above"
         return f"recommendation: none: no setting runs at rollout TP {r.tp} ({why}); {hint}"
     if best.speedup <= 1.0:
         return "recommendation: keep tail batching off (tail.enabled: false): no setting beats the synchronous step"
     cadence = f"a long round every {1 / best.long_round_share:.1f} steps" if best.long_round_share else "no long rounds"
+    tp_short = min(ran, key=lambda t: t.short_round_s).tp if ran else None
+    tp_long = min(ran, key=lambda t: t.long_round_s).tp if ran else None
     return (f"recommendation: tail.prompt_ratio={best.prompt_ratio:g} tail.responses_launched={best.responses_launched} "
             f"(P0={r.prompts_per_step}, R0={r.responses_kept}): {best.speedup:.2f}x the synchronous step "
             f"({report.baseline.step_s:.1f} s -> {best.step_s:.1f} s), {cadence}; "
-            f"rollout TP {report.tp_short} for short rounds, {report.tp_long} for long rounds")
+            f"rollout TP {tp_short} for short rounds, {tp_long} for long rounds")
 
 
 def tp_line(t: TpChoice) -> str:

@@ -5,7 +5,7 @@ line per completed prompt to `length/response-length-and-rewards-ep<N>.jsonl`:
 `{"domain": ..., "prompt_hash": ..., "response_lengths": [...], ...}`. Only
 completed prompts' kept responses are logged, so a short round's lines are
 biased short; its long rounds log the deferred prompts in full. The file has
-no prompt lengths (every prompt counts `prompt_tokens` tokens) and no cap (the
+no prompt lengths (every prompt counts `DEFAULT_PROMPT_TOKENS`) and no cap (the
 longest logged response unless one is given).
 """
 from __future__ import annotations
@@ -19,8 +19,7 @@ from tailflow.engines.track.rollout_trace import TraceError
 DEFAULT_PROMPT_TOKENS = 256
 
 
-def read_rollpacker_lengths(path: str | Path, max_new_tokens: int | None = None, seed: int = 0,
-                            prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> PromptPoolLengths:
+def read_rollpacker_lengths(path: str | Path, max_new_tokens: int | None = None, seed: int = 0) -> PromptPoolLengths:
     """Pools of response lengths per prompt (lines of one prompt, e.g. from several epochs, are merged)."""
     path = Path(path)
     try:
@@ -48,4 +47,4 @@ def read_rollpacker_lengths(path: str | Path, max_new_tokens: int | None = None,
     if not pools:
         raise TraceError(f"{path}: no prompts (empty file)")
     cap = max_new_tokens or max(n for lengths in pools.values() for n in lengths)
-    return PromptPoolLengths(pools, {p: prompt_tokens for p in pools}, cap, seed, source=str(path))
+    return PromptPoolLengths(pools, {p: DEFAULT_PROMPT_TOKENS for p in pools}, cap, seed, source=str(path))

@@ -66,8 +66,6 @@ def sum_max_linear(a1: float, b1: float, a2: float, b2: float, num_steps: int) -
 
 
 class RooflineCost(CostModel):
-    name = "roofline"
-
     def __init__(self, hardware: Hardware, model: ModelShape, cluster: ClusterShape,
                  efficiency: Efficiency = Efficiency()) -> None:
         self.hardware, self.model, self.cluster, self.efficiency = hardware, model, cluster, efficiency

@@ -33,10 +33,6 @@ class SimStep:
     launched_problem_ids: tuple[str, ...]
     trained_problem_ids: tuple[str, ...]
 
-    @property
-    def seconds(self) -> float:
-        return self.end_s - self.start_s
-
 
 @dataclass(frozen=True)
 class SimRun:

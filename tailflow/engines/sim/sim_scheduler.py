@@ -20,7 +20,6 @@ class SimSequence:
     def __init__(self, request: Request, target: ResponseLength) -> None:
         self.request = request
         self.request_id = request.request_id
-        self.params = request.params
         self.target = target
         self.status = SequenceStatus.WAITING
         self.num_generated = len(request.prefix.token_ids) if request.prefix else 0

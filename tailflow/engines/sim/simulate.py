@@ -21,7 +21,6 @@ scoring and the train step run during rollout as the product runs them
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Request, SamplingParams
@@ -62,16 +61,21 @@ class SimRound:
     `rollout/bubble_ratio` of a run is the slot view: 1 - busy slot-steps / available slot-steps)."""
 
 
-def sim_round(taken: TakenRound, group: SimGroup, seconds: float, busy_s: float, preemptions: int) -> SimRound:
-    """What a simulated round did, from the round the pipeline handed over and the group's clocks."""
+def take_round(pipeline: RolloutPipeline, group: SimGroup, iteration: int) -> tuple[TakenRound, SimRound]:
+    """Take round `iteration` from the pipeline, and what it did on the group's clocks from now until taken."""
+    started, preempted = group.clock_s, group.num_preemptions
+    busy_before = [e.busy_s for e in group.engines]
+    taken = pipeline.take(iteration)
+    seconds = group.clock_s - started
+    busy_s = sum(e.busy_s - b for e, b in zip(group.engines, busy_before))
     kept = taken.completions
-    return SimRound(
+    return taken, SimRound(
         iteration=taken.iteration, kind=taken.planned.plan.kind, rollout_s=seconds,
         decode_steps=taken.stats.max_engine_steps,
         tokens_generated=taken.stats.tokens_generated,
         wasted_tokens=taken.result.wasted_tokens, num_aborted=len(taken.result.aborted_request_ids),
         num_kept=len(kept), trained_tokens=sum(len(c.prompt_token_ids) + len(c.token_ids) for c in kept),
-        preemptions=preemptions,
+        preemptions=group.num_preemptions - preempted,
         replica_idle_ratio=1.0 - busy_s / (len(group.engines) * seconds) if seconds > 0 else 0.0,
     )
 
@@ -122,10 +126,6 @@ class PolicySimulation:
         self.rounds: list[SimRound] = []
         self.steps: list[SimStep] = []
 
-    @property
-    def tail(self) -> TailState:
-        return self.pipeline.tail
-
     def requests_of(self, planned: PlannedRound) -> list[Request]:
         """A round's requests, launched now: their lengths are drawn for this round and pinned."""
         requests = sim_requests(planned.problems, planned.plan.responses_per_prompt, self.lengths,
@@ -135,12 +135,8 @@ class PolicySimulation:
 
     def run_round(self) -> SimRound:
         """The next iteration on the group from its current clock: take its round, then train and sync."""
-        iteration, group = len(self.rounds), self.group
-        started, preempted = group.clock_s, group.num_preemptions
-        busy_before = [e.busy_s for e in group.engines]
-        taken = self.pipeline.take(iteration)
-        busy = sum(e.busy_s - b for e, b in zip(group.engines, busy_before))
-        record = sim_round(taken, group, group.clock_s - started, busy, group.num_preemptions - preempted)
+        started = self.group.clock_s
+        taken, record = take_round(self.pipeline, self.group, len(self.rounds))
         self.rounds.append(record)
         self.steps.append(self._train_and_sync(taken, record, started))
         return record
@@ -184,7 +180,7 @@ class PolicySimulation:
     def run_cycles(self, min_rounds: int, max_rounds: int | None = None) -> list[SimRound]:
         """At least `min_rounds`, then until the queue is empty (whole short+long cycles), at most `max_rounds`."""
         max_rounds = max_rounds or 4 * min_rounds
-        while len(self.rounds) < min_rounds or (len(self.tail.queue) and len(self.rounds) < max_rounds):
+        while len(self.rounds) < min_rounds or (len(self.pipeline.tail.queue) and len(self.rounds) < max_rounds):
             self.run_round()
         return self.rounds
 
@@ -192,9 +188,5 @@ class PolicySimulation:
         """`run_cycles`, summarised as a run: its makespan, pool utilisations and staleness."""
         self.run_cycles(min_rounds, max_rounds)
         return SimRun(tuple(self.steps), tuple(self.rounds), len(self.group.engines),
-                      sum(e.busy_s for e in self.group.engines), tuple(q.problem_id for q in self.tail.queue))
-
-
-def simulate_policy(settings: TailSettings, lengths: LengthSource, make_group: Callable[[], SimGroup],
-                    min_rounds: int, max_rounds: int | None = None) -> list[SimRound]:
-    return PolicySimulation(settings, lengths, make_group()).run_cycles(min_rounds, max_rounds)
+                      sum(e.busy_s for e in self.group.engines),
+                      tuple(q.problem_id for q in self.pipeline.tail.queue))

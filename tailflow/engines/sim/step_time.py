@@ -72,11 +72,7 @@ class StepTime:
         return self.rollout_s + self.reward_s + self.train_s + self.sync_s
 
 
-def step_time(sim_round: SimRound, cost: NonRolloutCost) -> StepTime:
-    return StepTime(sim_round.rollout_s, cost.reward_s(sim_round.num_kept, sim_round.trained_tokens),
-                    cost.train_s(sim_round.trained_tokens), cost.weight_sync_s())
-
-
 def mean_step_time(rounds: Sequence[SimRound], cost: NonRolloutCost) -> StepTime:
-    steps = [step_time(r, cost) for r in rounds]
+    steps = [StepTime(r.rollout_s, cost.reward_s(r.num_kept, r.trained_tokens), cost.train_s(r.trained_tokens),
+                      cost.weight_sync_s()) for r in rounds]
     return StepTime(*(mean(getattr(s, name) for s in steps) for name in ("rollout_s", "reward_s", "train_s", "sync_s")))

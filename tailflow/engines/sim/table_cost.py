@@ -11,20 +11,15 @@ GPU calibration (issue 15) on a lent GPU:
      "decode_seconds": [[...], ...], "prefill_seconds": [[...], ...],
      "kv_budget_tokens": null | int, "train_s_per_token": null | float, "weight_sync_s": null | float}
 
-`decode_seconds[i][j]` is one decode step of `rows[i]` rows whose context is
-`context[j]` tokens each; `prefill_seconds[i][j]` is prefilling `rows[i]`
-prompts of `context[j]` tokens (attention makes it superlinear in length, so a
-table, not a line). `attention` says which context a decode step pays for:
-`padded` engines (the native one) attend over the longest row for every row,
-`paged` ones (vLLM) over each row's own, so the mean. Between grid points the
-cost is bilinear; past the largest it extends the last segment's slope, below
-the smallest it is the smallest's.
+What each field means, and the bilinear interpolation: docs/simulator.md
+(`cpu` and `measured`). Prefill is a table, not a line: attention makes it
+superlinear in length. Below the grid's smallest point the cost is that point's.
 """
 from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -50,13 +45,8 @@ class StepCostTable:
     weight_sync_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "kind": self.kind, "device": self.device, "engine": self.engine, "model": self.model,
-                "tp": self.tp, "attention": self.attention,
-                "rows": list(self.rows), "context": list(self.context),
-                "decode_seconds": [list(line) for line in self.decode_seconds],
-                "prefill_seconds": [list(line) for line in self.prefill_seconds],
-                "kv_budget_tokens": self.kv_budget_tokens, "train_s_per_token": self.train_s_per_token,
-                "weight_sync_s": self.weight_sync_s}
+        """The file's fields in the schema's order (the tuples are written as JSON lists)."""
+        return {"format": FORMAT, **asdict(self)}
 
 
 def read_table(path: str | Path) -> StepCostTable:
@@ -133,7 +123,6 @@ def interpolate(axis: Sequence[int], x: float) -> tuple[int, float]:
 class TableCost(CostModel):
     def __init__(self, table: StepCostTable) -> None:
         self.table = table
-        self.name = table.kind
 
     @classmethod
     def from_file(cls, path: str | Path) -> "TableCost":
@@ -151,16 +140,6 @@ class TableCost(CostModel):
             return 0.0
         t = self.table
         return bilinear(t.prefill_seconds, t.rows, t.context, num_seqs, num_tokens / num_seqs)
-
-    def train_s(self, num_tokens: int) -> float:
-        """0 when the calibration measured no training (then only rollout time is predicted)."""
-        return (self.table.train_s_per_token or 0.0) * num_tokens
-
-    def reward_s(self, num_responses: int, num_tokens: int) -> float:
-        return 0.0
-
-    def weight_sync_s(self) -> float:
-        return self.table.weight_sync_s or 0.0
 
     def describe(self) -> str:
         t = self.table

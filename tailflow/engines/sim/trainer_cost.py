@@ -32,21 +32,6 @@ from tailflow.engines.sim.presets import Hardware, ModelShape
 from tailflow.engines.sim.stragglers import expected_slowest
 
 
-def train_compute_s(model: ModelShape, hardware: Hardware, efficiency: Efficiency, num_gpus: int,
-                    num_tokens: int) -> float:
-    passes = 6.0 + 2.0 * efficiency.extra_forward_passes
-    flops = passes * model.num_params * num_tokens
-    seconds = flops / (num_gpus * hardware.bf16_flops * efficiency.mfu)
-    return seconds * expected_slowest(num_gpus, efficiency.straggler_spread)
-
-
-def train_comm_s(model: ModelShape, hardware: Hardware, efficiency: Efficiency, num_gpus: int) -> float:
-    """FSDP's exposed communication in one train step."""
-    collectives = 3 + efficiency.extra_forward_passes
-    one = collective_s("all_gather", model.weight_bytes, num_gpus, hardware.fabric)
-    return collectives * one * (1.0 - efficiency.dp_comm_overlap)
-
-
 def weight_sync_s(model: ModelShape, hardware: Hardware, train_gpus: int, rollout_gpus: int, rollout_tp: int,
                   colocated: bool) -> float:
     gather = collective_s("all_gather", model.weight_bytes, train_gpus, hardware.fabric)
@@ -70,8 +55,12 @@ class TrainerCost:
     colocated: bool
 
     def train_s(self, num_tokens: int) -> float:
-        return (train_compute_s(self.model, self.hardware, self.efficiency, self.train_gpus, num_tokens)
-                + train_comm_s(self.model, self.hardware, self.efficiency, self.train_gpus))
+        """Compute over all trainer GPUs at the slowest one's pace, plus FSDP's exposed communication."""
+        e, gpus = self.efficiency, self.train_gpus
+        flops = (6.0 + 2.0 * e.extra_forward_passes) * self.model.num_params * num_tokens
+        compute = flops / (gpus * self.hardware.bf16_flops * e.mfu) * expected_slowest(gpus, e.straggler_spread)
+        one = collective_s("all_gather", self.model.weight_bytes, gpus, self.hardware.fabric)
+        return compute + (3 + e.extra_forward_passes) * one * (1.0 - e.dp_comm_overlap)
 
     def reward_s(self, num_responses: int, num_tokens: int) -> float:
         """Not modelled here: rule-based and sandboxed rewards run on CPUs (`step_time.py`'s shares price them)."""
