@@ -117,7 +117,7 @@ class PolicySimulation:
     def __init__(self, settings: TailSettings, lengths: LengthSource, group: SimGroup, alpha: float = 0.0,
                  partial: bool = True, trainer: NonRolloutCost | None = None,
                  streaming: StreamingSettings = StreamingSettings()) -> None:
-        self.settings, self.lengths, self.group, self.trainer = settings, lengths, group, trainer
+        self.lengths, self.group, self.trainer = lengths, group, trainer
         self.streaming = streaming
         self.problems = [Problem(problem_id, "", "") for problem_id in lengths.problem_ids()]
         observe = (lambda planned, version: StreamedRound(lambda: group.clock_s)) if streaming.any else None

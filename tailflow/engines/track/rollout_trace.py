@@ -15,8 +15,9 @@ poll as the abort that discarded it, and its length is exact. `step` is the deco
 (1 = its first, counted on the engine that ran it) at which it finished, and
 `worker` that engine. `generate_s` is the
 round's measured rollout time (null when unknown). Every run writes it (`storage.rollout_trace`) through the
-artifact store, in every mode, from the round the rollout pipeline hands over (`trace_of`); the simulator
-replays it (engines/sim/trace.py: `TraceLengths`) or draws from its per-prompt lengths (`pools_from_trace`).
+artifact store, in every mode, from the round the rollout pipeline hands over (`trace_of`); `tailflow plan`
+draws from its per-prompt lengths (engines/sim/trace.py: `pools_from_trace`), and bench/research/replay.py
+replays it round by round (`TraceLengths`).
 
 A row is written when the round is taken, before its iteration commits; an iteration that is run again (an
 actor died) appends its row again, so readers keep the last row of each iteration, and a resumed run drops rows
