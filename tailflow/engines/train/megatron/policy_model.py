@@ -74,12 +74,6 @@ class MegatronPolicyModel:
         model.requires_grad_(is_trainable)
         return model.to(self.device).eval()
 
-    def parameters(self):
-        return self.module.parameters()
-
-    def modules(self) -> list[torch.nn.Module]:
-        return [module for module in (self.module, self.reference) if module is not None]
-
     def logits(self, batch: MicroBatch, reference: bool = False) -> torch.Tensor:
         return gpt_logits(self.reference if reference else self.module, batch.input_ids, self.shape.vocab_size)
 
