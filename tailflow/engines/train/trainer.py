@@ -23,18 +23,13 @@ accumulated gradients by the loss denominator before clipping and the
 optimizer step. The gradient is linear in the loss, so this is the
 non-streamed step's gradient up to float summation order.
 
-Colocated placement (one GPU shared by a rollout engine and this rank, the phases taking turns): `offload`
-moves the weights and AdamW's state to host memory so the engine gets the GPU memory while it rolls out;
-every public method that uses them brings them back first (`_ensure_on_device`), so offloading only saves
-memory and no caller's order can break a step.
-
-With world_size == 1 and FSDP2 no process group is made and the model is not sharded:
-plain single-process training, the reference the sharded paths are tested against.
+Colocated placement (one GPU shared by a rollout engine and this rank, the phases taking turns): `offload`.
+With world_size == 1 and FSDP2: plain single-process training (`fsdp_model.py`).
 Plain Python: Ray wraps it in `engines/cluster/trainer_group.py`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 import torch
@@ -305,8 +300,7 @@ class PolicyTrainer:
         for part in self._plan_micro_batches(samples, allow_empty=True):
             logprobs = self._logprobs(self._collate(part))[1]
             for row, sample in enumerate(part):
-                start = len(sample.prompt_token_ids) - 1
-                found[id(sample)] = logprobs[row, start:start + sample.num_response_tokens].clone()
+                found[id(sample)] = logprobs[row, sample.response_positions].clone()
         return found
 
     def _collate(self, part: list[TrainSample]) -> MicroBatch:
@@ -342,8 +336,7 @@ class PolicyTrainer:
         if proximal is not None:
             proximal_matrix = torch.zeros_like(batch.response_mask)
             for row, sample in enumerate(part):
-                start = len(sample.prompt_token_ids) - 1
-                proximal_matrix[row, start:start + sample.num_response_tokens] = proximal[id(sample)]
+                proximal_matrix[row, sample.response_positions] = proximal[id(sample)]
         return MicroBatchInputs(ref_logprobs, behaviour, present, proximal_matrix)
 
     def _policy_loss(self, logprobs: torch.Tensor, batch: MicroBatch, inputs: MicroBatchInputs,
@@ -383,15 +376,8 @@ class PolicyTrainer:
             entropy = entropy_from_logits(logits.detach(), mask, metric_tokens).item()
             present = inputs.has_behaviour
             abs_diff = ((logprobs.detach() - inputs.behaviour_logprobs).abs() * present).sum().item()
-        return {
-            "pg_loss": pg_stats.pg_loss,
-            "clip_fraction": pg_stats.clip_fraction,
-            "approx_kl": pg_stats.approx_kl,
-            "kl": kl.item() if kl is not None else 0.0,
-            "entropy": entropy,
-            "rollout_abs_diff": abs_diff,
-            "rollout_tokens": present.sum().item(),
-        }
+        return asdict(pg_stats) | {"kl": kl.item() if kl is not None else 0.0, "entropy": entropy,
+                                   "rollout_abs_diff": abs_diff, "rollout_tokens": present.sum().item()}
 
     def _clip_and_step(self) -> float:
         """Clip by the global norm (over every rank's gradients), then exactly one AdamW step."""
@@ -406,18 +392,10 @@ class PolicyTrainer:
         self.policy.sum_over_replicas(sums)
         total = dict(zip(SUMMED_STATS, sums.tolist()))
         rollout_diff = total["rollout_abs_diff"] / total["rollout_tokens"] if total["rollout_tokens"] > 0 else None
-        return TrainStepStats(
-            pg_loss=total["pg_loss"],
-            kl=total["kl"],
-            entropy=total["entropy"],
-            grad_norm=grad_norm,
-            lr=self.optimizer.param_groups[0]["lr"],
-            clip_fraction=total["clip_fraction"],
-            approx_kl=total["approx_kl"],
-            num_tokens=num_tokens_total,
-            num_samples=int(total["samples"]),
-            logprob_diff_vs_rollout=rollout_diff,
-        )
+        means = {name: total[name] for name in ("pg_loss", "kl", "entropy", "clip_fraction", "approx_kl")}
+        return TrainStepStats(**means, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
+                              num_tokens=num_tokens_total, num_samples=int(total["samples"]),
+                              logprob_diff_vs_rollout=rollout_diff)
 
     # ---- weights out and in (collectives: every rank calls them) ---------------------------------
 
