@@ -196,7 +196,10 @@ class TrainerGroup:
         the rollout workers to read (`weight_sync.py`). Parked: the copy taken when it parked."""
         if self._parked is not None:
             return self._parked[0]
-        return self._rank0_ref([worker.full_state_dict.remote() for worker in self.workers])
+        refs = [worker.full_state_dict.remote() for worker in self.workers]
+        get_all(refs[1:])  # the other ranks return {}; this waits for the collective and raises its errors
+        ray.wait(refs[:1], fetch_local=False)
+        return refs[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full policy weights (HF names), gathered on rank 0 and fetched here."""
@@ -266,9 +269,3 @@ class TrainerGroup:
         if self.reservation is not None:
             self.reservation.drop()
             self.reservation = None
-
-    @staticmethod
-    def _rank0_ref(refs: list[ray.ObjectRef]) -> ray.ObjectRef:
-        get_all(refs[1:])  # the other ranks return {}; this waits for the collective and raises its errors
-        ray.wait(refs[:1], fetch_local=False)
-        return refs[0]
