@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from tailflow.config import TrainConfig
 from tailflow.engines.rollout import NativeEngine, Request, SamplingParams
 from tailflow.engines.train.batch import TrainSample, count_response_tokens
 from tailflow.engines.train.trainer import PolicyTrainer
@@ -79,7 +80,7 @@ def measure_turns(model, device: str, num_slots: int, max_seq_len: int, num_requ
         mark("start")
         engine = NativeEngine.from_pretrained(directory, num_slots, max_seq_len, eos_token_ids=(), device=device)
         mark("engine built")
-        trainer = PolicyTrainer(directory, lr=1e-6, max_tokens_per_micro_batch=4096)
+        trainer = PolicyTrainer(directory, TrainConfig(lr=1e-6, max_tokens_per_micro_batch=4096))
         mark("trainer built")
     before = sorted(timed("generate", lambda: engine.generate(requests)), key=lambda c: c.request_id)
     mark("generate")

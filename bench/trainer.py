@@ -64,11 +64,13 @@ def timed_steps(rank: int, world_size: int, batches: list) -> dict[str, list[dic
     """Per backend and batch: seconds, pg_loss, grad_norm (rank 0's view; every rank ends each step together)."""
     import torch.distributed as dist
 
+    from tailflow.config import TrainConfig
     from tailflow.engines.train.batch import count_response_tokens, shard_across_ranks
     from tailflow.engines.train.trainer import PolicyTrainer
 
-    trainers = {backend: PolicyTrainer(str(WARMSTART), rank=rank, world_size=world_size, train_backend=backend,
-                                       tensor_parallel=tensor_parallel, **TRAINER_KWARGS)
+    trainers = {backend: PolicyTrainer(str(WARMSTART), TrainConfig(backend=backend, tensor_parallel=tensor_parallel,
+                                                                   num_workers=world_size, **TRAINER_KWARGS),
+                                       rank=rank, world_size=world_size)
                 for backend, tensor_parallel in BACKENDS}
     results: dict[str, list[dict]] = {backend: [] for backend in trainers}
     for samples in batches:

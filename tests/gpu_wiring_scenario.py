@@ -46,7 +46,7 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
 
     from tailflow.config import load_config
     from tailflow.engines.cluster.placement import gpu_seat, takes_turns
-    from tailflow.engines.cluster.weight_sync import offload_rollout, push_weights
+    from tailflow.engines.cluster.weight_sync import push_weights
     from tailflow.engines.rollout.protocol import Request, SamplingParams
     from tailflow.engines.train.batch import TrainSample
     from tailflow.flows.setup import reserve_gpus, start_workers
@@ -71,7 +71,7 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
                                tuple(rng.randrange(3, 22) for _ in range(rng.randint(2, 9))), rng.choice([-1.0, 1.0]))
                    for _ in range(8)]
         result["offloaded_at_start"] = (trainer.offload(), trainer.is_offloaded())[1]
-        offload_rollout(rollout)
+        rollout.sleep()
         result["engines_during_step"] = ray.get([engine_state(actor) for actor in rollout.membership.workers])
         trainer.train_step(samples)
         result["trainer_offloaded_after_step"] = trainer.is_offloaded()

@@ -124,11 +124,12 @@ ALIGNMENT_VARIANTS = {"fsdp2": ("fsdp2", 1), "megatron_tp2": ("megatron", 2), "m
 group of 2, Megatron as 2 data-parallel replicas of 1, and Megatron TP=2 with its QKV fused wrongly on purpose."""
 
 
-def aligned_steps(rank: int, world_size: int, model_dir: str, trainer_kwargs: dict, batches: list,
+def aligned_steps(rank: int, world_size: int, model_dir: str, train_fields: dict, batches: list,
                   variants: tuple[str, ...]) -> dict[str, dict]:
     """Every variant trains the same batches from the same weights, one optimizer step each; per variant, the full
     HF weights before the first step ("initial") and per step ("steps"): pg_loss, grad_norm, entropy and the
-    weights after it (rank 0)."""
+    weights after it (rank 0). `train_fields`: the `train.*` settings every variant shares."""
+    from tailflow.config import TrainConfig
     from tailflow.engines.train.batch import count_response_tokens, shard_across_ranks
     from tailflow.engines.train.megatron import convert
     from tailflow.engines.train.trainer import PolicyTrainer
@@ -141,8 +142,9 @@ def aligned_steps(rank: int, world_size: int, model_dir: str, trainer_kwargs: di
         if wrong:
             convert.fuse_qkv, convert.split_qkv = naive_fuse_qkv, naive_split_qkv
         try:
-            trainer = PolicyTrainer(model_dir, rank=rank, world_size=world_size, train_backend=train_backend,
-                                    tensor_parallel=tensor_parallel, **trainer_kwargs)
+            train = TrainConfig(backend=train_backend, tensor_parallel=tensor_parallel, num_workers=world_size,
+                                **train_fields)
+            trainer = PolicyTrainer(model_dir, train, rank=rank, world_size=world_size)
             initial, steps = trainer.full_state_dict(), []
             for samples in batches:
                 replicas = world_size // tensor_parallel

@@ -180,7 +180,7 @@ def test_trainer_divides_by_the_configured_aggregation(random_tiny_model_dir, lo
     from tailflow.engines.train.trainer import PolicyTrainer
 
     samples = [TrainSample((5, 6), (7, 8), 1.0), TrainSample((5,), (9, 10, 11, 12), -1.0)]
-    trainer = PolicyTrainer(str(random_tiny_model_dir), lr=1e-3, loss_agg=loss_agg, max_new_tokens=8)
+    trainer = PolicyTrainer(str(random_tiny_model_dir), TrainConfig(lr=1e-3, loss_agg=loss_agg), max_new_tokens=8)
     stats = trainer.train_step(samples, num_tokens_total=6)
     assert stats.pg_loss == pytest.approx(expected_pg_loss, abs=1e-5)
     assert stats.clip_fraction == 0.0
@@ -190,7 +190,7 @@ def test_trainer_refuses_constant_aggregation_without_max_new_tokens(random_tiny
     from tailflow.engines.train.trainer import PolicyTrainer
 
     with pytest.raises(ValueError, match="max_new_tokens"):
-        PolicyTrainer(str(random_tiny_model_dir), loss_agg="constant")
+        PolicyTrainer(str(random_tiny_model_dir), TrainConfig(loss_agg="constant"))
 
 
 def test_k3_kl_by_hand():
@@ -225,4 +225,4 @@ def test_run_config_reaches_the_trainer():
     from tailflow.flows.setup import trainer_kwargs
 
     kwargs = trainer_kwargs(load_config(overrides=["train.loss_agg=constant", "rollout.max_new_tokens=64"]))
-    assert (kwargs["loss_agg"], kwargs["max_new_tokens"]) == ("constant", 64)
+    assert (kwargs["train"].loss_agg, kwargs["max_new_tokens"]) == ("constant", 64)

@@ -7,12 +7,14 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from random_samples import make_samples
+from tailflow.config import TrainConfig
 from tailflow.engines.runs.checkpoint import SHARDS_DIR, read_checkpoint, write_checkpoint
 from tailflow.engines.train.trainer import PolicyTrainer
 
 torch.set_num_threads(1)
 
-KWARGS = dict(lr=1e-3, kl_coef=0.1, max_tokens_per_micro_batch=64, train_backend="megatron", tensor_parallel=2)
+KWARGS = dict(train=TrainConfig(lr=1e-3, kl_coef=0.1, max_tokens_per_micro_batch=64, backend="megatron",
+                                tensor_parallel=2, num_workers=2))
 """kl_coef > 0: each rank also holds a frozen Megatron reference model."""
 
 
@@ -65,7 +67,7 @@ def test_a_tensor_parallel_group_checkpoints_per_rank_and_resumes_bit_for_bit(wa
 
 
 def test_fsdp2_refuses_a_checkpoint_with_megatron_shards(model_path):
-    trainer = PolicyTrainer(model_path, lr=1e-3)
+    trainer = PolicyTrainer(model_path, TrainConfig(lr=1e-3))
     state = trainer.state_for_checkpoint()
     with pytest.raises(ValueError, match="Megatron shards"):
         trainer.load_checkpoint({**state, "shard": {"rank": 0}})

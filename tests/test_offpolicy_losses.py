@@ -109,7 +109,7 @@ def weights_after(model_path: str, samples, trained, loss: str = "ppo_clip"):
     from tailflow.engines.train.batch import count_response_tokens
     from tailflow.engines.train.trainer import PolicyTrainer
 
-    trainer = PolicyTrainer(model_path, lr=1e-3, loss=loss, max_tokens_per_micro_batch=24)
+    trainer = PolicyTrainer(model_path, TrainConfig(lr=1e-3, loss=loss, max_tokens_per_micro_batch=24))
     stats = trainer.train_step(trained, count_response_tokens(samples), len(samples),
                                count_response_tokens(trained))
     return trainer.full_state_dict(), stats
@@ -187,7 +187,7 @@ def step_stats(model_dir: str, samples, loss: str, temperature: float):
     from tailflow.engines.train.batch import count_response_tokens
     from tailflow.engines.train.trainer import PolicyTrainer
 
-    trainer = PolicyTrainer(model_dir, lr=1e-3, loss=loss, temperature=temperature)
+    trainer = PolicyTrainer(model_dir, TrainConfig(lr=1e-3, loss=loss), temperature=temperature)
     return trainer.train_step(samples, count_response_tokens(samples))
 
 
@@ -243,7 +243,7 @@ def test_an_off_policy_loss_refuses_log_probs_of_another_temperature(random_tiny
     torch.set_num_threads(1)
     model_dir = str(random_tiny_model_dir)
     samples = [replace(s, rollout_temperature=sampled_at) for s in rolled_out_samples(model_dir, temperature=0.7)]
-    trainer = PolicyTrainer(model_dir, lr=1e-3, loss="decoupled_ppo")
+    trainer = PolicyTrainer(model_dir, TrainConfig(lr=1e-3, loss="decoupled_ppo"))
     before = trainer.full_state_dict()
     with pytest.raises(ValueError, match=rf"trainer's temperature 1.0, but samples were sampled at temperature "
                                          rf"\[{sampled_at}\]"):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from random_samples import make_samples
-from tailflow.config import ConfigError, load_config
+from tailflow.config import ConfigError, TrainConfig, load_config
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
 from tailflow.engines.train.trainer import PolicyTrainer
@@ -80,7 +80,7 @@ def test_one_update_takes_todays_step_bit_for_bit_and_skips_the_recompute(model_
     it gives the same weights to the last bit (the ratio is exactly 1)."""
     samples = make_samples(12, seed=1)
     num_tokens = count_response_tokens(samples)
-    kwargs = dict(lr=1e-3, kl_coef=0.1, max_tokens_per_micro_batch=64)
+    kwargs = dict(train=TrainConfig(lr=1e-3, kl_coef=0.1, max_tokens_per_micro_batch=64))
     plain, planned, forced = (PolicyTrainer(model_path, **kwargs) for _ in range(3))
     plain_stats = plain.train_step(samples, num_tokens)
 
@@ -102,7 +102,7 @@ def test_each_update_is_a_step_over_its_own_mini_batch_counts(model_path):
     trained = [s for s in samples if s.advantage != 0.0]
     skipped = [s for s in samples if s.advantage == 0.0]
     assert trained and skipped
-    kwargs = dict(lr=1e-3, loss="tis", max_tokens_per_micro_batch=64)
+    kwargs = dict(train=TrainConfig(lr=1e-3, loss="tis", max_tokens_per_micro_batch=64))
     planned, stepped = PolicyTrainer(model_path, **kwargs), PolicyTrainer(model_path, **kwargs)
     updates = plan_updates([trained], skipped, ppo_epochs=2, mini_batches=2, seed=3)[0]
     stats = planned.train_updates(trained, updates, count_response_tokens(samples))
@@ -118,10 +118,10 @@ def test_later_updates_clip_against_the_weights_at_the_start_of_the_step(model_p
     samples = make_samples(16, seed=4)
     num_tokens = count_response_tokens(samples)
     updates = plan_updates([samples], [], ppo_epochs=2, mini_batches=2, seed=0)[0]
-    one = PolicyTrainer(model_path, lr=3e-2).train_step(samples, num_tokens)
+    one = PolicyTrainer(model_path, TrainConfig(lr=3e-2)).train_step(samples, num_tokens)
     assert one.clip_fraction == 0.0  # ratio 1: the clip never acts
 
-    trainer = PolicyTrainer(model_path, lr=3e-2)
+    trainer = PolicyTrainer(model_path, TrainConfig(lr=3e-2))
     passes = []
     real = trainer._proximal_logprobs
     monkeypatch.setattr(trainer, "_proximal_logprobs", lambda s: passes.append(len(s)) or real(s))
@@ -130,7 +130,7 @@ def test_later_updates_clip_against_the_weights_at_the_start_of_the_step(model_p
     assert stats.num_optimizer_steps == 4
     assert stats.clip_fraction > 0.0 and stats.approx_kl > 0.0  # later updates moved away from the start
 
-    tis = PolicyTrainer(model_path, lr=3e-2, loss="tis")
+    tis = PolicyTrainer(model_path, TrainConfig(lr=3e-2, loss="tis"))
     monkeypatch.setattr(tis, "_proximal_logprobs", lambda s: pytest.fail("tis never reads proximal log-probs"))
     assert tis.train_updates(samples, updates, num_tokens).num_optimizer_steps == 4
 
@@ -143,7 +143,7 @@ def test_fsdp_group_takes_the_same_updates_as_one_process(model_path, ray_cluste
     """2 ranks, 2 epochs x 2 mini-batches with zero-advantage samples skipped == one process running the same
     plan over both ranks' samples (each update's mini-batch is the union of the ranks' shares)."""
     samples = make_samples(14, seed=5, advantages=(-1.0, 0.0, 1.0))
-    kwargs = dict(lr=1e-4, max_grad_norm=0.5, max_tokens_per_micro_batch=64)
+    kwargs = dict(train=TrainConfig(lr=1e-4, max_grad_norm=0.5, max_tokens_per_micro_batch=64))
     group = TrainerGroup(model_path, world_size=2, trainer_kwargs=kwargs)
     try:
         group_stats = group.train_step(samples, skip_zero_advantage=True, ppo_epochs=2, mini_batches=2, seed=1)

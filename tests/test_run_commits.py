@@ -6,6 +6,7 @@ import random
 import pytest
 import torch
 
+from tailflow.config import TrainConfig
 from tailflow.engines.models import build_tiny_model
 from tailflow.engines.run_state import RngState, RunState
 from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, read_checkpoint, weights_sha256, write_checkpoint
@@ -88,7 +89,7 @@ def test_a_trainer_resumed_from_a_checkpoint_takes_the_same_next_step(random_tin
     def count(batch):
         return sum(len(s.response_token_ids) for s in batch)
 
-    uninterrupted = PolicyTrainer(str(random_tiny_model_dir), lr=1e-3)
+    uninterrupted = PolicyTrainer(str(random_tiny_model_dir), TrainConfig(lr=1e-3))
     for step in range(2):
         uninterrupted.train_step(samples(step), count(samples(step)))
     checkpoint_dir = tmp_path / "ckpt"
@@ -98,7 +99,7 @@ def test_a_trainer_resumed_from_a_checkpoint_takes_the_same_next_step(random_tin
     AutoModelForCausalLM.from_pretrained(checkpoint_dir)  # an HF directory as it is
     AutoTokenizer.from_pretrained(checkpoint_dir)
 
-    resumed = PolicyTrainer(str(random_tiny_model_dir), lr=1e-3)
+    resumed = PolicyTrainer(str(random_tiny_model_dir), TrainConfig(lr=1e-3))
     resumed.load_checkpoint(read_checkpoint(checkpoint_dir, AutoConfig.from_pretrained(random_tiny_model_dir)))
     for trainer in (uninterrupted, resumed):
         trainer.train_step(samples(2), count(samples(2)))
@@ -106,7 +107,7 @@ def test_a_trainer_resumed_from_a_checkpoint_takes_the_same_next_step(random_tin
     assert all(torch.equal(after[name], again[name]) for name in after)
 
     # without the optimizer state the same step lands elsewhere: the test can tell the difference
-    weights_only = PolicyTrainer(str(random_tiny_model_dir), lr=1e-3)
+    weights_only = PolicyTrainer(str(random_tiny_model_dir), TrainConfig(lr=1e-3))
     weights_only.load_checkpoint({**read_checkpoint(checkpoint_dir, AutoConfig.from_pretrained(random_tiny_model_dir)),
                                   "optimizer": None})
     weights_only.train_step(samples(2), count(samples(2)))

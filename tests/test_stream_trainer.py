@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from random_samples import make_samples
-from tailflow.config import ConfigError, load_config
+from tailflow.config import ConfigError, TrainConfig, load_config
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.reward.result import RewardResult
@@ -48,7 +48,7 @@ def test_pieces_accumulated_then_one_step_equal_the_step_on_all_of_them(model_pa
     lr 1e-5: Adam's step is ~lr * g / |g|, so the float noise of gradient entries near 0 (summation order) can
     move a weight by ~lr / 100; at 1e-5 that is far under the 1e-6 tolerance while every weight with a gradient
     moves by ~1e-5, ten times it. grad_norm (rel 1e-6) checks the gradient's scale, which Adam would hide."""
-    kwargs = dict(lr=1e-5, kl_coef=0.1, loss_agg=loss_agg, max_tokens_per_micro_batch=64)
+    kwargs = dict(train=TrainConfig(lr=1e-5, kl_coef=0.1, loss_agg=loss_agg, max_tokens_per_micro_batch=64))
     whole, streamed = PolicyTrainer(model_path, **kwargs), PolicyTrainer(model_path, **kwargs)
     initial = whole.full_state_dict()
     for seed in (1, 2):
@@ -135,7 +135,7 @@ def test_groups_go_to_the_trainer_once_completed_and_scored_and_the_step_equals_
     problems = [Problem(p, "1+0", "1") for p in "abcd"]
     pool = HeldBackPool(rewards)
     scorer = StreamingScorer(pool, Tokenizer(), problems, lambda problem: None, streaming=True)
-    kwargs = dict(lr=1e-5, max_tokens_per_micro_batch=64)  # lr: see the test above
+    kwargs = dict(train=TrainConfig(lr=1e-5, max_tokens_per_micro_batch=64))  # lr: see the test above
     trainer = RecordingTrainer(PolicyTrainer(model_path, **kwargs))
     step = StreamedStep(trainer, scorer, "grpo", weight_version=0, skip_zero_advantage=True)
     rule = CompletionRule([request(r) for r in rewards], responses_kept=2, prompts_to_complete=4)
@@ -216,7 +216,7 @@ def test_config_refuses_streaming_where_it_cannot_be_exact():
 def test_two_ranks_streamed_and_started_steps_match_one_process(model_path, ray_cluster):
     """A streamed step on 2 FSDP2 ranks (one piece of a single sample: rank 1 runs a filler) == one process's
     train_step; then a step started without waiting: `ready` turns True, `result` is train_step's."""
-    kwargs = dict(lr=1e-4, kl_coef=0.1, max_grad_norm=0.5, max_tokens_per_micro_batch=64)
+    kwargs = dict(train=TrainConfig(lr=1e-4, kl_coef=0.1, max_grad_norm=0.5, max_tokens_per_micro_batch=64))
     first, second = make_samples(13, seed=3), make_samples(9, seed=4)
     single = PolicyTrainer(model_path, **kwargs)
     single_first = single.train_step(first, count_response_tokens(first), len(first))

@@ -5,6 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from random_samples import make_samples as random_samples
+from tailflow.config import TrainConfig
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.train.batch import (
     TrainSample,
@@ -75,7 +76,7 @@ def response_logprob(model, sample: TrainSample) -> float:
 def test_step_raises_logprob_of_positive_advantage(model_path):
     good = TrainSample((5, 6, 7), (8, 9, 10, 1), 1.0)
     bad = TrainSample((5, 6, 7), (11, 12, 13, 1), -1.0)
-    trainer = PolicyTrainer(model_path, lr=1e-3, max_grad_norm=1.0)
+    trainer = PolicyTrainer(model_path, TrainConfig(lr=1e-3, max_grad_norm=1.0))
     before = {k: v.clone() for k, v in trainer.full_state_dict().items()}
     good_before, bad_before = response_logprob(trainer.model, good), response_logprob(trainer.model, bad)
     stats = trainer.train_step([good, bad], count_response_tokens([good, bad]))
@@ -94,7 +95,7 @@ def test_micro_batching_matches_one_big_batch(model_path):
     num_tokens = count_response_tokens(samples)
     results = []
     for budget in (100_000, 40):
-        trainer = PolicyTrainer(model_path, lr=1e-4, kl_coef=0.1, max_tokens_per_micro_batch=budget)
+        trainer = PolicyTrainer(model_path, TrainConfig(lr=1e-4, kl_coef=0.1, max_tokens_per_micro_batch=budget))
         stats = [trainer.train_step(samples, num_tokens) for _ in range(2)]
         results.append((stats, trainer.full_state_dict()))
     (big_stats, big_weights), (small_stats, small_weights) = results
@@ -109,7 +110,7 @@ def test_micro_batching_matches_one_big_batch(model_path):
 
 def test_checkpoint_resume_is_exact(model_path):
     samples_1, samples_2 = make_samples(8, seed=4), make_samples(8, seed=5)
-    kwargs = dict(lr=1e-3, max_tokens_per_micro_batch=64)
+    kwargs = dict(train=TrainConfig(lr=1e-3, max_tokens_per_micro_batch=64))
     trainer = PolicyTrainer(model_path, **kwargs)
     assert trainer.state_for_checkpoint()["optimizer"] is None  # before any step: nothing to save
     trainer.train_step(samples_1, count_response_tokens(samples_1))
@@ -131,7 +132,7 @@ def test_fsdp_group_matches_single_process(model_path, ray_cluster, tmp_path):
     grad_norm is the sharp check on the gradient scale (Adam is scale-invariant): it is the
     global norm only if FSDP's averaging is undone and the DTensor norm is reduced across ranks.
     """
-    kwargs = dict(lr=1e-4, kl_coef=0.1, max_grad_norm=0.5, max_tokens_per_micro_batch=64)
+    kwargs = dict(train=TrainConfig(lr=1e-4, kl_coef=0.1, max_grad_norm=0.5, max_tokens_per_micro_batch=64))
     steps = [make_samples(15, seed=6), make_samples(15, seed=7, with_rollout_logprobs=True), make_samples(1, seed=8)]
     single = PolicyTrainer(model_path, **kwargs)
     single_stats = [single.train_step(samples, count_response_tokens(samples)) for samples in steps]
@@ -185,7 +186,7 @@ def test_a_taken_rendezvous_port_is_retried_not_waited_on(model_path, ray_cluste
     monkeypatch.setattr(trainer_group, "rendezvous_address", lambda rank0: asked.append(1) or next(ports, None)
                         or real(rank0))
     try:
-        group = TrainerGroup(model_path, world_size=2, trainer_kwargs={"lr": 1e-3})
+        group = TrainerGroup(model_path, world_size=2, trainer_kwargs={"train": TrainConfig(lr=1e-3)})
         assert len(asked) == 2 and group.master_port != taken.getsockname()[1]
         assert group.master_addr == ray.util.get_node_ip_address()
         assert group.train_step(make_samples(4, seed=1)).grad_norm > 0

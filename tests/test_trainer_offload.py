@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from random_samples import make_samples
+from tailflow.config import TrainConfig
 from tailflow.engines.train.batch import count_response_tokens
 from tailflow.engines.train.trainer import PolicyTrainer, TrainStepStats
 from tailflow.engines.train.updates import plan_updates
@@ -17,7 +18,7 @@ from tailflow.engines.train.worker import TrainerWorker
 
 torch.set_num_threads(1)
 
-KWARGS = dict(lr=1e-3, kl_coef=0.1, max_tokens_per_micro_batch=64, seed=3)
+KWARGS = dict(train=TrainConfig(lr=1e-3, kl_coef=0.1, max_tokens_per_micro_batch=64, seed=3))
 """kl_coef > 0: the reference model is loaded, and offloaded with the policy."""
 
 

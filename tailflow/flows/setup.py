@@ -304,15 +304,9 @@ def elastic_settings(config: RunConfig, store: ArtifactStore, run_id: str, worke
 
 
 def trainer_kwargs(config: RunConfig) -> dict:
-    train = config.train
     return dict(
-        lr=train.lr, weight_decay=train.weight_decay, max_grad_norm=train.max_grad_norm, kl_coef=train.kl_coef,
-        clip_low=train.clip_low, clip_high=train.clip_high,
-        max_tokens_per_micro_batch=train.max_tokens_per_micro_batch, seed=train.seed,
-        loss_agg=train.loss_agg, max_new_tokens=config.rollout.max_new_tokens, loss=train.loss, is_cap=train.is_cap,
-        temperature=config.rollout.temperature,
+        train=config.train, max_new_tokens=config.rollout.max_new_tokens, temperature=config.rollout.temperature,
         backend="nccl" if torch_device(config.cluster.device) == "cuda" else "gloo",
-        train_backend=train.backend, tensor_parallel=train.tensor_parallel_size,
     )
 
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tailflow.engines.cluster.placement import takes_turns
-from tailflow.engines.cluster.weight_sync import offload_rollout
 from tailflow.engines.reward.scoring import ScoredRound
 from tailflow.engines.round_work import RoundWork
 from tailflow.engines.run_context import RunContext
@@ -47,6 +46,6 @@ def start_step(ctx: RunContext, scored: ScoredRound, weight_version: int, max_st
     samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version,
                                   max_staleness=max_staleness, rollout_temperature=ctx.sampling.temperature)
     if takes_turns(ctx.config):  # colocated on GPUs: the engines free the GPU memory the trainer is about to use
-        offload_rollout(ctx.rollout)
+        ctx.rollout.sleep()
     return ctx.trainer.start_train_step(samples, skip_zero_advantage=train.skips_zero_advantage,
                                         ppo_epochs=train.ppo_epochs, mini_batches=train.mini_batches, seed=train.seed)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from tailflow.engines.cluster import ACTOR_FAILURES
-from tailflow.engines.cluster.membership_log import EventKind, MembershipLog, MembershipReport
+from tailflow.engines.cluster.membership_log import EventKind, MembershipLog
 from tailflow.engines.cluster.node_drain import DRAIN_CHECK_S, DrainNotice, DrainWatch, node_of_actor
 from tailflow.engines.cluster.worker_control import WorkerControl
 
@@ -259,10 +259,6 @@ class Membership:
     def drain_notices(self) -> list[DrainNotice]:
         """Live workers on nodes Ray is draining (asked at most every `drain_check_s`; elastic groups only)."""
         return self.drain_watch.notices(self.node_of) if self.settings.is_elastic else []
-
-    def take_report(self) -> MembershipReport:
-        """Joins, leaves and migrations since the last take, and their counters (once per iteration)."""
-        return self.log.take(len(self.workers))
 
     def shutdown(self) -> None:
         """Stop every worker, live or joining."""

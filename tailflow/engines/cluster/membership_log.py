@@ -72,18 +72,11 @@ class MembershipLog:
     def __init__(self) -> None:
         self.started = time.perf_counter()
         self.events: list[MembershipEvent] = []
-        self.migrated_requests = 0
-        self.migrated_tokens = 0
         self.tokens: dict[int, int] = {}
         self.busy_s: dict[int, float] = {}
 
-    def record(self, kind: EventKind, worker_id: int = -1, **fields) -> MembershipEvent:
-        event = MembershipEvent(kind, worker_id, time.perf_counter() - self.started, **fields)
-        self.events.append(event)
-        if kind is EventKind.MIGRATE:
-            self.migrated_requests += event.num_requests
-            self.migrated_tokens += event.num_tokens
-        return event
+    def record(self, kind: EventKind, worker_id: int = -1, **fields) -> None:
+        self.events.append(MembershipEvent(kind, worker_id, time.perf_counter() - self.started, **fields))
 
     def count_work(self, worker_id: int, num_tokens: int, seconds: float) -> None:
         self.tokens[worker_id] = self.tokens.get(worker_id, 0) + num_tokens
@@ -92,8 +85,8 @@ class MembershipLog:
     def take(self, num_workers: int) -> MembershipReport:
         """The events and counters since the last take (which they are then cleared of)."""
         rates = {wid: self.tokens[wid] / self.busy_s[wid] for wid in sorted(self.tokens) if self.busy_s[wid] > 0}
-        report = MembershipReport(tuple(self.events), num_workers, self.migrated_requests, self.migrated_tokens,
-                                  rates)
-        self.events, self.migrated_requests, self.migrated_tokens = [], 0, 0
-        self.tokens, self.busy_s = {}, {}
+        migrations = [event for event in self.events if event.kind is EventKind.MIGRATE]
+        report = MembershipReport(tuple(self.events), num_workers, sum(event.num_requests for event in migrations),
+                                  sum(event.num_tokens for event in migrations), rates)
+        self.events, self.tokens, self.busy_s = [], {}, {}
         return report

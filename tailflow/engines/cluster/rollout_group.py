@@ -114,8 +114,7 @@ class RolloutGroup:
         workers = self.membership.workers
         if not workers:
             self.orphans += requests
-            if not self.is_paused:
-                self._say_paused(len(self.orphans))
+            self._say_paused(len(self.orphans))
             return
         shares = share_by_load(requests, self.in_flight_per_worker(), self.worker_of)
         ranks = [rank for rank, share in enumerate(shares) if share]
@@ -358,6 +357,9 @@ class RolloutGroup:
             self._place(continued)
 
     def _say_paused(self, num_waiting: int) -> None:
+        """No worker left: pause, and say so once per pause."""
+        if self.is_paused:
+            return
         self.is_paused = True
         self.membership.log.record(EventKind.PAUSE, num_requests=num_waiting)
         joining = self.membership.joining
@@ -382,7 +384,7 @@ class RolloutGroup:
 
     def take_membership(self) -> MembershipReport:
         """Joins, leaves and migrations since the last take, and their counters (once per iteration)."""
-        return self.membership.take_report()
+        return self.membership.log.take(len(self.membership.workers))
 
     def _leave_draining_nodes(self) -> None:
         """Workers on a node Ray is draining hand their requests over and leave, as with a preemption notice;
@@ -393,12 +395,9 @@ class RolloutGroup:
 
     def _wait_for_workers(self, num_waiting: int) -> None:
         """No worker: say so (once per pause), then wait up to PAUSED_WAIT_S for one to join."""
-        if not self.is_paused:
-            self._say_paused(num_waiting)
+        self._say_paused(num_waiting)
         deadline = time.perf_counter() + PAUSED_WAIT_S
         while not self.membership.workers and time.perf_counter() < deadline:
             time.sleep(0.1)
             self.apply_control()
-            self._admit()
-        if self.membership.workers:
-            self.is_paused = False
+            self._admit()  # members join only in `_admit`, which also ends the pause

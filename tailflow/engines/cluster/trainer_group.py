@@ -1,5 +1,5 @@
 """The trainer's ranks as Ray actors (`engines/train/worker.py`): FSDP2 across them, or Megatron-core tensor-parallel
-groups (`train.backend`; `trainer_kwargs["tensor_parallel"]` ranks per group, the groups data-parallel replicas).
+groups (`train.backend`; `train.tensor_parallel_size` ranks per group, the groups data-parallel replicas).
 
 The driver shards a step's samples by tokens over the data-parallel replicas (every rank of a Megatron
 tensor-parallel group gets its replica's samples), counts the global response
@@ -92,14 +92,16 @@ class TrainerGroup:
     ) -> None:
         """Start `world_size` actors and wait until their process group is up. `actor_options[r]`, when given,
         places rank r (its placement-group bundle and share: `placement.actor_options`) instead of the
-        per-worker asks; `reservation` (a `placement.GpuReservation`) is held until `shutdown`.
+        per-worker asks; `reservation` (a `placement.GpuReservation`) is held until `shutdown`. `trainer_kwargs`:
+        each rank's `PolicyTrainer` arguments; their `train` section gives the ranks per tensor-parallel group.
 
         The rendezvous port is picked free on rank 0's node, then bound by rank 0 a moment later: another
         process can take it in between (seen in CI: EADDRINUSE, and the other ranks waited forever for rank 0).
         So a failed start kills every actor of the attempt and tries again on a new port.
         """
         self.world_size = world_size
-        self.tensor_parallel = int((trainer_kwargs or {}).get("tensor_parallel", 1))
+        train = (trainer_kwargs or {}).get("train")
+        self.tensor_parallel = train.tensor_parallel_size if train is not None else 1
         if self.tensor_parallel < 1 or world_size % self.tensor_parallel:
             raise ValueError(f"tensor_parallel {self.tensor_parallel} must divide the {world_size} trainer ranks")
         self.data_parallel_size = world_size // self.tensor_parallel
@@ -194,7 +196,10 @@ class TrainerGroup:
         the rollout workers to read (`weight_sync.py`). Parked: the copy taken when it parked."""
         if self._parked is not None:
             return self._parked[0]
-        return self._rank0_ref([worker.full_state_dict.remote() for worker in self.workers])
+        refs = [worker.full_state_dict.remote() for worker in self.workers]
+        get_all(refs[1:])  # the other ranks return {}; this waits for the collective and raises its errors
+        ray.wait(refs[:1], fetch_local=False)
+        return refs[0]
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """The full policy weights (HF names), gathered on rank 0 and fetched here."""
@@ -264,9 +269,3 @@ class TrainerGroup:
         if self.reservation is not None:
             self.reservation.drop()
             self.reservation = None
-
-    @staticmethod
-    def _rank0_ref(refs: list[ray.ObjectRef]) -> ray.ObjectRef:
-        get_all(refs[1:])  # the other ranks return {}; this waits for the collective and raises its errors
-        ray.wait(refs[:1], fetch_local=False)
-        return refs[0]

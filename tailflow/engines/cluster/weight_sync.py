@@ -5,11 +5,11 @@ reads that copy. Engines refuse new weights while a request is in flight, so
 no response ever mixes two versions.
 
 Colocated on GPUs with a synchronous step the phases take turns on each GPU
-(`placement.takes_turns`): `offload_rollout` puts the engines to sleep before
-the trainer trains (their KV cache and weights leave the GPU), and
-`push_weights(..., take_turns=True)` parks the trainer (its full state goes to
-the object store, its weights and optimizer to host memory) before the
-engines load the new weights and wake. The parked copy is also what the
+(`placement.takes_turns`): the engines sleep before the trainer trains
+(`tasks/train.py` calls `RolloutGroup.sleep`: their KV cache and weights
+leave the GPU), and `push_weights(..., take_turns=True)` parks the trainer
+(its full state goes to the object store, its weights and optimizer to host
+memory) before the engines load the new weights and wake. The parked copy is also what the
 iteration's commit checkpoints, so nothing brings the trainer back to the GPU
 until it trains again. Without turns the wake is a no-op for awake engines.
 """
@@ -17,11 +17,6 @@ from __future__ import annotations
 
 from tailflow.engines.cluster.rollout_group import RolloutGroup
 from tailflow.engines.cluster.trainer_group import TrainerGroup
-
-
-def offload_rollout(rollout: RolloutGroup) -> None:
-    """Before training on shared GPUs: the rollout engines give their GPU memory to the trainer ranks."""
-    rollout.sleep()
 
 
 def push_weights(trainer: TrainerGroup, rollout: RolloutGroup, version: int, take_turns: bool = False) -> None:

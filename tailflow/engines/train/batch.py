@@ -51,6 +51,12 @@ class TrainSample:
     def num_response_tokens(self) -> int:
         return len(self.response_token_ids)
 
+    @property
+    def response_positions(self) -> slice:
+        """The positions of its collated row whose next-token predictions are the response tokens."""
+        start = len(self.prompt_token_ids) - 1
+        return slice(start, start + self.num_response_tokens)
+
 
 class MicroBatch(NamedTuple):
     """Right-padded tensors for one forward pass (B rows, T positions); unpacks like a tuple."""
@@ -131,10 +137,9 @@ def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
     response_mask = torch.zeros((len(samples), width), dtype=torch.float32)
     for row, sample in enumerate(samples):
         tokens = sample.prompt_token_ids + sample.response_token_ids
-        num_prompt = len(sample.prompt_token_ids)
         input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         attention_mask[row, : len(tokens)] = 1
-        response_mask[row, num_prompt - 1 : len(tokens) - 1] = 1.0
+        response_mask[row, sample.response_positions] = 1.0
     advantages = torch.tensor([sample.advantage for sample in samples], dtype=torch.float32)
     return MicroBatch(input_ids, attention_mask, response_mask, advantages)
 
@@ -146,7 +151,6 @@ def rollout_logprobs_matrix(samples: list[TrainSample], width: int) -> tuple[tor
     for row, sample in enumerate(samples):
         if sample.rollout_logprobs is None:
             continue
-        start = len(sample.prompt_token_ids) - 1
-        values[row, start : start + sample.num_response_tokens] = torch.tensor(sample.rollout_logprobs)
-        present[row, start : start + sample.num_response_tokens] = 1.0
+        values[row, sample.response_positions] = torch.tensor(sample.rollout_logprobs)
+        present[row, sample.response_positions] = 1.0
     return values, present

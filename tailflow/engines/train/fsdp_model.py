@@ -28,7 +28,6 @@ from tailflow.engines.train.rank_setup import init_process_group, replace_with_c
 class FsdpPolicyModel:
     def __init__(self, model_path: str, rank: int, world_size: int, dist_backend: str, with_reference: bool) -> None:
         self.rank, self.world_size = rank, world_size
-        self.data_parallel_size = world_size
         self.device = init_process_group(dist_backend, rank, world_size)
         self.mesh = init_device_mesh(self.device.type, (world_size,)) if world_size > 1 else None
         self.module = self._load(model_path, is_trainable=True)
@@ -47,12 +46,6 @@ class FsdpPolicyModel:
                 fully_shard(layer, mesh=self.mesh)
             fully_shard(model, mesh=self.mesh)
         return model
-
-    def parameters(self):
-        return self.module.parameters()
-
-    def modules(self) -> list[torch.nn.Module]:
-        return [module for module in (self.module, self.reference) if module is not None]
 
     def logits(self, batch: MicroBatch, reference: bool = False) -> torch.Tensor:
         model = self.reference if reference else self.module

@@ -88,13 +88,14 @@ def ppo_clip_loss(
     clip_high: float = 0.2,
     num_tokens_total: int | None = None,
     loss_denominator: int | None = None,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, PPOStats]:
     """PPO clipped surrogate (Schulman et al. 2017, eq. 7) with DAPO's decoupled clip range.
 
         ratio    = exp(logprobs - old_logprobs)                       [B, T]
         pg_loss1 = -A * ratio                                         [B, T]
         pg_loss2 = -A * clip(ratio, 1 - clip_low, 1 + clip_high)      [B, T]
-        loss     = sum(max(pg_loss1, pg_loss2) * mask) / loss_denominator
+        loss     = sum(w * max(pg_loss1, pg_loss2) * mask) / loss_denominator   w: `weight` [B, T] (no grad), None: 1
 
     logprobs [B, T] (with grad), old_logprobs [B, T] (no grad), advantages [B]
     (one per response, broadcast over its tokens), mask [B, T] in {0, 1}.
@@ -108,14 +109,14 @@ def ppo_clip_loss(
     pg_loss1 = -token_advantages * ratio
     pg_loss2 = -token_advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)
+    if weight is not None:
+        pg_loss = weight * pg_loss
     loss = token_sum_over_total(pg_loss, mask, num_tokens_total if loss_denominator is None else loss_denominator)
     with torch.no_grad():
-        is_clipped = (pg_loss2 > pg_loss1).to(mask.dtype)
-        approx_kl = (ratio - 1.0) - log_ratio
         stats = PPOStats(
             pg_loss=loss.item(),
-            clip_fraction=token_sum_over_total(is_clipped, mask, num_tokens_total).item(),
-            approx_kl=token_sum_over_total(approx_kl, mask, num_tokens_total).item(),
+            clip_fraction=token_sum_over_total((pg_loss2 > pg_loss1).to(mask.dtype), mask, num_tokens_total).item(),
+            approx_kl=token_sum_over_total((ratio - 1.0) - log_ratio, mask, num_tokens_total).item(),
         )
     return loss, stats
 
@@ -150,22 +151,9 @@ def decoupled_ppo_loss(
     prox_logprobs [B, T]: the trainer's own log-probs at the start of the step (no grad).
     `clip_fraction` counts tokens where the clip won; `approx_kl` is k3 of the proximal ratio.
     """
-    mask = mask.to(logprobs.dtype)
     weight = torch.clamp(torch.exp(prox_logprobs - behaviour_logprobs), max=is_cap).detach()
-    log_ratio = logprobs - prox_logprobs.detach()
-    ratio = torch.exp(log_ratio)
-    token_advantages = advantages.to(logprobs.dtype).unsqueeze(1)
-    pg_loss1 = -token_advantages * ratio
-    pg_loss2 = -token_advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
-    pg_loss = weight * torch.maximum(pg_loss1, pg_loss2)
-    loss = token_sum_over_total(pg_loss, mask, num_tokens_total if loss_denominator is None else loss_denominator)
-    with torch.no_grad():
-        stats = PPOStats(
-            pg_loss=loss.item(),
-            clip_fraction=token_sum_over_total((pg_loss2 > pg_loss1).to(mask.dtype), mask, num_tokens_total).item(),
-            approx_kl=token_sum_over_total((ratio - 1.0) - log_ratio, mask, num_tokens_total).item(),
-        )
-    return loss, stats
+    return ppo_clip_loss(logprobs, prox_logprobs, advantages, mask, clip_low, clip_high, num_tokens_total,
+                         loss_denominator, weight=weight)
 
 
 def weighted_pg_loss(

@@ -8,8 +8,8 @@ owns what depends on how the weights are laid out over the ranks: building
 and sharding them, the forward to full-vocabulary logits, the backward (and
 how gradients combine over data-parallel replicas), the global gradient norm,
 the weights as one Hugging Face state dict (weight sync, checkpoints' model
-directory), the checkpoint state of model and optimizer, and which modules
-move when the trainer offloads.
+directory), and the checkpoint state of model and optimizer. The trainer
+steps and offloads its `module` and `reference` itself.
 
 Data parallelism is what the batch is cut by: FSDP2's ranks are all
 data-parallel; Megatron's tensor-parallel ranks of one group see the same
@@ -18,7 +18,7 @@ samples, so a step's samples are sharded over `data_parallel_size` replicas
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 
@@ -32,10 +32,10 @@ class PolicyModel(Protocol):
     device: torch.device
     hf_config: Any
     """The Hugging Face config of the model (pad token, vocabulary)."""
-    data_parallel_size: int
-
-    def parameters(self) -> Iterator[torch.nn.Parameter]:
-        """This rank's trainable parameters (what AdamW steps)."""
+    module: torch.nn.Module
+    """This rank's policy: its parameters are what AdamW steps."""
+    reference: torch.nn.Module | None
+    """The frozen reference copy (KL penalty only)."""
 
     def logits(self, batch: MicroBatch, reference: bool = False) -> torch.Tensor:
         """[B, T, V] full-vocabulary logits of the policy (or the frozen reference, KL only)."""
@@ -59,11 +59,8 @@ class PolicyModel(Protocol):
     def load_checkpoint_state(self, optimizer: torch.optim.Optimizer, state: dict) -> None:
         """Load `checkpoint_state`'s output (`shard`: this rank's own)."""
 
-    def modules(self) -> list[torch.nn.Module]:
-        """The modules offloading moves (policy and reference)."""
 
-
-def build_policy_model(train_backend: str, model_path: str, rank: int, world_size: int, dist_backend: str,
+def build_policy_model(train_backend: TrainBackend, model_path: str, rank: int, world_size: int, dist_backend: str,
                        tensor_parallel: int, with_reference: bool) -> PolicyModel:
     """The `train.backend` wrapper, loaded with `model_path`'s weights (and a frozen reference copy for the
     KL penalty). megatron-core is imported only for `megatron`."""

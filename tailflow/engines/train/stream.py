@@ -73,7 +73,7 @@ class StreamedStep:
             if group is not None:
                 ready.append(group)
                 del self._waiting[problem_id]
-        trained = [self._trained(self._samples([group])) for group in ready]
+        trained = [samples_with_signal(self._samples([group]), self.skip_zero_advantage) for group in ready]
         self._send([sample for part in trained for sample in part])
         self.sent.update((group.problem.problem_id, group) for group in ready)
         self.num_streamed_groups += sum(1 for part in trained if part)
@@ -86,7 +86,8 @@ class StreamedStep:
         if missing:
             raise ValueError(f"groups {sorted(missing)} were trained during rollout but are not in the round's batch")
         samples = self._samples(scored.groups)
-        rest = self._trained(self._samples([g for g in scored.groups if g.problem.problem_id not in self.sent]))
+        unsent = [group for group in scored.groups if group.problem.problem_id not in self.sent]
+        rest = samples_with_signal(self._samples(unsent), self.skip_zero_advantage)
         if not rest and self.num_trained_samples == 0:
             rest = samples[:1]  # no signal anywhere: a real zero-gradient step, as train_step takes
         self._send(rest)
@@ -97,9 +98,6 @@ class StreamedStep:
     def _samples(self, groups: Sequence[ScoredGroup]) -> list[TrainSample]:
         return samples_from_groups(groups, self.estimator, weight_version=self.weight_version,
                                    rollout_temperature=self.rollout_temperature)
-
-    def _trained(self, samples: list[TrainSample]) -> list[TrainSample]:
-        return samples_with_signal(samples, self.skip_zero_advantage)
 
     def _send(self, samples: list[TrainSample]) -> None:
         if samples:

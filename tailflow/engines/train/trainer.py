@@ -23,24 +23,19 @@ accumulated gradients by the loss denominator before clipping and the
 optimizer step. The gradient is linear in the loss, so this is the
 non-streamed step's gradient up to float summation order.
 
-Colocated placement (one GPU shared by a rollout engine and this rank, the phases taking turns): `offload`
-moves the weights and AdamW's state to host memory so the engine gets the GPU memory while it rolls out;
-every public method that uses them brings them back first (`_ensure_on_device`), so offloading only saves
-memory and no caller's order can break a step.
-
-With world_size == 1 and FSDP2 no process group is made and the model is not sharded:
-plain single-process training, the reference the sharded paths are tested against.
+Colocated placement (one GPU shared by a rollout engine and this rank, the phases taking turns): `offload`.
+With world_size == 1 and FSDP2: plain single-process training (`fsdp_model.py`).
 Plain Python: Ray wraps it in `engines/cluster/trainer_group.py`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
-from tailflow.config import OFF_POLICY_LOSSES
+from tailflow.config import OFF_POLICY_LOSSES, TrainConfig
 from tailflow.engines.train.batch import (
     MicroBatch,
     TrainSample,
@@ -50,9 +45,6 @@ from tailflow.engines.train.batch import (
 )
 from tailflow.engines.train.losses import (
     PROXIMAL_LOSSES,
-    POLICY_LOSSES,
-    LossAggregation,
-    PolicyLoss,
     cispo_loss,
     decoupled_ppo_loss,
     entropy_from_logits,
@@ -63,7 +55,7 @@ from tailflow.engines.train.losses import (
     token_logprobs,
     topr_loss,
 )
-from tailflow.engines.train.policy_model import PolicyModel, TrainBackend, build_policy_model
+from tailflow.engines.train.policy_model import PolicyModel, build_policy_model
 from tailflow.engines.train.updates import Update
 
 SUMMED_STATS = (
@@ -135,54 +127,31 @@ class MicroBatchInputs:
 
 
 class PolicyTrainer:
-    def __init__(
-        self,
-        model_path: str,
-        rank: int = 0,
-        world_size: int = 1,
-        lr: float = 1e-6,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        max_grad_norm: float = 1.0,
-        kl_coef: float = 0.0,
-        clip_low: float = 0.2,
-        clip_high: float = 0.2,
-        max_tokens_per_micro_batch: int = 8192,
-        seed: int = 0,
-        backend: str | None = None,
-        loss_agg: LossAggregation = "token_mean",
-        max_new_tokens: int | None = None,
-        loss: PolicyLoss = "ppo_clip",
-        is_cap: float = 2.0,
-        temperature: float = 1.0,
-        train_backend: TrainBackend = "fsdp2",
-        tensor_parallel: int = 1,
-    ) -> None:
-        """`backend` None picks "nccl" when CUDA is present, else "gloo". With world_size > 1 the
-        process group is made from env MASTER_ADDR / MASTER_PORT (set by TrainerGroup). `train_backend` picks
-        the model wrapper (`train.backend`); `tensor_parallel` is Megatron's group size. `loss_agg` picks the
-        loss denominator (losses.loss_denominator); `constant` needs `max_new_tokens`. `loss` picks the policy
-        loss (`train.loss`); `temperature` is the rollouts' sampling temperature: the trainer's logits are
-        divided by it, so its log-probs are those of the distribution the tokens were drawn from."""
-        loss_denominator(loss_agg, 1, 1, max_new_tokens)  # a bad choice fails here, not at the first step
-        if loss not in POLICY_LOSSES:
-            raise ValueError(f"unknown loss {loss!r}; choose one of {list(POLICY_LOSSES)}")
+    def __init__(self, model_path: str, train: TrainConfig | None = None, rank: int = 0, world_size: int = 1,
+                 backend: str | None = None, max_new_tokens: int | None = None, temperature: float = 1.0) -> None:
+        """`train`: the run's `train.*` section (None: its defaults): the optimizer (lr, weight_decay,
+        max_grad_norm), the loss (`loss`, `loss_agg`, clip_low / clip_high, is_cap, kl_coef), the micro-batch
+        budget, the seed, and the model wrapper (`train.backend`, Megatron's `tensor_parallel_size`). `backend`
+        None picks "nccl" when CUDA is present, else "gloo". With world_size > 1 the process group is made from
+        env MASTER_ADDR / MASTER_PORT (set by TrainerGroup). `max_new_tokens` (rollout.max_new_tokens) is what
+        loss_agg `constant` divides by (losses.loss_denominator); `temperature` is the rollouts' sampling
+        temperature: the trainer's logits are divided by it, so its log-probs are those of the distribution the
+        tokens were drawn from."""
+        self.train = train if train is not None else TrainConfig()
+        self.max_new_tokens, self.temperature, self.world_size = max_new_tokens, temperature, world_size
+        self._loss_denominator(1, 1)  # a bad choice fails here, not at the first step
         if temperature <= 0:
             raise ValueError(f"temperature must be > 0 to train on sampled responses, got {temperature}")
-        self.loss_agg, self.max_new_tokens = loss_agg, max_new_tokens
-        self.loss, self.is_cap, self.temperature = loss, is_cap, temperature
-        self.rank, self.world_size = rank, world_size
-        self.max_grad_norm, self.kl_coef = max_grad_norm, kl_coef
-        self.clip_low, self.clip_high = clip_low, clip_high
-        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        torch.manual_seed(seed)
-        self.policy: PolicyModel = build_policy_model(train_backend, model_path, rank, world_size, self.backend,
-                                                      tensor_parallel, with_reference=kl_coef > 0)
+        torch.manual_seed(self.train.seed)
+        dist_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+        self.policy: PolicyModel = build_policy_model(self.train.backend, model_path, rank, world_size, dist_backend,
+                                                      self.train.tensor_parallel_size,
+                                                      with_reference=self.train.kl_coef > 0)
         self.device = self.policy.device
         config = self.policy.hf_config
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.train.lr,
+                                           weight_decay=self.train.weight_decay)
         self._streamed: dict[str, float] | None = None
         """A streamed step's summed stats so far (None: no streamed step open)."""
         self.is_offloaded = False
@@ -212,7 +181,7 @@ class PolicyTrainer:
         if num_tokens_total < 1:
             raise ValueError(f"num_tokens_total must be >= 1, got {num_tokens_total}")
         num_sequences = len(samples) if num_sequences_total is None else num_sequences_total
-        denominator = loss_denominator(self.loss_agg, num_tokens_total, num_sequences, self.max_new_tokens)
+        denominator = self._loss_denominator(num_tokens_total, num_sequences)
         metric_tokens = num_metric_tokens or num_tokens_total
         totals = self._backward(samples, metric_tokens, denominator)
         grad_norm = self._clip_and_step()
@@ -231,11 +200,11 @@ class PolicyTrainer:
             return self.train_step([samples[i] for i in update.indices], update.num_tokens, update.num_sequences,
                                    update.num_metric_tokens)
         self._check_rollout_logprobs(samples)  # all of them before the first update steps
-        proximal = self._proximal_logprobs(samples) if self.loss in PROXIMAL_LOSSES else None
+        proximal = self._proximal_logprobs(samples) if self.train.loss in PROXIMAL_LOSSES else None
         sums = dict.fromkeys(SUMMED_STATS, 0.0)
         grad_norms = []
         for update in updates:
-            denominator = loss_denominator(self.loss_agg, update.num_tokens, update.num_sequences, self.max_new_tokens)
+            denominator = self._loss_denominator(update.num_tokens, update.num_sequences)
             totals = self._backward([samples[i] for i in update.indices], update.num_metric_tokens or update.num_tokens,
                                     denominator, proximal, allow_empty=True)
             grad_norms.append(self._clip_and_step())
@@ -262,10 +231,10 @@ class PolicyTrainer:
         self._ensure_on_device()
         if self._streamed is None:
             raise RuntimeError("finish_step without accumulate: no streamed step is open")
-        denominator = loss_denominator(self.loss_agg, num_tokens_total, num_sequences_total, self.max_new_tokens)
+        denominator = self._loss_denominator(num_tokens_total, num_sequences_total)
         metric_tokens = num_metric_tokens or num_tokens_total
         with torch.no_grad():
-            for parameter in self.policy.parameters():
+            for parameter in self.model.parameters():
                 if parameter.grad is not None:
                     parameter.grad.div_(denominator)
         grad_norm = self._clip_and_step()
@@ -275,6 +244,10 @@ class PolicyTrainer:
         for name in ("clip_fraction", "approx_kl", "entropy"):
             totals[name] /= metric_tokens
         return self._reduce_stats(totals, grad_norm, num_tokens_total)
+
+    def _loss_denominator(self, num_tokens: int, num_sequences: int) -> int:
+        """What the loss divides by (`train.loss_agg`; losses.loss_denominator): counts over the batch's ranks."""
+        return loss_denominator(self.train.loss_agg, num_tokens, num_sequences, self.max_new_tokens)
 
     def _backward(self, samples: list[TrainSample], metric_tokens: int, denominator: int,
                   proximal: dict[int, torch.Tensor] | None = None, allow_empty: bool = False) -> dict[str, float]:
@@ -292,15 +265,16 @@ class PolicyTrainer:
         """An off-policy loss weighs by pi / mu, pi the trainer's softmax(logits / temperature) and mu the
         distribution that sampled the token (its recorded log-prob): refuse, before any gradient, samples without
         a log-prob for every response token or sampled at another (or an unknown) temperature."""
-        if self.loss not in OFF_POLICY_LOSSES:
+        loss = self.train.loss
+        if loss not in OFF_POLICY_LOSSES:
             return
         if any(sample.rollout_logprobs is None for sample in samples):
-            raise ValueError(f"train.loss {self.loss!r} needs the rollout log-prob of every response token; "
+            raise ValueError(f"train.loss {loss!r} needs the rollout log-prob of every response token; "
                              "some samples have none")
         others = {sample.rollout_temperature for sample in samples} - {self.temperature}
         if others:
             raise ValueError(
-                f"train.loss {self.loss!r} weighs by pi / mu with pi at this trainer's temperature {self.temperature}, "
+                f"train.loss {loss!r} weighs by pi / mu with pi at this trainer's temperature {self.temperature}, "
                 f"but samples were sampled at temperature {sorted(others, key=str)} (None: not recorded), so their "
                 "log-probs are of another distribution: construct PolicyTrainer with temperature=rollout.temperature "
                 "and build the samples with rollout_temperature (samples_from_groups)")
@@ -309,7 +283,7 @@ class PolicyTrainer:
         """Token-budget micro-batches, padded with [] up to the largest count on any rank. No samples on any rank:
         an error, or with `allow_empty` one filler (zero gradients: an update whose mini-batch had nothing to
         train still steps, as its zero-advantage samples would have made it)."""
-        parts = split_by_token_budget(samples, self.max_tokens_per_micro_batch) if samples else []
+        parts = split_by_token_budget(samples, self.train.max_tokens_per_micro_batch) if samples else []
         count = torch.tensor([len(parts)], device=self.device)
         if self.world_size > 1:
             dist.all_reduce(count, op=dist.ReduceOp.MAX)
@@ -326,8 +300,7 @@ class PolicyTrainer:
         for part in self._plan_micro_batches(samples, allow_empty=True):
             logprobs = self._logprobs(self._collate(part))[1]
             for row, sample in enumerate(part):
-                start = len(sample.prompt_token_ids) - 1
-                found[id(sample)] = logprobs[row, start:start + sample.num_response_tokens].clone()
+                found[id(sample)] = logprobs[row, sample.response_positions].clone()
         return found
 
     def _collate(self, part: list[TrainSample]) -> MicroBatch:
@@ -363,8 +336,7 @@ class PolicyTrainer:
         if proximal is not None:
             proximal_matrix = torch.zeros_like(batch.response_mask)
             for row, sample in enumerate(part):
-                start = len(sample.prompt_token_ids) - 1
-                proximal_matrix[row, start:start + sample.num_response_tokens] = proximal[id(sample)]
+                proximal_matrix[row, sample.response_positions] = proximal[id(sample)]
         return MicroBatchInputs(ref_logprobs, behaviour, present, proximal_matrix)
 
     def _policy_loss(self, logprobs: torch.Tensor, batch: MicroBatch, inputs: MicroBatchInputs,
@@ -375,17 +347,18 @@ class PolicyTrainer:
         proximal = logprobs.detach() if inputs.proximal_logprobs is None else inputs.proximal_logprobs
         behaviour = inputs.behaviour_logprobs
         totals = dict(num_tokens_total=metric_tokens, loss_denominator=denominator)
-        if self.loss == "ppo_clip":
-            return ppo_clip_loss(logprobs, proximal, *args, self.clip_low, self.clip_high, **totals)
-        if self.loss == "ppo_behaviour":
-            return ppo_clip_loss(logprobs, behaviour, *args, self.clip_low, self.clip_high, **totals)
-        if self.loss == "decoupled_ppo":
-            return decoupled_ppo_loss(logprobs, proximal, behaviour, *args, self.clip_low, self.clip_high,
-                                      self.is_cap, **totals)
-        if self.loss == "tis":
+        train = self.train
+        if train.loss == "ppo_clip":
+            return ppo_clip_loss(logprobs, proximal, *args, train.clip_low, train.clip_high, **totals)
+        if train.loss == "ppo_behaviour":
+            return ppo_clip_loss(logprobs, behaviour, *args, train.clip_low, train.clip_high, **totals)
+        if train.loss == "decoupled_ppo":
+            return decoupled_ppo_loss(logprobs, proximal, behaviour, *args, train.clip_low, train.clip_high,
+                                      train.is_cap, **totals)
+        if train.loss == "tis":
             return tis_loss(logprobs, behaviour, *args, **totals)
-        if self.loss == "cispo":
-            return cispo_loss(logprobs, behaviour, *args, self.clip_low, self.clip_high, **totals)
+        if train.loss == "cispo":
+            return cispo_loss(logprobs, behaviour, *args, train.clip_low, train.clip_high, **totals)
         return topr_loss(logprobs, behaviour, *args, **totals)
 
     def _accumulate_gradients(
@@ -397,25 +370,18 @@ class PolicyTrainer:
         pg_loss, pg_stats = self._policy_loss(logprobs, batch, inputs, metric_tokens, denominator)
         ref = inputs.ref_logprobs
         kl = kl_penalty(logprobs, ref, mask, denominator) if ref is not None else None
-        loss = pg_loss + self.kl_coef * kl if kl is not None else pg_loss
+        loss = pg_loss + self.train.kl_coef * kl if kl is not None else pg_loss
         self.policy.backward(loss)  # each rank's loss is its share of the global loss: the ranks' grads SUM
         with torch.no_grad():
             entropy = entropy_from_logits(logits.detach(), mask, metric_tokens).item()
             present = inputs.has_behaviour
             abs_diff = ((logprobs.detach() - inputs.behaviour_logprobs).abs() * present).sum().item()
-        return {
-            "pg_loss": pg_stats.pg_loss,
-            "clip_fraction": pg_stats.clip_fraction,
-            "approx_kl": pg_stats.approx_kl,
-            "kl": kl.item() if kl is not None else 0.0,
-            "entropy": entropy,
-            "rollout_abs_diff": abs_diff,
-            "rollout_tokens": present.sum().item(),
-        }
+        return asdict(pg_stats) | {"kl": kl.item() if kl is not None else 0.0, "entropy": entropy,
+                                   "rollout_abs_diff": abs_diff, "rollout_tokens": present.sum().item()}
 
     def _clip_and_step(self) -> float:
         """Clip by the global norm (over every rank's gradients), then exactly one AdamW step."""
-        grad_norm = self.policy.clip_grad_norm(self.max_grad_norm)
+        grad_norm = self.policy.clip_grad_norm(self.train.max_grad_norm)
         if torch.isfinite(grad_norm):
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -426,18 +392,10 @@ class PolicyTrainer:
         self.policy.sum_over_replicas(sums)
         total = dict(zip(SUMMED_STATS, sums.tolist()))
         rollout_diff = total["rollout_abs_diff"] / total["rollout_tokens"] if total["rollout_tokens"] > 0 else None
-        return TrainStepStats(
-            pg_loss=total["pg_loss"],
-            kl=total["kl"],
-            entropy=total["entropy"],
-            grad_norm=grad_norm,
-            lr=self.optimizer.param_groups[0]["lr"],
-            clip_fraction=total["clip_fraction"],
-            approx_kl=total["approx_kl"],
-            num_tokens=num_tokens_total,
-            num_samples=int(total["samples"]),
-            logprob_diff_vs_rollout=rollout_diff,
-        )
+        means = {name: total[name] for name in ("pg_loss", "kl", "entropy", "clip_fraction", "approx_kl")}
+        return TrainStepStats(**means, grad_norm=grad_norm, lr=self.optimizer.param_groups[0]["lr"],
+                              num_tokens=num_tokens_total, num_samples=int(total["samples"]),
+                              logprob_diff_vs_rollout=rollout_diff)
 
     # ---- weights out and in (collectives: every rank calls them) ---------------------------------
 
@@ -501,8 +459,9 @@ class PolicyTrainer:
         object again. Blocking copies: a non_blocking device-to-host copy may still be in flight when the memory is
         handed over.
         """
-        for module in self.policy.modules():
-            module.to(device)
+        for module in (self.model, self.ref_model):
+            if module is not None:
+                module.to(device)
         for state in self.optimizer.state.values():
             for key, value in state.items():
                 if key != "step" and isinstance(value, torch.Tensor):

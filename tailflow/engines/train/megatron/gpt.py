@@ -75,15 +75,10 @@ def mark_sharded_weights(model: torch.nn.Module) -> None:
             set_tensor_model_parallel_attributes(weight, is_parallel=True, dim=1, stride=1)
 
 
-def parameters_by_name(model: torch.nn.Module) -> dict[str, torch.nn.Parameter]:
-    """The live parameters under their Megatron names (a tied output layer has none of its own)."""
-    return dict(model.named_parameters())
-
-
 @torch.no_grad()
 def load_megatron_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Copy `state` (this rank's shard, `convert.hf_to_megatron`) into the parameters; the names must match."""
-    parameters = parameters_by_name(model)
+    parameters = dict(model.named_parameters())
     if sorted(parameters) != sorted(state):
         missing, extra = sorted(set(parameters) - set(state)), sorted(set(state) - set(parameters))
         raise KeyError(f"Megatron weights do not match the model: missing {missing[:3]}, unexpected {extra[:3]}")

@@ -31,7 +31,7 @@ from tailflow.engines.models import check_model_dir, load_model
 from tailflow.engines.train.batch import MicroBatch
 from tailflow.engines.train.megatron import cpu_stand_in
 from tailflow.engines.train.megatron.convert import hf_to_megatron, megatron_to_hf
-from tailflow.engines.train.megatron.gpt import build_gpt, gpt_logits, load_megatron_state, parameters_by_name
+from tailflow.engines.train.megatron.gpt import build_gpt, gpt_logits, load_megatron_state
 from tailflow.engines.train.megatron.shape import ModelShape
 from tailflow.engines.train.rank_setup import init_process_group, replace_with_copies
 
@@ -74,12 +74,6 @@ class MegatronPolicyModel:
         model.requires_grad_(is_trainable)
         return model.to(self.device).eval()
 
-    def parameters(self):
-        return self.module.parameters()
-
-    def modules(self) -> list[torch.nn.Module]:
-        return [module for module in (self.module, self.reference) if module is not None]
-
     def logits(self, batch: MicroBatch, reference: bool = False) -> torch.Tensor:
         return gpt_logits(self.reference if reference else self.module, batch.input_ids, self.shape.vocab_size)
 
@@ -112,9 +106,9 @@ class MegatronPolicyModel:
             dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.dp_group)
 
     def own_shard(self) -> dict[str, torch.Tensor]:
-        """This rank's parameters under their Megatron names, fresh CPU copies."""
-        return {name: parameter.detach().to("cpu", copy=True) for name, parameter in
-                parameters_by_name(self.module).items()}
+        """This rank's parameters under their Megatron names (a tied output layer has none of its own), fresh CPU
+        copies."""
+        return {name: parameter.detach().to("cpu", copy=True) for name, parameter in self.module.named_parameters()}
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor-parallel group gathers its shards to its first rank; global rank 0 converts them."""
