@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 PAD, EOS, UNK = "<pad>", "</s>", "<unk>"
 CHARACTERS = "0123456789+-*=#:? \n"
@@ -19,24 +20,9 @@ PRINTABLE_ASCII = "".join(chr(code) for code in range(32, 127)) + "\n\t"
 """Enough to write Python: the vocabulary of a tiny code model (tests, benchmarks of code rewards)."""
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible byte -> printable-character table."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    symbols, extra = {}, 0
-    for byte in range(256):
-        if byte in printable:
-            symbols[byte] = chr(byte)
-        else:
-            symbols[byte] = chr(256 + extra)
-            extra += 1
-    return symbols
-
-
-_BYTE_TO_SYMBOL = _bytes_to_unicode()
-
-
 def build_char_tokenizer(characters: str = CHARACTERS) -> PreTrainedTokenizerFast:
-    symbols = [_BYTE_TO_SYMBOL[ord(character)] for character in characters]  # byte-level BPE's: '\n' -> 'Ċ'
+    byte_symbols = bytes_to_unicode()  # GPT-2's reversible byte -> printable-character table: '\n' -> 'Ċ'
+    symbols = [byte_symbols[ord(character)] for character in characters]
     vocab = {token: index for index, token in enumerate([PAD, EOS, UNK, *symbols])}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
