@@ -30,12 +30,9 @@ class ArithmeticTask:
     """P(k terms) is proportional to (k - 1) ** -tail_exponent."""
     max_term_value: int = 99
 
-    def term_count_weights(self) -> list[float]:
-        return [(k - 1) ** -self.tail_exponent for k in range(self.min_terms, self.max_terms + 1)]
-
     def sample(self, rng: random.Random, problem_id: str) -> Problem:
         counts = list(range(self.min_terms, self.max_terms + 1))
-        num_terms = rng.choices(counts, weights=self.term_count_weights())[0]
+        num_terms = rng.choices(counts, weights=[(k - 1) ** -self.tail_exponent for k in counts])[0]
         terms = [rng.randint(1, self.max_term_value) for _ in range(num_terms)]
         return make_problem(terms, problem_id)
 
