@@ -49,6 +49,14 @@ MAX_TRIES = 50  # draws per family and turn before it counts as out of new promp
 # ---- the built-in task ---------------------------------------------------------------------------
 
 
+def _reference_function(solution: str, name: str) -> Callable:
+    """The function `name` of a family's reference solution (ours, run here): what the tests expect is what it
+    returns, so the family's logic is written once."""
+    namespace: dict = {}
+    exec(solution, namespace)
+    return namespace[name]
+
+
 def _sum_times(rng: random.Random):
     k = rng.randint(2, 9)
     cases = [[rng.randint(-50, 99) for _ in range(rng.randint(1, 8))] for _ in range(3)]
@@ -66,15 +74,14 @@ def _caesar(rng: random.Random):
                 f"            out.append(chr((ord(ch) - 97 + {k}) % 26 + 97))\n        elif ch.isupper():\n"
                 f"            out.append(chr((ord(ch) - 65 + {k}) % 26 + 65))\n        else:\n"
                 "            out.append(ch)\n    return ''.join(out)")
-    namespace: dict = {}
-    exec(solution, namespace)
+    shift_text = _reference_function(solution, "shift_text")
     words = ["hello", "World", "xyz", "Tail flow!", "abc-DEF"]
     picked = rng.sample(words, 3)
     example = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(3, 6)))
     prompt = (f"Write a Python function `shift_text(s)` that returns `s` with every letter moved {k} places "
               "forward in the alphabet, wrapping around and keeping case; other characters stay as they are. "
-              f"For example shift_text({example!r}) == {namespace['shift_text'](example)!r}.")
-    return prompt, solution, tuple(f"assert shift_text({w!r}) == {namespace['shift_text'](w)!r}" for w in picked), ()
+              f"For example shift_text({example!r}) == {shift_text(example)!r}.")
+    return prompt, solution, tuple(f"assert shift_text({w!r}) == {shift_text(w)!r}" for w in picked), ()
 
 
 def _fizzbuzz(rng: random.Random):
@@ -103,18 +110,12 @@ def _count_char(rng: random.Random):
 
 
 def _nth_prime(rng: random.Random):
-    def nth(k: int) -> int:
-        count, n = 0, 1
-        while count < k:
-            n += 1
-            if all(n % d for d in range(2, int(n ** 0.5) + 1)):
-                count += 1
-        return n
+    solution = ("def nth_prime(k):\n    count, n = 0, 1\n    while count < k:\n        n += 1\n"
+                "        if all(n % d for d in range(2, int(n ** 0.5) + 1)):\n            count += 1\n    return n")
+    nth = _reference_function(solution, "nth_prime")
     ks = rng.sample(range(1, 150), 3)
     prompt = (f"Write a Python function `nth_prime(k)` that returns the k-th prime number (nth_prime(1) == 2). "
               f"For example nth_prime({ks[0]}) == {nth(ks[0])}.")
-    solution = ("def nth_prime(k):\n    count, n = 0, 1\n    while count < k:\n        n += 1\n"
-                "        if all(n % d for d in range(2, int(n ** 0.5) + 1)):\n            count += 1\n    return n")
     return prompt, solution, tuple(f"assert nth_prime({k}) == {nth(k)}" for k in ks), ()
 
 
@@ -155,12 +156,11 @@ def _join_sorted(rng: random.Random):
 def _digit_power_sum(rng: random.Random):
     p = rng.randint(1, 4)
     ns = rng.sample(range(0, 100000), 4)
-    prompt = (f"Write a Python function `digit_power_sum(n)` that returns the sum of the digits of the non-negative "
-              f"integer n, each raised to the power {p}. For example digit_power_sum({ns[3]}) == "
-              f"{sum(int(d) ** p for d in str(ns[3]))}.")
     solution = f"def digit_power_sum(n):\n    return sum(int(d) ** {p} for d in str(n))"
-    return prompt, solution, tuple(f"assert digit_power_sum({n}) == {sum(int(d) ** p for d in str(n))}"
-                                   for n in ns[:3]), ()
+    power_sum = _reference_function(solution, "digit_power_sum")
+    prompt = (f"Write a Python function `digit_power_sum(n)` that returns the sum of the digits of the non-negative "
+              f"integer n, each raised to the power {p}. For example digit_power_sum({ns[3]}) == {power_sum(ns[3])}.")
+    return prompt, solution, tuple(f"assert digit_power_sum({n}) == {power_sum(n)}" for n in ns[:3]), ()
 
 
 def _count_primes_slow(rng: random.Random):
@@ -248,10 +248,9 @@ class _CodeRowRules:
     max_prompt_tokens: int | None
 
     def problem(self, record: dict, default_id: str, seen: set[str]) -> Problem:
-        id_field = self.id_field
-        problem_id = _id_text(record, id_field) if id_field and id_field in record else default_id
-        if id_field and id_field not in record and self.style == "kodcode":
-            raise _InvalidRow("missing_field", f"missing field '{id_field}'; fields present: {sorted(record)}")
+        id_field = self.id_field  # an APPS row may lack it (then the default id); a KodCode row may not
+        is_id_read = id_field and (id_field in record or self.style == "kodcode")
+        problem_id = _id_text(record, id_field) if is_id_read else default_id
         if problem_id in seen:
             raise _InvalidRow("duplicate_id", f"field '{id_field}': duplicate problem id {problem_id!r}")
         prompt, solution, tests = (_kodcode_problem if self.style == "kodcode" else _apps_problem)(record)
