@@ -83,12 +83,14 @@ def launch(backend: str, workdir: str, limits: SandboxLimits, die_with_parent: b
 def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits(),
                backend: str = "auto") -> SandboxResult:
     """One run of `code` to its end (or its limits) in a fresh sandbox dir."""
-    from tailflow.engines.reward.sandbox.process import finish
+    from tailflow.engines.reward.sandbox.process import supervised, to_result
 
     backend = resolve_backend(backend)
     with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
         (Path(workdir) / "main.py").write_text(code)
-        return finish(launch(backend, workdir, limits), stdin, limits)
+        launched = launch(backend, workdir, limits)
+        return to_result(supervised(launched, stdin.encode(), limits.timeout_s, limits.max_output_bytes),
+                         launched.isolation, limits)
 
 
 __all__ = ["BACKENDS", "SandboxError", "SandboxLimits", "SandboxResult", "default_backend", "launch",

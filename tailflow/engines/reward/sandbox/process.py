@@ -162,18 +162,8 @@ def child_setup(cgroup: Cgroup | None, die_with_parent: bool, limit=None):
 def supervised(launched: Launched, stdin: bytes, timeout_s: float, max_output_bytes: int) -> Outcome:
     """Feed stdin, collect the output within the bounds, kill what is left and release it: a process's whole
     life once launched."""
-    proc = launched.proc
     try:
-        return supervise(proc, stdin, timeout_s, max_output_bytes, launched.kill)
+        return supervise(launched.proc, stdin, timeout_s, max_output_bytes, launched.kill)
     finally:
-        launched.kill()
-        proc.wait()
-        launched.release()
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            stream.close()
-
-
-def finish(launched: Launched, stdin: str, limits: SandboxLimits) -> SandboxResult:
-    """A one-shot run's whole life, under its limits."""
-    outcome = supervised(launched, stdin.encode(), limits.timeout_s, limits.max_output_bytes)
-    return to_result(outcome, launched.isolation, limits)
+        launched.end()
+        launched.proc.stderr.close()

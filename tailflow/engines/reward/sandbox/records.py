@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -26,8 +26,7 @@ class SandboxLimits:
     max_output_bytes: int = 1 << 20
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_time_s", "memory_bytes", "max_processes", "max_file_bytes",
-                     "max_output_bytes"):
+        for name in (limit.name for limit in fields(self)):
             if getattr(self, name) <= 0:
                 raise ValueError(f"SandboxLimits.{name} must be positive, got {getattr(self, name)!r}")
 
@@ -63,7 +62,15 @@ class Launched:
     isolation: tuple[str, ...]
     cgroup: Cgroup | None = None
 
-    def release(self) -> None:
-        """After the kill and the wait: remove the sandbox's cgroup (nothing is left in it)."""
+    def end(self) -> None:
+        """Kill everything it started, wait for it, remove its cgroup (nothing is left in it) and close its stdin
+        and stdout (stderr is the caller's: a session drains it in a thread)."""
+        self.kill()
+        self.proc.wait()
         if self.cgroup is not None:
             self.cgroup.remove()
+        for stream in (self.proc.stdin, self.proc.stdout):
+            try:
+                stream.close()
+            except OSError:  # unflushed input to a dead program: a broken pipe, nothing to keep
+                pass

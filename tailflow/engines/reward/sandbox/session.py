@@ -101,14 +101,7 @@ class SandboxSession:
         if self.is_closed:
             return
         self.is_closed = True
-        self.launched.kill()
-        self.proc.wait()
-        self.launched.release()
-        for stream in (self.proc.stdin, self.proc.stdout):
-            try:
-                stream.close()
-            except OSError:
-                pass
+        self.launched.end()
         self.drainer.join(timeout=5)
         self.proc.stderr.close()
         self.workdir.cleanup()
