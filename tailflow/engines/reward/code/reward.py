@@ -49,8 +49,7 @@ class Tally:
 
 class CodeReward:
     def __init__(self, all_or_nothing: bool = False, backend: str = "auto", memory_mb: int = 1024,
-                 max_processes: int = 32, timeout_max_s: float = 30.0, max_output_bytes: int = 1 << 20,
-                 budget_s: float = 60.0) -> None:
+                 max_processes: int = 32, timeout_max_s: float = 30.0, budget_s: float = 60.0) -> None:
         if timeout_max_s <= 0:
             raise ValueError(f"reward.timeout_max_s must be > 0, got {timeout_max_s}")
         if budget_s <= 0:
@@ -62,7 +61,6 @@ class CodeReward:
         self.memory_bytes = memory_mb << 20
         self.max_processes = max_processes
         self.timeout_max_s = timeout_max_s
-        self.max_output_bytes = max_output_bytes
         self.budget_s = budget_s
         cgroup.remove_owned_by(None)  # sandbox cgroups of earlier processes that were killed
         self.num_executions = 0
@@ -70,8 +68,7 @@ class CodeReward:
 
     def limits(self, timeout_s: float) -> SandboxLimits:
         return SandboxLimits(timeout_s=timeout_s, cpu_time_s=max(1, math.ceil(timeout_s)) + 1,
-                             memory_bytes=self.memory_bytes, max_processes=self.max_processes,
-                             max_output_bytes=self.max_output_bytes)
+                             memory_bytes=self.memory_bytes, max_processes=self.max_processes)
 
     def score_problem(self, response_text: str, problem: Problem, timeout_s: float | None = None) -> RewardResult:
         tests = problem.tests

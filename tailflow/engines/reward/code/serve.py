@@ -101,10 +101,8 @@ def serve_op(table, request, solution, program):
         "bool": lambda: bool(target),
         "contains": lambda: decode("item") in target,
         "str": lambda: str(target),
-        "iter": lambda: table.to_handle(iter(target)),
+        "iter": lambda: iter(target),  # an iterator has `__next__`, so no plain type: it crosses as a handle
     }
-    if op == "iter":
-        return {"ok": actions[op]()}
     return {"ok": wire_encode(actions[op](), table.to_handle)}
 
 
