@@ -33,8 +33,7 @@ class InjectedFault(RuntimeError):
 
 def armed(name: str) -> bool:
     """Whether `name` (`crash-train@3`, `kill-rollout@1`) is in the spec; if so it is disarmed (taken out of
-    TAILFLOW_FAULT in this process's environment), so it fires once per process and a retried iteration does not
-    fail again. The environment is the record: no state of this module's own."""
+    TAILFLOW_FAULT in this process's environment: the record of what fired, no state of this module's own)."""
     wanted = [item.strip() for item in os.environ.get(ENV, "").split(",") if item.strip()]
     if name not in wanted:
         return False

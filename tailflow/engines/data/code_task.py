@@ -1,26 +1,8 @@
 """Code problems: a small built-in task, and KodCode / APPS style JSONL files.
 
-Built-in task (tests, demos, `bench/reward.py`): ten families of ordinary
-programming exercises, each instantiated with different constants, each with
-a reference solution that passes its tests, and a worked example in its
-prompt (so prompts differ and both splits hold every family, in equal
-shares). Half are checked by asserts on a function, half by stdin/stdout
-cases. One family (counting primes by trial division) has a correct
-solution that takes ~0.2-0.5 s, so adaptive timeouts have real run times to
-anchor on.
-
-KodCode rows: `question` (the prompt), `test` (a pytest module that does
-`from solution import f` and defines `test_*` functions; each function is
-one test), optional `solution`, optional id field.
-
-APPS rows: `question`, `input_output` (a JSON object, or a string holding
-one, with `inputs` and `outputs` lists; with `fn_name` the tests call that
-function, with `class Solution` in `starter_code` its method, on the given
-argument lists), optional `solutions` (a JSON list; the first is kept),
-`starter_code` (appended to the prompt), and `problem_id`.
-
-Either may carry `reference_time_s`, the run time of a known-correct
-solution: the adaptive timeout's first anchor for that problem.
+docs/rewards.md, "Code problems", describes the task's families and each file style's row fields
+(`CodeTests` says what `reference_time_s` is for). The built-in task (tests, demos, `bench/reward.py`) puts a
+worked example in each prompt, so prompts differ and both splits hold every family, in equal shares.
 """
 from __future__ import annotations
 

@@ -1,17 +1,11 @@
 """LLM-as-judge: a judge model says whether a response matches the reference.
 
-The judge is a native torch rollout engine (no other engine exists yet) holding
-any local Hugging Face causal LM. It reads one prompt built from
-`reward.judge_template` and we look at its next token: with p(yes) and p(no)
-the probabilities of the first tokens of `judge_yes` and `judge_no`,
-
     reward = p(yes) / (p(yes) + p(no)),   correct = reward > 0.5
 
-so the reward is graded even when the judge is unsure. A yes/no text that
-does not start with its own token in the judge's vocabulary (both mapping to
-the same id, or to the unknown token) is refused at start, naming the key.
-Prompts longer than the judge's context keep their end (the response and the
-question of the template's tail).
+with p(yes) and p(no) the judge's next-token probabilities of the first tokens of `judge_yes` and `judge_no`
+after the prompt built from `reward.judge_template`: graded even when the judge is unsure. docs/rewards.md,
+"LLM judge", says which engine holds it and which yes/no texts are refused at start. Prompts longer than the
+judge's context keep their end (the response and the question of the template's tail).
 """
 from __future__ import annotations
 

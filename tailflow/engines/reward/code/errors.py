@@ -1,17 +1,13 @@
 """What the program's exceptions become on the tests' side, by the runner's rules, never by the program's.
 
 Only ordinary exceptions cross as themselves: a builtin subclass of
-`Exception` (a `ValueError` stays a `ValueError`, so `pytest.raises(ValueError)`
-works). Control flow does not: `StopIteration` and `StopAsyncIteration` (which
-would end the test's own loops, `all(map(f, xs))` coming out True), and the
-`BaseException`s (`SystemExit`, `KeyboardInterrupt`, `GeneratorExit`) arrive as
-`RemoteError`. The program's own exception classes arrive as classes made
-here, one per remote class, with the same name and the same hierarchy over
-ordinary builtins (any other base becomes `RemoteError`, which each of them
-derives from): a test can `from solution import MyError` and `except MyError`
-or `pytest.raises(MyError)`, and `class MyError(ValueError)` is still caught
-by `except ValueError`. Only the name, the message and the bases cross; no
-code of the program's runs here.
+`Exception` other than `StopIteration` and `StopAsyncIteration`. Control flow
+and the other `BaseException`s arrive as `RemoteError`. The program's own
+exception classes arrive as classes made here, one per remote class, with the
+same name and the same hierarchy over ordinary builtins (any other base
+becomes `RemoteError`, which each of them derives from). Only the name, the
+message and the bases cross; no code of the program's runs here. What each
+rule makes work, and what it stops: docs/rewards.md, "Exceptions".
 """
 from __future__ import annotations
 

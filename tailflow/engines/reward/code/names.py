@@ -6,12 +6,9 @@ compiled here and its global lookups read off the bytecode (`LOAD_GLOBAL`,
 `def`, an assignment) and that is not a builtin is a name the task exposes:
 the entry point, the class, `add` in `assert add(1, 2) == 3`. Only those of
 the program's names enter the tests' globals, and `from solution import *`
-gives only those (the proxy module's `__all__`). So a program that defines
-`sorted`, `len` or `math` changes nothing the tests compute: the builtins the
-tests see are the runner's own copy, and their imports are their own. An
-explicit `from solution import helper` or `solution.helper` still reaches any
-name: the test asked for it. (So a task whose entry point is named like a
-builtin must import it; used bare, the name is the builtin.)
+gives only those (the proxy module's `__all__`); the builtins the tests see
+are the runner's own copy. Why, and what an explicit `from solution import
+helper` still reaches: docs/rewards.md, "What the tests see of the program".
 """
 from __future__ import annotations
 

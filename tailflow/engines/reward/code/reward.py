@@ -1,24 +1,20 @@
 """The code reward: the fraction of a problem's tests that the response's program passes.
 
-Where each kind of test runs (the threat model is in docs/rewards.md):
-
-- asserts and test functions (KodCode, APPS call-based, the built-in task)
-  run in a test-runner process of their own (`verdict.py`), which calls
-  into the program in its sandbox and gets plain data back; the program
-  never holds a test, an expected value, the verdict or the clock;
-- each stdin/stdout case (APPS) is its own sandboxed run of the program as
-  `__main__`; the expected output stays here, and the comparison (line by
-  line, trailing whitespace ignored) happens here.
+Asserts and test functions run in the test runner (`verdict.py`, a process
+of its own that calls into the sandboxed program and gets plain data back);
+each stdin/stdout case is a sandboxed run of the program whose output is
+compared here (`same_output`). Either way the program never holds a test, an
+expected value, the verdict or the clock (docs/rewards.md: "How tests run",
+and the threat model).
 
 Time. Each test, and loading the program, gets the timeout `timeout_s` (the
 adaptive one); the response's budget (`reward.code_budget_s`) bounds all of
 its tests together, from the moment scoring starts (extracting the program
-included), and once it is spent the remaining tests fail unrun. The test
-runner is killed at the budget plus `RUNNER_SLACK_S`, so one response costs
-at most `budget_s + RUNNER_SLACK_S` seconds (plus the kill of the last
-sandbox). `RewardResult.exec_s`, the adaptive timeout's anchor, is the slowest
-unit (one test, the load, or one stdin/stdout run) measured outside the
-sandbox.
+included), and once it is spent the remaining tests fail unrun: one response
+costs at most `budget_s + RUNNER_SLACK_S` seconds (docs/rewards.md, "The cost
+of one answer"). `RewardResult.exec_s`, the adaptive timeout's anchor, is
+the slowest unit (one test, the load, or one stdin/stdout run) measured
+outside the sandbox.
 """
 from __future__ import annotations
 

@@ -10,10 +10,6 @@ memory (the caller gives it an address-space limit of its own). The verdict
 has the original stdout to itself: fd 1 is /dev/null before any test runs, so
 a test that prints cannot garble it.
 
-What the tests see of the program is `names.py`'s rule (only the names they
-use and do not define), how a test function is called is `testcalls.py`'s
-(parametrize, async), what an exception becomes is `errors.py`'s.
-
 One index space: asserts first, then test functions. Each test (and loading
 the program, and the test module's top level) gets the timeout; the
 response's budget bounds all of them together, and once it is spent the

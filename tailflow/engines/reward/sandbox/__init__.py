@@ -1,14 +1,9 @@
 """Run untrusted, model-written Python and get back a `SandboxResult`; the backend is chosen by name.
 
-`auto` (the default) is `bwrap` wherever bubblewrap works, else `process`.
-`bwrap`: bubblewrap namespaces, an empty root with only the allowlisted paths
-(`allowlist.py`), private temp dir, uid 65534. `process`: `unshare` namespaces
-and our own jail building the same root, as root; rlimits only elsewhere (see
-`SandboxResult.isolation`). `docker`: for clusters, through the `docker`
-client; no Docker engine runs here, so it is untested. Every backend enforces
-the same `SandboxLimits` and kills the whole process tree on timeout; `bwrap`
-and `process` also put the whole sandbox in a cgroup of its own where one can
-be made (`cgroup.py`), so its memory and process limits are aggregate.
+`auto` (the default) is `bwrap` wherever bubblewrap works, else `process`; each backend's module says what
+it builds, and docs/rewards.md ("The sandbox") compares them. Every backend enforces the same `SandboxLimits`
+and kills the whole process tree on timeout; `bwrap` and `process` also put the whole sandbox in a cgroup of
+its own where one can be made (`cgroup.py`), so its memory and process limits are aggregate.
 """
 from __future__ import annotations
 

@@ -2,25 +2,19 @@
 
 Both namespace backends (`bwrap`, and `process` as root) start the program
 from an empty root and bind back, read-only and at the same path, only the
-paths listed here: the interpreter binary, the standard library directory
-(with `site-packages` under it covered by an empty read-only tmpfs), and the
-shared libraries the interpreter and the standard library's extension
-modules link against (found with `ldd`). The libraries of one host
-directory are gathered (hard links, else copies) into a directory of their
-own, which is bound over that directory: one mount instead of one per file
-(each mount costs the sandbox's start about a millisecond). Both the
-gathered directories and the view itself are cached in a root-only
-directory under the temp dir (`ldd` over the standard library's extension
-modules took 2 to 11 s on this loaded machine), keyed by the interpreter's,
-the extension modules' and the loader cache's file versions. Plus, per run, a
-private writable scratch directory `SANDBOX_DIR` (a size-bounded tmpfs, the
-program's cwd, HOME and TMPDIR), a fresh `/proc` of the sandbox's own pid
-namespace and a minimal `/dev`. So there is no project checkout, no data, no
-home directory, no installed package and no test anywhere the program can
-open: what it can run is the standard library.
-
-Without `ldd` (a libc other than glibc), the directories holding the
-interpreter's shared libraries are bound instead of the single files.
+paths of `read_only_view` (docs/rewards.md, "What the sandbox enforces",
+describes the whole tree the program sees): the interpreter binary, the
+standard library directory (`site-packages` under it hidden), and the shared
+libraries the interpreter and the standard library's extension modules link
+against, found with `ldd` (without it, a libc other than glibc, the
+directories holding them). The libraries of one host directory are gathered
+(hard links, else copies) into a directory of their own, which is bound over
+that directory: one mount instead of one per file (each mount costs the
+sandbox's start about a millisecond). Both the gathered directories and the
+view itself are cached in a root-only directory under the temp dir (`ldd`
+over the standard library's extension modules took 2 to 11 s on this loaded
+machine), keyed by the interpreter's, the extension modules' and the loader
+cache's file versions.
 """
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
 """The `bwrap` backend: bubblewrap builds the namespaces; the default wherever `bwrap` works.
 
-What the program sees: an empty root (bubblewrap's own tmpfs, read-only)
-holding only the allowlisted paths (`allowlist.py`: the interpreter, the
-standard library with site-packages hidden under an empty tmpfs, the shared
-libraries they load), bound read-only at their host paths; a fresh `/proc`
-of its own pid namespace and bubblewrap's minimal `/dev`; its private
-writable directory `/tmp/sandbox` (its cwd: a fresh tmpfs of `SCRATCH_FILES`
-x max_file_bytes, gone with the run, holding the program read-only as
-`main.py`). No network (new net namespace, loopback down), its own IPC, UTS
-and cgroup namespaces, its own pid namespace (it cannot see or signal host
-processes, and when the namespace's init dies every process in it dies, so a
-setsid daemon cannot outlive the run), a scrubbed environment, uid 65534.
+What the program sees is what `mount_arguments` lists, in new pid, net, IPC,
+UTS and cgroup namespaces, with a scrubbed environment, as uid 65534: an
+empty read-only root holding only the allowlisted paths (`allowlist.py`),
+read-only at their host paths; a fresh `/proc`, bubblewrap's minimal `/dev`,
+and its private scratch tmpfs `/tmp/sandbox` (its cwd, gone with the run)
+holding the program read-only as `main.py`. docs/rewards.md, "What the
+sandbox enforces", says what each of these stops.
 
 The sandbox's command is the stdlib launcher `inner.py`, passed as source
 (its docstring says what it does before the program). Without root,

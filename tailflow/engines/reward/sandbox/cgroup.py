@@ -1,21 +1,15 @@
 """An aggregate memory and process limit for one sandbox: a cgroup of its own, where the kernel lets us make one.
 
-RLIMIT_AS bounds one process and RLIMIT_NPROC counts every process of uid
-65534 on the host, so without a cgroup one answer of `max_processes`
-processes can hold `max_processes x memory_bytes`, and one answer's fork bomb
-takes the process slots of every other sandbox running beside it. With a
-cgroup, everything the sandbox starts (its tmpfs pages included) shares one
+Everything the sandbox starts (its tmpfs pages included) shares one
 `memory_bytes` and one `max_processes`; the kernel's OOM killer ends the
-sandbox's own processes past it.
-
-Where: as root, under the caller's own cgroup, in cgroup v1's `memory` and
-`pids` hierarchies (this machine) or in cgroup v2 when `memory` and `pids` are
-delegated to the caller's cgroup (written for v2, not run on a v2 host here).
+sandbox's own processes past it. docs/rewards.md says where one can be made
+("A cgroup per sandbox": as root, cgroup v1 here, v2 written but not run) and
+what the per-process rlimits alone let through ("Fallback without cgroups").
 Each sandbox gets `tailflow-sandbox-<owner pid>-<token>`; the launched process
 joins it before exec, and it is removed once the sandbox is gone
 (`remove_owned_by` sweeps after an owner that was killed). Where no cgroup
-can be made, `create` returns None: the per-process rlimits are all there is,
-and `SandboxResult.isolation` lacks "cgroup" (docs/rewards.md, the fallback).
+can be made, `create` returns None and `SandboxResult.isolation` lacks
+"cgroup".
 """
 from __future__ import annotations
 
