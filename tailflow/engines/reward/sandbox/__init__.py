@@ -49,9 +49,8 @@ def resolve_backend(backend: str) -> str:
 
 def launch(backend: str, workdir: str, limits: SandboxLimits, die_with_parent: bool = False) -> Launched:
     """Start `workdir/main.py` under a resolved `backend`, with pipes on stdin, stdout and stderr: the one place
-    a backend is chosen, for one-shot runs and code-test sessions alike. `die_with_parent` (process backend; bwrap
-    always does): the kernel kills the sandbox when the calling thread dies, for a session whose owner may be
-    killed."""
+    a backend is chosen, for one-shot runs and code-test sessions alike. `die_with_parent`: `launch_process`'s
+    (bwrap always dies with the calling thread)."""
     if backend == "docker":
         from tailflow.engines.reward.sandbox.docker import launch_docker
 
