@@ -1,10 +1,13 @@
 """An aggregate memory and process limit for one sandbox: a cgroup of its own, where the kernel lets us make one.
 
-Everything the sandbox starts (its tmpfs pages included) shares one
-`memory_bytes` and one `max_processes`; the kernel's OOM killer ends the
-sandbox's own processes past it. docs/rewards.md says where one can be made
-("A cgroup per sandbox": as root, cgroup v1 here, v2 written but not run) and
-what the per-process rlimits alone let through ("Fallback without cgroups").
+Why: RLIMIT_AS bounds one process and RLIMIT_NPROC counts every process of
+uid 65534 on the host, so without a cgroup one answer can hold
+`max_processes x memory_bytes` and its fork bomb takes the process slots of
+every sandbox beside it. With one, everything the sandbox starts (its tmpfs
+pages included) shares one `memory_bytes` and one `max_processes`; the
+kernel's OOM killer ends the sandbox's own processes past it. Where one can
+be made: docs/rewards.md, "A cgroup per sandbox" (as root, cgroup v1 here, v2
+written but not run).
 Each sandbox gets `tailflow-sandbox-<owner pid>-<token>`; the launched process
 joins it before exec, and it is removed once the sandbox is gone
 (`remove_owned_by` sweeps after an owner that was killed). Where no cgroup
