@@ -47,7 +47,7 @@ import torch
 
 from tailflow.config import ConfigError
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
-from tailflow.engines.rollout.sequence import check_requests, derive_seed
+from tailflow.engines.rollout.sequence import check_requests
 from tailflow.engines.rollout.vllm_translate import (InFlight, VllmCalls, engine_kwargs, eos_ids_and_vocab_of,
                                                      finish_reason_of, sampled_logprobs, sampling_kwargs)
 from tailflow.engines.rollout.vllm_kernel_scan import modules_hidden_from_vllm_scan
@@ -165,9 +165,7 @@ class VllmEngine:
         check_requests(requests, [*self.running, *(seq.request_id for seq in self.waiting)], self.vocab_size,
                        self.max_seq_len)
         for request in requests:
-            seed = request.params.seed if request.params.seed is not None else derive_seed(self.seed,
-                                                                                           self.num_arrived)
-            self.waiting.append(InFlight(request, seed))
+            self.waiting.append(InFlight(request, self.num_arrived, self.seed))
             self.num_arrived += 1
 
     def _admit(self) -> None:
