@@ -160,8 +160,7 @@ class ModelRunner:
         self.max_seq_len = max_seq_len
         self.attention = sdpa_decode_attention if self.is_cuda else decode_attention
         bucketed = self.is_cuda if bucketed_decode is None else bucketed_decode
-        self.graphs = DecodeGraphs(self, num_slots, max_seq_len, capture=cuda_graphs and self.is_cuda) \
-            if bucketed else None
+        self.graphs = DecodeGraphs(self, capture=cuda_graphs and self.is_cuda) if bucketed else None
         self.cache: SlotKVCache | None = None
         self.restore_memory()
 
