@@ -13,21 +13,9 @@ through this class; `rollout.async_ratio` alpha is a parameter of it:
   No trained token is then more than floor(alpha) versions stale, by
   construction: no group ever has to be aborted for it.
 
-Both are one rule: launch j while j <= w + floor(alpha) (and, ahead of the
-trainer, within the in-flight cap). Each round keeps its own completion rule
-(a short round aborts its stragglers and queues their prompts, a long round
-waits for all: `completion.py`), so tail batching works in every mode; a
-finished request goes to the rule of the round that launched it. The loop is
-the whole mechanism: step the engines a little, show the rules what finished,
-abort what they say at once. A round that completes settles at once (its
-deferred prompts join the long-prompt queue, where the next round planned
-sees them) and waits, finished, for its iteration.
-
-Each round has an observer, built when it is launched (`observe`): streamed
-scoring, the live progress line and the stream trainer see every response as
-it finishes, in every mode. A synchronous round that waits for all and that
-nobody watches response by response runs as one batch call (`generate`): on
-one worker the engine runs the same steps either way.
+Both are one rule: launch j while j <= w + floor(alpha) (and, ahead of the trainer, within the in-flight cap).
+How each round keeps its own completion rule, settles and is observed: docs/architecture.md, "The one rollout
+driver".
 
 Weight sync: `pause` stops every request in flight and keeps what it has;
 after the engines load the new weights, `resume` resubmits them, continuing
@@ -108,7 +96,8 @@ class LiveRound:
     launched_version: int
     observer: RoundObserver
     is_batch: bool = False
-    """Run as one `generate` call when taken (synchronous, wait-for-all, unwatched)."""
+    """Run as one `generate` call when taken (synchronous, wait-for-all, unwatched): on one worker the engine runs
+    the same steps either way."""
     observed: list[Completion] = field(default_factory=list)
     """Every completion shown to the rule, in order."""
     aborted: list[Completion] = field(default_factory=list)
