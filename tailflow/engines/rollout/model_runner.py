@@ -16,10 +16,6 @@ fp32 on CPU, bf16 on CUDA); norms are computed in fp32 and rounded back, as
 Hugging Face's RMSNorm does. On CUDA, decode attention is PyTorch SDPA and the
 decode step runs from captured CUDA graphs (`decode_graphs.py`); on CPU it stays
 eager with plain matmuls.
-
-`release_memory()` / `restore_memory()` let a colocated trainer have the GPU between phases (as vLLM's
-level-1 sleep does): everything the runner allocated is dropped, and the model's weights wait in host
-memory, where new weights can still be loaded.
 """
 from __future__ import annotations
 

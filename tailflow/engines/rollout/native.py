@@ -11,10 +11,8 @@ an engine produces bit-for-bit the same completions (on one device).
 Device and dtype: fp32 on CPU, bf16 on CUDA (`default_dtype`); the engine
 moves the model there. Logprobs are always computed in fp32 from the logits.
 
-Sleep mode (for a GPU shared with a trainer rank): `sleep()` frees the KV
-cache, fused weights and decode graphs and keeps the weights in host memory
-(vLLM's level-1 sleep); `wake_up()` puts everything back. Asleep, the engine
-only takes new weights (into the host copy) and answers `stats()`.
+Sleep mode, for a GPU shared with a trainer rank (vLLM's level-1 sleep): `sleep()`, `wake_up()`; asleep,
+the engine only takes new weights (into the host copy) and answers `stats()`.
 """
 from __future__ import annotations
 
