@@ -27,6 +27,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
+from tailflow.engines.models import SUPPORTED_MODEL_TYPES
 from tailflow.engines.rollout.kv_cache import SlotKVCache
 
 
@@ -117,8 +118,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 def check_architecture(model: PreTrainedModel) -> None:
     config = model.config
-    if config.model_type not in ("qwen2", "qwen3", "llama"):
-        raise ValueError(f"the native engine runs qwen2/qwen3/llama models, not '{config.model_type}'")
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"the native engine runs {'/'.join(SUPPORTED_MODEL_TYPES)} models, not '{config.model_type}'")
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         raise ValueError(f"the native engine has no sliding-window attention (layer_types={config.layer_types})")
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")

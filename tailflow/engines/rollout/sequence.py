@@ -57,6 +57,13 @@ def check_requests(requests: Iterable[Request], in_flight_ids: Iterable[str], vo
         seen.add(rid)
 
 
+def refuse_in_flight(refused: str, num_running: int, num_waiting: int, because: str) -> None:
+    """Both engines' refusal of `refused` (load_weights, sleep) while requests are in flight."""
+    if num_running or num_waiting:
+        raise RuntimeError(f"{refused} refused: {num_running} running and {num_waiting} waiting requests {because}; "
+                           "finish or abort them first")
+
+
 class ResponseSoFar:
     """A request plus the response it has so far (a continued request starts from its prefix) and its sampler's
     seed (`SamplingParams.seed`): what both engines hold per request in flight."""

@@ -22,7 +22,7 @@ import torch
 
 from tailflow.config import ConfigError
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
-from tailflow.engines.rollout.sequence import check_requests
+from tailflow.engines.rollout.sequence import check_requests, refuse_in_flight
 from tailflow.engines.rollout.vllm_translate import (InFlight, VllmCalls, engine_kwargs, eos_ids_and_vocab_of,
                                                      finish_reason_of, sampled_logprobs, sampling_kwargs)
 from tailflow.engines.rollout.vllm_kernel_scan import modules_hidden_from_vllm_scan
@@ -224,10 +224,8 @@ class VllmEngine:
         """Load Hugging Face-named weights as `version` through vLLM's layerwise reload (`vllm_weights.py`);
         refused while requests are in flight or when the names do not match the checkpoint. The prefix cache
         is emptied after, so no key or value computed by the old weights is reused."""
-        if self.has_unfinished():
-            raise RuntimeError(f"load_weights(version={version}) refused: {len(self.running)} running and "
-                               f"{len(self.waiting)} waiting requests would mix weight versions; finish or abort "
-                               "them first")
+        refuse_in_flight(f"load_weights(version={version})", len(self.running), len(self.waiting),
+                         "would mix weight versions")
         check_weight_names(self.checkpoint, state_dict, self.tied_lm_head, version)
         if self.is_sleeping and not self.has_weights:
             self.llm.wake_up(["weights"])
