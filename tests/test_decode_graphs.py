@@ -43,7 +43,7 @@ def test_capture_is_refused_without_cuda():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     with pytest.raises(RuntimeError, match="CUDA"):
-        DecodeGraphs(runner=None, num_slots=4, max_seq_len=64, capture=True)
+        DecodeGraphs(runner=None, capture=True)
 
 
 @pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])

@@ -1,10 +1,7 @@
 """A round's observer: its scorer, and with the stream trainer its optimizer step, built when it is launched.
 
-The rollout pipeline (engines/tail/pipeline.py) asks `RoundWorkFactory` for
-one per round and shows it every response as it finishes: streamed scoring
-(reward.streaming) and the live progress line work the same in every mode,
-synchronous or asynchronous; a synchronous round with `train.stream` also
-feeds each completed, scored group to the trainer during rollout.
+The rollout pipeline asks `RoundWorkFactory` for one per round when it launches it and shows it every response
+as it finishes, in every mode: docs/architecture.md, "The one rollout driver".
 
 A round's code tests get the timeout the anchors of the last commit before
 its launch imply (`anchors`, set by the iteration that takes rounds from that

@@ -36,10 +36,6 @@ if TYPE_CHECKING:
 
 
 class RunContext:
-    __slots__ = ("run_id", "config", "store", "tokenizer", "train_problems", "eval_problems", "reward", "timeouts",
-                 "sampling", "tail", "rollout", "trainer", "reward_pool", "metrics", "model_path", "model_config",
-                 "max_seq_len", "num_skipped_rows", "watch", "round_work", "pipeline")
-
     run_id: str
     config: RunConfig
     store: ArtifactStore
@@ -75,6 +71,8 @@ class RunContext:
     """The rounds on `rollout`, synchronous or running ahead of training (engines/tail/pipeline.py); None only
     while the context is being built. It is the one part of a run that lives across iterations outside the
     commits; each iteration restores it from the last commit unless it is already there."""
+
+    __slots__ = tuple(__annotations__)  # the fields above, each once (annotations alone make no class attribute)
 
     def __init__(self, **fields) -> None:
         optional = {"watch", "round_work", "pipeline"}

@@ -62,13 +62,12 @@ class CapturedStep:
 class DecodeGraphs:
     """Runs `runner.decode_rows` at bucket shapes: replaying captured graphs, or eagerly (`capture=False`)."""
 
-    def __init__(self, runner, num_slots: int, max_seq_len: int, capture: bool) -> None:
+    def __init__(self, runner, capture: bool) -> None:
         if capture and not torch.cuda.is_available():
             raise RuntimeError("CUDA graphs need a CUDA device; use capture=False (eager buckets) on CPU")
         self.runner = runner
-        self.buckets = batch_buckets(num_slots)
-        self.max_seq_len = max_seq_len
-        self.scratch_position = max_seq_len - 1
+        self.buckets = batch_buckets(runner.num_slots)
+        self.scratch_position = runner.max_seq_len - 1
         self.capture = capture
         self.captured: dict[tuple[int, int], CapturedStep] = {}
         self.pool = None
@@ -91,7 +90,7 @@ class DecodeGraphs:
         """Logits [B, vocab] of the B real rows."""
         num_rows = token_ids.shape[0]
         bucket = bucket_for(num_rows, self.buckets)
-        key_len = key_bucket(max_len, self.max_seq_len)
+        key_len = key_bucket(max_len, self.runner.max_seq_len)
         tokens, where = self.padded(token_ids, positions, bucket)
         if not self.capture:
             return self.runner.decode_rows(tokens, where, key_len)[:num_rows]

@@ -21,7 +21,6 @@ class SlotKVCache:
         shape = (num_layers, num_slots, num_kv_heads, max_seq_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_seq_len = max_seq_len
 
     def write_prefill(self, layer: int, first_row: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store [n, kv_heads, T, head_dim] prompt keys/values at positions 0..T-1 of rows first_row.."""
@@ -31,9 +30,9 @@ class SlotKVCache:
 
     def decode_index(self, rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Flat index [B * kv_heads] of (row, head, position) in one layer's [slots*kv_heads*max_seq_len, head_dim]."""
-        num_kv_heads = self.k.shape[2]
+        _, _, num_kv_heads, max_seq_len, _ = self.k.shape
         heads = torch.arange(num_kv_heads, device=rows.device)
-        return ((rows[:, None] * num_kv_heads + heads) * self.max_seq_len + positions[:, None]).reshape(-1)
+        return ((rows[:, None] * num_kv_heads + heads) * max_seq_len + positions[:, None]).reshape(-1)
 
     def write_decode(self, layer: int, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store one [B, kv_heads, head_dim] key/value per row at `decode_index` (each row's own position)."""

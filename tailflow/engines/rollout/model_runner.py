@@ -16,10 +16,6 @@ fp32 on CPU, bf16 on CUDA); norms are computed in fp32 and rounded back, as
 Hugging Face's RMSNorm does. On CUDA, decode attention is PyTorch SDPA and the
 decode step runs from captured CUDA graphs (`decode_graphs.py`); on CPU it stays
 eager with plain matmuls.
-
-`release_memory()` / `restore_memory()` let a colocated trainer have the GPU between phases (as vLLM's
-level-1 sleep does): everything the runner allocated is dropped, and the model's weights wait in host
-memory, where new weights can still be loaded.
 """
 from __future__ import annotations
 
@@ -31,6 +27,7 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers.activations import ACT2FN
 
+from tailflow.engines.models import SUPPORTED_MODEL_TYPES
 from tailflow.engines.rollout.kv_cache import SlotKVCache
 
 
@@ -121,8 +118,8 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
 
 def check_architecture(model: PreTrainedModel) -> None:
     config = model.config
-    if config.model_type not in ("qwen2", "qwen3", "llama"):
-        raise ValueError(f"the native engine runs qwen2/qwen3/llama models, not '{config.model_type}'")
+    if config.model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(f"the native engine runs {'/'.join(SUPPORTED_MODEL_TYPES)} models, not '{config.model_type}'")
     if any(kind != "full_attention" for kind in getattr(config, "layer_types", None) or []):
         raise ValueError(f"the native engine has no sliding-window attention (layer_types={config.layer_types})")
     rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
@@ -160,8 +157,7 @@ class ModelRunner:
         self.max_seq_len = max_seq_len
         self.attention = sdpa_decode_attention if self.is_cuda else decode_attention
         bucketed = self.is_cuda if bucketed_decode is None else bucketed_decode
-        self.graphs = DecodeGraphs(self, num_slots, max_seq_len, capture=cuda_graphs and self.is_cuda) \
-            if bucketed else None
+        self.graphs = DecodeGraphs(self, capture=cuda_graphs and self.is_cuda) if bucketed else None
         self.cache: SlotKVCache | None = None
         self.restore_memory()
 

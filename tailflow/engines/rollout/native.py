@@ -11,10 +11,8 @@ an engine produces bit-for-bit the same completions (on one device).
 Device and dtype: fp32 on CPU, bf16 on CUDA (`default_dtype`); the engine
 moves the model there. Logprobs are always computed in fp32 from the logits.
 
-Sleep mode (for a GPU shared with a trainer rank): `sleep()` frees the KV
-cache, fused weights and decode graphs and keeps the weights in host memory
-(vLLM's level-1 sleep); `wake_up()` puts everything back. Asleep, the engine
-only takes new weights (into the host copy) and answers `stats()`.
+Sleep mode, for a GPU shared with a trainer rank (vLLM's level-1 sleep): `sleep()`, `wake_up()`; asleep,
+the engine only takes new weights (into the host copy) and answers `stats()`.
 """
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ from tailflow.engines.rollout.model_runner import ModelRunner
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
 from tailflow.engines.rollout.sampler import make_batch, sample
 from tailflow.engines.rollout.scheduler import Scheduler, prefill_chunks
-from tailflow.engines.rollout.sequence import Sequence, check_requests, eos_ids
+from tailflow.engines.rollout.sequence import Sequence, check_requests, eos_ids, refuse_in_flight
 from tailflow.engines.rollout.vllm_weights import check_weight_names
 
 
@@ -206,12 +204,8 @@ class NativeEngine:
         """Replace all weights (a tied lm_head may be absent); refused while requests are in flight.
 
         Asleep, they load into the host copy (a colocated sync lands before the wake) and are fused at wake."""
-        if self.has_unfinished():
-            raise RuntimeError(
-                f"load_weights(version={version}) refused: {len(self.scheduler.running)} running and "
-                f"{len(self.scheduler.waiting)} waiting requests would mix weight versions; "
-                "finish or abort them first"
-            )
+        refuse_in_flight(f"load_weights(version={version})", len(self.scheduler.running), len(self.scheduler.waiting),
+                         "would mix weight versions")
         own = {name: tuple(tensor.shape) for name, tensor in self.runner.model.state_dict().items()}
         tied = getattr(self.runner.model.config, "tie_word_embeddings", False)
         check_weight_names(own, state_dict, tied, version)
@@ -228,11 +222,7 @@ class NativeEngine:
         """Give the device memory to a colocated trainer: KV cache, fused weights, rope tables and decode graphs
         are freed, the weights wait in host memory. Refused with requests in flight (their keys and values
         live in the cache). Idempotent."""
-        if self.has_unfinished():
-            raise RuntimeError(
-                f"sleep refused: {len(self.scheduler.running)} running and {len(self.scheduler.waiting)} waiting "
-                "requests are in flight; finish or abort them first"
-            )
+        refuse_in_flight("sleep", len(self.scheduler.running), len(self.scheduler.waiting), "are in flight")
         self.runner.release_memory()
 
     def wake_up(self) -> None:

@@ -5,15 +5,10 @@ on which other requests share the batch. The only per-row Python is one
 uniform draw per sampled row; filtering (temperature, top-k, top-p) and the
 inverse-CDF draw are batched.
 
-The recorded log-prob of a sampled token is its log-probability under the
-distribution that drew it: softmax(logits / T), top-k then top-p applied,
-renormalised over what they kept (mu, the behaviour policy). The off-policy
-losses weight by pi / mu with the trainer's pi = softmax(logits / T),
-unfiltered; recording the raw temperature-1 log-prob instead would make that
-weight ~1 where it is p / mu (a top-p token with p = 0.459 in a kept mass of
-0.62 has weight 0.74). Greedy rows (T = 0) have no sampling distribution:
-they record the model's log-prob at temperature 1, unfiltered (nothing trains
-on them: the trainer refuses temperature 0).
+The recorded log-prob of a sampled token is the one `Completion.logprobs` defines (mu, the distribution that
+drew it; greedy rows: temperature 1, unfiltered, and nothing trains on them: the trainer refuses temperature 0).
+Recording the raw temperature-1 log-prob instead would make the losses' weight pi / mu ~1 where it is p / mu (a
+top-p token with p = 0.459 in a kept mass of 0.62 has weight 0.74).
 """
 from __future__ import annotations
 

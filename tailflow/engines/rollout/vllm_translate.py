@@ -117,7 +117,6 @@ class VllmCalls:
 class InFlight(ResponseSoFar):
     """One request inside the engine: its response so far (a continued request starts from its prefix)."""
 
-    def __init__(self, request: Request, seed: int) -> None:
-        super().__init__(request)
-        self.seed = seed
+    def __init__(self, request: Request, arrival_index: int, engine_seed: int) -> None:
+        super().__init__(request, arrival_index, engine_seed)
         self.num_prefix_tokens = len(self.token_ids)

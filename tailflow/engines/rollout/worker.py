@@ -5,11 +5,8 @@ nothing here imports Ray, so the same class runs in-process in tests. Requests
 and completions are frozen dataclasses, which Ray pickles as they are.
 
 Colocated on a GPU, `sleep` frees the engine's GPU memory while the trainer
-runs and `wake_up` takes it back after weight sync. The vLLM engine discards
-its weights and KV cache (level-2 sleep: the sync brings the weights back;
-written, never run on a GPU, and refused on vLLM's CPU build, which has no
-sleep mode); the native engine frees its KV cache, fused weights and decode graphs and
-keeps its weights in host memory, where the sync loads the new ones.
+runs and `wake_up` takes it back after weight sync (what each engine frees:
+its own `sleep`).
 
 For an elastic group (`cluster/rollout_group.py`) `step_streamed` also reports
 the tokens each request in flight gained since the last call, so the driver

@@ -1,11 +1,6 @@
 """Tail batching (RollPacker): round planning, the long-prompt queue, the completion rule, the one driver.
 
-Pure Python and engine-agnostic. One round: `begin_round` (round.py) plans it
-from the `TailState` and draws its prompts; the rollout pipeline
-(pipeline.py) launches its requests and runs them under the plan's
-completion rule, aborting what it says; `settle_round` queues the prompts the
-round gave up on. The pipeline does this for every run: synchronous (alpha 0)
-or with rounds running ahead of training (alpha >= 1).
+Pure Python and engine-agnostic. A round's two ends, and the driver between them: round.py.
 """
 from tailflow.engines.tail.completion import CompletionRule, RoundResult, WaitForAllRule, rule_for
 from tailflow.engines.tail.planner import RoundKind, RoundPlan, launched_prompts, make_round_plan

@@ -13,21 +13,9 @@ through this class; `rollout.async_ratio` alpha is a parameter of it:
   No trained token is then more than floor(alpha) versions stale, by
   construction: no group ever has to be aborted for it.
 
-Both are one rule: launch j while j <= w + floor(alpha) (and, ahead of the
-trainer, within the in-flight cap). Each round keeps its own completion rule
-(a short round aborts its stragglers and queues their prompts, a long round
-waits for all: `completion.py`), so tail batching works in every mode; a
-finished request goes to the rule of the round that launched it. The loop is
-the whole mechanism: step the engines a little, show the rules what finished,
-abort what they say at once. A round that completes settles at once (its
-deferred prompts join the long-prompt queue, where the next round planned
-sees them) and waits, finished, for its iteration.
-
-Each round has an observer, built when it is launched (`observe`): streamed
-scoring, the live progress line and the stream trainer see every response as
-it finishes, in every mode. A synchronous round that waits for all and that
-nobody watches response by response runs as one batch call (`generate`): on
-one worker the engine runs the same steps either way.
+Both are one rule: launch j while j <= w + floor(alpha) (and, ahead of the trainer, within the in-flight cap).
+How each round keeps its own completion rule, settles and is observed: docs/architecture.md, "The one rollout
+driver".
 
 Weight sync: `pause` stops every request in flight and keeps what it has;
 after the engines load the new weights, `resume` resubmits them, continuing
@@ -108,7 +96,8 @@ class LiveRound:
     launched_version: int
     observer: RoundObserver
     is_batch: bool = False
-    """Run as one `generate` call when taken (synchronous, wait-for-all, unwatched)."""
+    """Run as one `generate` call when taken (synchronous, wait-for-all, unwatched): on one worker the engine runs
+    the same steps either way."""
     observed: list[Completion] = field(default_factory=list)
     """Every completion shown to the rule, in order."""
     aborted: list[Completion] = field(default_factory=list)
@@ -205,14 +194,10 @@ class RolloutPipeline:
     def _replay(self, saved: SavedRound) -> None:
         """Rebuild a live round by showing its rule (and its observer) what it had seen, in that order."""
         planned = PlannedRound(saved.plan, [self.problems_by_id[pid] for pid in saved.problem_ids], self.tail)
-        requests = {r.request_id: r for r in self.make_requests(planned)}
-        live = LiveRound(planned, requests, rule_for(saved.plan, list(requests.values())), saved.launched_version,
-                         self.observe(planned, saved.launched_version))
-        self.rounds[saved.plan.iteration] = live
-        self.round_of.update((rid, saved.plan.iteration) for rid in requests)
-        live.observed = [c.completion(requests[c.request_id]) for c in saved.observed]
+        live = self._add_round(planned, saved.launched_version)
+        live.observed = [c.completion(live.requests[c.request_id]) for c in saved.observed]
         live.rule.observe(live.observed)
-        live.aborted = [c.completion(requests[c.request_id]) for c in saved.aborted]
+        live.aborted = [c.completion(live.requests[c.request_id]) for c in saved.aborted]
         live.show(live.observed)  # scored again: nothing a commit held is lost
         live.settled = live.rule.is_done
 
@@ -338,16 +323,21 @@ class RolloutPipeline:
         return begin_round(tail, j, self.settings, self.problems, self.problems_by_id, live_problems)
 
     def _start(self, planned: PlannedRound) -> None:
-        requests = self.make_requests(planned)
-        rule = rule_for(planned.plan, requests)
-        observer = self.observe(planned, self.version)
-        is_batch = not self.is_async and isinstance(rule, WaitForAllRule) and not observer.watches_each_response
-        live = LiveRound(planned, {r.request_id: r for r in requests}, rule, self.version, observer, is_batch)
+        live = self._add_round(planned, self.version)
+        live.is_batch = (not self.is_async and isinstance(live.rule, WaitForAllRule)
+                         and not live.observer.watches_each_response)
         self.tail = planned.tail
+        if not live.is_batch:
+            self.rollout.submit(list(live.requests.values()))
+
+    def _add_round(self, planned: PlannedRound, launched_version: int) -> LiveRound:
+        """A live round for `planned`: its seeded requests, its rule and its observer (launched or replayed)."""
+        requests = self.make_requests(planned)
+        live = LiveRound(planned, {r.request_id: r for r in requests}, rule_for(planned.plan, requests),
+                         launched_version, self.observe(planned, launched_version))
         self.rounds[planned.plan.iteration] = live
         self.round_of.update((r.request_id, planned.plan.iteration) for r in requests)
-        if not is_batch:
-            self.rollout.submit(requests)
+        return live
 
     def prompts_in_flight(self) -> int:
         """Prompts launched and not completed (a completed prompt waits for training, it is not in flight)."""

@@ -6,6 +6,7 @@ one may have rounds running ahead and responses sampled by older weights.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -67,8 +68,4 @@ class OverlapStats:
 
 def staleness_of(completions: Sequence[Completion], version: int) -> dict[int, int]:
     """Versions between `version` (the weights that will train) and each response's oldest token -> count."""
-    staleness: dict[int, int] = {}
-    for completion in completions:
-        lag = version - completion.oldest_weight_version
-        staleness[lag] = staleness.get(lag, 0) + 1
-    return dict(sorted(staleness.items()))
+    return dict(sorted(Counter(version - completion.oldest_weight_version for completion in completions).items()))
