@@ -152,7 +152,9 @@ def workers_arguments(workers) -> None:
 def run_workers(args, config) -> int:
     """Queue the command in the run's store (`engines/cluster/worker_control.py`); the run applies it between
     rollout polls, within `cluster.worker_control_interval_s`, or when it next runs."""
+    from tailflow.config import ConfigError
     from tailflow.engines.cluster.worker_control import WorkerCommand, pending_worker_commands, send_worker_command
+    from tailflow.engines.runs.layout import config_key
     from tailflow.engines.store import open_store
 
     store = open_store(config.storage.uri)
@@ -160,15 +162,13 @@ def run_workers(args, config) -> int:
         for name in pending_worker_commands(store, args.run_id):
             print(name)
         return 0
-    if not store.exists(f"{args.run_id}/config.yaml"):
-        print(f"tailflow: error: no run {args.run_id!r} in {store.uri()}", file=sys.stderr)
-        return 2
+    if not store.exists(config_key(args.run_id)):
+        raise ConfigError(f"no run {args.run_id!r} in {store.uri()}")  # `main` prints it as one line, exit 2
     try:
         command = (WorkerCommand(add=args.count) if args.workers_command == "add"
                    else WorkerCommand(remove=args.worker_id))
     except ValueError as error:
-        print(f"tailflow: error: {error}", file=sys.stderr)
-        return 2
+        raise ConfigError(str(error)) from None
     key = send_worker_command(store, args.run_id, command)
     print(f"queued for run {args.run_id}: {args.workers_command} "
           f"{args.count if args.workers_command == 'add' else args.worker_id} ({store.uri(key)})")
@@ -311,12 +311,13 @@ def one_line_user_errors():
 
 
 def run_report(args, config) -> int:
+    from tailflow.engines.runs.layout import config_key
     from tailflow.engines.store import open_store
     from tailflow.engines.track.report import write_report
     from tailflow.runs_report import RunError
 
     store = open_store(config.storage.uri)
-    if not store.exists(f"{args.run_id}/config.yaml"):
+    if not store.exists(config_key(args.run_id)):
         raise RunError(f"no run {args.run_id} in {store.uri()} (see `tailflow runs list`)")
     report = write_report(store, args.run_id)
     print(f"report of run {args.run_id} after {report.iterations} iterations: {store.uri(report.page)}\n"

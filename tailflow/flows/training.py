@@ -13,7 +13,7 @@ from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.run_state import RunState
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
-from tailflow.engines.runs.layout import metrics_key
+from tailflow.engines.runs.layout import config_key, metrics_key
 from tailflow.engines.store import open_store
 from tailflow.engines.track import MetricsLogger
 from tailflow.engines.cluster.placement import takes_turns
@@ -109,7 +109,7 @@ def rollout_workers(run_id: str, add: int = 0, remove: int | None = None, config
             command = WorkerCommand(add=add, remove=remove)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        if not store.exists(f"{run_id}/config.yaml"):
+        if not store.exists(config_key(run_id)):
             raise ConfigError(f"run_id: no run {run_id!r} in {store.uri()}")
         return store.uri(send_worker_command(store, run_id, command))
 
