@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 WORK_POOL = "tailflow"
@@ -34,8 +35,8 @@ def worker_command(pool: str = WORK_POOL) -> list[str]:
     return prefect("worker", "start", "--pool", pool, "--type", "process")
 
 
-def ensure_work_pool(pool: str = WORK_POOL) -> bool:
-    """Create the process work pool if the server lacks it; True when it was created."""
+def ensure_work_pool(pool: str) -> None:
+    """Create the process work pool if the server lacks it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -43,13 +44,9 @@ def ensure_work_pool(pool: str = WORK_POOL) -> bool:
     with get_client(sync_client=True) as client:
         try:
             client.read_work_pool(pool)
-            return False
         except ObjectNotFound:
-            try:
+            with suppress(ObjectAlreadyExists):  # another deploy created it meanwhile
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-            except ObjectAlreadyExists:
-                return False
-            return True
 
 
 def deploy(repo: Path | None = None, pool: str = WORK_POOL) -> str:
