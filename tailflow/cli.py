@@ -292,22 +292,17 @@ def run_resume(args, config) -> int:
 def run_to_its_end(run) -> int:
     """Run the training flow and print its summary. Cancelled (from the UI, with a server), the run has said
     where it stopped and how to resume: exit 1 without a traceback."""
+    from tailflow.flows.retry_policy import USER_ERRORS
     from tailflow.tasks.cancellable import RunCancelled
+    from tailflow.terminal import quiet_tracebacks_of
 
-    with one_line_user_errors():
+    with quiet_tracebacks_of(USER_ERRORS):
         try:
             summary = run()
         except RunCancelled:
             return 1
     print_summary(summary)
     return 0
-
-
-def one_line_user_errors():
-    from tailflow.flows.retry_policy import USER_ERRORS
-    from tailflow.terminal import quiet_tracebacks_of
-
-    return quiet_tracebacks_of(USER_ERRORS)
 
 
 def run_report(args, config) -> int:

@@ -328,8 +328,3 @@ def shutdown_workers(ctx: RunContext) -> None:
     ctx.rollout.shutdown()
     ctx.trainer.shutdown()
     ctx.reward_pool.shutdown()
-
-
-def shutdown_context(ctx: RunContext) -> None:
-    shutdown_workers(ctx)
-    ctx.metrics.close()

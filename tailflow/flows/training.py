@@ -28,8 +28,7 @@ from tailflow.flows.resume import (check_config_for_resume, commit_initial_state
 from tailflow.flows.retry_policy import no_retry_on_user_error
 from tailflow.flows.run_hooks import after_iteration, publish_report
 from tailflow.flows.run_log import print_resume, print_start, say
-from tailflow.flows.setup import (build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context,
-                                  shutdown_workers)
+from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_workers
 from tailflow.flows.writer import run_writer
 from tailflow.tasks.cancellable import cancel_requested
 from tailflow.tasks.evaluate import evaluate_policy
@@ -149,7 +148,8 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease, li
         publish_report(ctx)
         return summarize(ctx.store, state, ctx.metrics.rows())
     finally:
-        shutdown_context(ctx)
+        shutdown_workers(ctx)
+        ctx.metrics.close()
 
 
 def config_to_resume(config_path: str | None, overrides: list[str], config: RunConfig | dict | None,
