@@ -18,11 +18,6 @@ class DeployError(RuntimeError):
     pass
 
 
-def repo_root() -> Path:
-    """The checkout holding `deployments/prefect.yaml` (an editable install's source tree)."""
-    return Path(__file__).resolve().parents[1]
-
-
 def prefect(*args: str) -> list[str]:
     return [sys.executable, "-m", "prefect", *args]
 
@@ -63,7 +58,7 @@ def deploy(repo: Path | None = None, pool: str = WORK_POOL) -> str:
     if not PREFECT_API_URL.value():
         raise DeployError("tailflow deploy needs a Prefect server: start one with `tailflow server` and set "
                           "PREFECT_API_URL=http://127.0.0.1:4200/api")
-    repo = (repo or repo_root()).resolve()
+    repo = (repo or Path(__file__).resolve().parents[1]).resolve()  # default: this (editable) checkout
     prefect_file = repo / "deployments" / "prefect.yaml"
     if not prefect_file.is_file():
         raise DeployError(f"{prefect_file} does not exist: run tailflow deploy from a tailflow checkout "

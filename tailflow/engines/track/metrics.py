@@ -23,15 +23,10 @@ def without_timing(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if not k.startswith(TIMING_PREFIX)}
 
 
-def jsonable(value: Any) -> Any:
-    """Plain JSON numbers: NaN/inf become None so every row parses anywhere."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {name: jsonable(value) for name, value in row.items()}
+    """Plain JSON numbers: NaN/inf become None so every row parses anywhere."""
+    return {name: None if isinstance(value, float) and not math.isfinite(value) else value
+            for name, value in row.items()}
 
 
 class MetricsLogger:
