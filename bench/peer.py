@@ -161,12 +161,11 @@ def trl_config_kwargs(config, output_dir: str) -> dict[str, Any]:
 def prompt_order(config) -> list:
     """The problems tailflow's synchronous run (tail batching off) trains, step by step in its order: P0 fresh
     prompts an iteration from the data cursor, over the datasets the run loads (problems that fit the model)."""
-    from transformers import AutoTokenizer
-
     from tailflow.engines.data.cursor import DataCursor, draw_prompts
-    from tailflow.flows.setup import load_for_model
+    from tailflow.engines.store import open_store
+    from tailflow.flows.setup import load_inputs
 
-    datasets, _ = load_for_model(config, str(WARMSTART), AutoTokenizer.from_pretrained(WARMSTART), runs_code=False)
+    datasets = load_inputs(config, open_store(config.storage.uri)).datasets
     cursor, problems = DataCursor(), []
     for _ in range(config.train.iterations):
         problems += draw_prompts(datasets.train, cursor, config.data.prompts_per_step, config.data.seed)

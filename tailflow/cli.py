@@ -152,7 +152,9 @@ def workers_arguments(workers) -> None:
 def run_workers(args, config) -> int:
     """Queue the command in the run's store (`engines/cluster/worker_control.py`); the run applies it between
     rollout polls, within `cluster.worker_control_interval_s`, or when it next runs."""
+    from tailflow.config import ConfigError
     from tailflow.engines.cluster.worker_control import WorkerCommand, pending_worker_commands, send_worker_command
+    from tailflow.engines.runs.layout import config_key
     from tailflow.engines.store import open_store
 
     store = open_store(config.storage.uri)
@@ -160,15 +162,13 @@ def run_workers(args, config) -> int:
         for name in pending_worker_commands(store, args.run_id):
             print(name)
         return 0
-    if not store.exists(f"{args.run_id}/config.yaml"):
-        print(f"tailflow: error: no run {args.run_id!r} in {store.uri()}", file=sys.stderr)
-        return 2
+    if not store.exists(config_key(args.run_id)):
+        raise ConfigError(f"no run {args.run_id!r} in {store.uri()}")  # `main` prints it as one line, exit 2
     try:
         command = (WorkerCommand(add=args.count) if args.workers_command == "add"
                    else WorkerCommand(remove=args.worker_id))
     except ValueError as error:
-        print(f"tailflow: error: {error}", file=sys.stderr)
-        return 2
+        raise ConfigError(str(error)) from None
     key = send_worker_command(store, args.run_id, command)
     print(f"queued for run {args.run_id}: {args.workers_command} "
           f"{args.count if args.workers_command == 'add' else args.worker_id} ({store.uri(key)})")
@@ -292,9 +292,11 @@ def run_resume(args, config) -> int:
 def run_to_its_end(run) -> int:
     """Run the training flow and print its summary. Cancelled (from the UI, with a server), the run has said
     where it stopped and how to resume: exit 1 without a traceback."""
+    from tailflow.flows.retry_policy import USER_ERRORS
     from tailflow.tasks.cancellable import RunCancelled
+    from tailflow.terminal import quiet_tracebacks_of
 
-    with one_line_user_errors():
+    with quiet_tracebacks_of(USER_ERRORS):
         try:
             summary = run()
         except RunCancelled:
@@ -303,20 +305,14 @@ def run_to_its_end(run) -> int:
     return 0
 
 
-def one_line_user_errors():
-    from tailflow.flows.retry_policy import USER_ERRORS
-    from tailflow.terminal import quiet_tracebacks_of
-
-    return quiet_tracebacks_of(USER_ERRORS)
-
-
 def run_report(args, config) -> int:
+    from tailflow.engines.runs.layout import config_key
     from tailflow.engines.store import open_store
     from tailflow.engines.track.report import write_report
     from tailflow.runs_report import RunError
 
     store = open_store(config.storage.uri)
-    if not store.exists(f"{args.run_id}/config.yaml"):
+    if not store.exists(config_key(args.run_id)):
         raise RunError(f"no run {args.run_id} in {store.uri()} (see `tailflow runs list`)")
     report = write_report(store, args.run_id)
     print(f"report of run {args.run_id} after {report.iterations} iterations: {store.uri(report.page)}\n"

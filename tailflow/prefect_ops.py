@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import suppress
 from pathlib import Path
 
 WORK_POOL = "tailflow"
@@ -15,11 +16,6 @@ WORK_POOL = "tailflow"
 
 class DeployError(RuntimeError):
     pass
-
-
-def repo_root() -> Path:
-    """The checkout holding `deployments/prefect.yaml` (an editable install's source tree)."""
-    return Path(__file__).resolve().parents[1]
 
 
 def prefect(*args: str) -> list[str]:
@@ -34,8 +30,8 @@ def worker_command(pool: str = WORK_POOL) -> list[str]:
     return prefect("worker", "start", "--pool", pool, "--type", "process")
 
 
-def ensure_work_pool(pool: str = WORK_POOL) -> bool:
-    """Create the process work pool if the server lacks it; True when it was created."""
+def ensure_work_pool(pool: str) -> None:
+    """Create the process work pool if the server lacks it."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.actions import WorkPoolCreate
     from prefect.exceptions import ObjectAlreadyExists, ObjectNotFound
@@ -43,13 +39,9 @@ def ensure_work_pool(pool: str = WORK_POOL) -> bool:
     with get_client(sync_client=True) as client:
         try:
             client.read_work_pool(pool)
-            return False
         except ObjectNotFound:
-            try:
+            with suppress(ObjectAlreadyExists):  # another deploy created it meanwhile
                 client.create_work_pool(WorkPoolCreate(name=pool, type="process"))
-            except ObjectAlreadyExists:
-                return False
-            return True
 
 
 def deploy(repo: Path | None = None, pool: str = WORK_POOL) -> str:
@@ -66,7 +58,7 @@ def deploy(repo: Path | None = None, pool: str = WORK_POOL) -> str:
     if not PREFECT_API_URL.value():
         raise DeployError("tailflow deploy needs a Prefect server: start one with `tailflow server` and set "
                           "PREFECT_API_URL=http://127.0.0.1:4200/api")
-    repo = (repo or repo_root()).resolve()
+    repo = (repo or Path(__file__).resolve().parents[1]).resolve()  # default: this (editable) checkout
     prefect_file = repo / "deployments" / "prefect.yaml"
     if not prefect_file.is_file():
         raise DeployError(f"{prefect_file} does not exist: run tailflow deploy from a tailflow checkout "

@@ -98,13 +98,11 @@ class RunState(BaseModel):
         asynchronous run's rounds and requests in flight at that point; `rollout_workers_added`: the rollout
         group's `workers_added()` then."""
         evaluated = outcome.evaluated.accuracy if outcome.evaluated is not None else self.last_eval_accuracy
-        return RunState(
-            run_id=self.run_id, iteration=outcome.iteration + 1, weight_version=self.weight_version + 1,
-            tail=outcome.tail, latest_checkpoint=self.latest_checkpoint, weights_sha256=self.weights_sha256,
-            rng=self.rng, round_history=[*self.round_history, outcome.taken.planned.plan.round_metric],
-            reward_anchors=outcome.anchors, initial_eval_accuracy=self.initial_eval_accuracy,
-            last_eval_accuracy=evaluated, pipeline=pipeline, rollout_workers_added=rollout_workers_added,
-        )
+        return self.model_copy(update=dict(
+            iteration=outcome.iteration + 1, weight_version=self.weight_version + 1, tail=outcome.tail,
+            round_history=[*self.round_history, outcome.taken.planned.plan.round_metric],
+            reward_anchors=outcome.anchors, last_eval_accuracy=evaluated, pipeline=pipeline,
+            rollout_workers_added=rollout_workers_added))
 
     def without_pipeline(self) -> "RunState":
         """This state as a subflow parameter: Prefect refuses flow-run parameters over 512 KB, and an async run's

@@ -3,30 +3,25 @@ the TensorBoard package and vLLM when asked for, and that `cluster.address` lets
 
 A bad dataset used to surface inside `build_context`, after `prepare_run_dir`
 had written `<run>/config.yaml`, leaving a run that `tailflow runs list` shows
-as "not started". Here the same loaders run first, read-only (`load_for_model`,
+as "not started". Here the same loaders run first, read-only (`load_inputs`,
 which `build_context` runs too), so an error is one line naming the field,
 file and row, and the store is untouched. The datasets are loaded again by the
 run itself (a few seconds for the default 20,000 problems).
 """
 from __future__ import annotations
 
-from transformers import AutoTokenizer
-
 from tailflow.config import RunConfig
 from tailflow.engines.cluster.attach import check_attach
-from tailflow.engines.reward.spec import reward_spec
 from tailflow.engines.rollout.vllm_engine import require_vllm
 from tailflow.engines.store import open_store
 from tailflow.engines.track.tensorboard import require_tensorboard
-from tailflow.flows.setup import load_for_model, resolve_model_path
+from tailflow.flows.setup import load_inputs
 
 
 def check_inputs(config: RunConfig) -> None:
     """Raise the user error a run with `config` would end with in its setup (ConfigError, DatasetError,
     UnsupportedModelError), without writing anything."""
-    model_path = resolve_model_path(config, open_store(config.storage.uri))
-    runs_code = reward_spec(config.reward, model_path).runs_code
-    load_for_model(config, model_path, AutoTokenizer.from_pretrained(model_path), runs_code)
+    load_inputs(config, open_store(config.storage.uri))
     if config.tracking.tensorboard:
         require_tensorboard()
     if config.rollout.engine == "vllm":

@@ -30,9 +30,12 @@ class InRunOnly(logging.Filter):
 
 
 class Stdout(logging.Handler):
-    """The bare line to whatever `sys.stdout` is now (rich's live display swaps it to draw lines above itself)."""
+    """The bare line to whatever `sys.stdout` is now (rich's live display swaps it to draw lines above itself).
+    Lines filed under another flow run (an iteration's copy of a line) are not printed twice."""
 
     def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "api_only", False):
+            return
         try:
             sys.stdout.write(self.format(record) + "\n")
             sys.stdout.flush()
@@ -40,23 +43,14 @@ class Stdout(logging.Handler):
             self.handleError(record)
 
 
-class TerminalOnly(logging.Filter):
-    """Lines filed under another flow run (an iteration's copy of a line) are not printed twice."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not getattr(record, "api_only", False)
-
-
 def run_logger() -> logging.Logger:
     logger = logging.getLogger(LOGGER_NAME)
     if not logger.handlers:
         from prefect.logging.handlers import APILogHandler
 
-        terminal = Stdout()
-        terminal.addFilter(TerminalOnly())
         api = APILogHandler()
         api.addFilter(InRunOnly())
-        logger.addHandler(terminal)
+        logger.addHandler(Stdout())
         logger.addHandler(api)
         logger.setLevel(logging.INFO)
         logger.propagate = False

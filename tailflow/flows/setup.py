@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, PretrainedConfig, PreTrainedTokenizerBase
 
 from tailflow.config import ConfigError, RunConfig, config_to_yaml
 from tailflow.engines.cluster.placement import (
@@ -35,7 +35,7 @@ from tailflow.engines.data.arith import default_splits
 from tailflow.engines.data.dataset import load_problems
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.models import check_model_dir
-from tailflow.engines.reward.spec import reward_spec
+from tailflow.engines.reward.spec import RewardSpec, reward_spec
 from tailflow.engines.reward.timeouts import TimeoutPolicy
 from tailflow.engines.rollout.protocol import Request, SamplingParams
 from tailflow.engines.rollout.requests import prompt_token_ids, sampling_requests
@@ -130,10 +130,7 @@ def prepare_run_dir(store: ArtifactStore, config: RunConfig, run_id: str) -> Non
 def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch, workers_added: int) -> RunContext:
     """Everything the run holds; `watch` (live progress) gives a watcher for each round's finished responses;
     `workers_added`: the rollout workers a resumed run added at runtime (its commit's `rollout_workers_added`)."""
-    model_path = resolve_model_path(config, store)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    reward = reward_spec(config.reward, model_path)
-    datasets, max_seq_len = load_for_model(config, model_path, tokenizer, reward.runs_code)
+    inputs = load_inputs(config, store)
     start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + config.rollout.num_workers,
               config.cluster.num_gpus)
     check_cluster_fits(config)
@@ -141,17 +138,16 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch, w
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
                              str(local_working_dir(store, run_id))) if tracking.wandb else None)
     tensorboard = start_tensorboard(tracking.tensorboard, local_working_dir(store, run_id))
-    model_config = AutoConfig.from_pretrained(model_path)
     metrics = MetricsLogger(store, run_id, wandb_run, tensorboard)
     elastic = elastic_settings(config, store, run_id, workers_added)
     # The workers last: nothing after them can fail and leak them.
-    rollout, trainer, reward_pool = start_workers(config, model_path, max_seq_len, elastic)
+    rollout, trainer, reward_pool = start_workers(config, inputs.model_path, inputs.max_seq_len, elastic)
     ctx = RunContext(
-        run_id=run_id, config=config, store=store, tokenizer=tokenizer, train_problems=datasets.train,
-        eval_problems=datasets.eval, reward=reward, timeouts=TimeoutPolicy.from_config(config.reward),
-        sampling=sampling_params(config), tail=TailSettings.from_config(config), rollout=rollout,
-        trainer=trainer, reward_pool=reward_pool, metrics=metrics, model_path=model_path, model_config=model_config,
-        max_seq_len=max_seq_len, num_skipped_rows=datasets.num_skipped, watch=watch,
+        run_id=run_id, config=config, store=store, tokenizer=inputs.tokenizer, train_problems=inputs.datasets.train,
+        eval_problems=inputs.datasets.eval, reward=inputs.reward, timeouts=TimeoutPolicy.from_config(config.reward),
+        sampling=sampling_params(config), tail=TailSettings.from_config(config), rollout=rollout, trainer=trainer,
+        reward_pool=reward_pool, metrics=metrics, model_path=inputs.model_path, model_config=inputs.model_config,
+        max_seq_len=inputs.max_seq_len, num_skipped_rows=inputs.datasets.num_skipped, watch=watch,
     )
     return with_pipeline(ctx)
 
@@ -179,18 +175,35 @@ def with_pipeline(ctx: RunContext) -> RunContext:
     return ctx.replacing(round_work=round_work, pipeline=pipeline)
 
 
-def load_for_model(config: RunConfig, model_path: str, tokenizer, runs_code: bool) -> tuple[Datasets, int]:
-    """The datasets (prompts that fit the model's context with room for a response) and the engines'
-    sequence capacity: the longest prompt plus rollout.max_new_tokens."""
-    context_length = _context_length(model_path)
+@dataclass(frozen=True)
+class ModelInputs:
+    """What a run, its preflight check and `tailflow eval` read before any actor starts."""
+    model_path: str
+    model_config: PretrainedConfig
+    tokenizer: PreTrainedTokenizerBase
+    reward: RewardSpec
+    datasets: Datasets
+    """Prompts that fit the model's context with room for a response."""
+    max_seq_len: int
+    """The engines' sequence capacity: the longest prompt plus rollout.max_new_tokens."""
+
+
+def load_inputs(config: RunConfig, store: ArtifactStore) -> ModelInputs:
+    """The model (`resolve_model_path`), its tokenizer, the reward spec and the datasets."""
+    model_path = resolve_model_path(config, store)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    reward = reward_spec(config.reward, model_path)
+    model_config = AutoConfig.from_pretrained(model_path)
+    context_length = int(model_config.max_position_embeddings)
     max_prompt_tokens = context_length - config.rollout.max_new_tokens
     if max_prompt_tokens < 1:
         raise ConfigError(f"rollout.max_new_tokens ({config.rollout.max_new_tokens}) leaves no room for a prompt "
                           f"in the model's context of {context_length} tokens")
-    datasets = load_datasets(config, tokenizer, max_prompt_tokens, runs_code)
+    datasets = load_datasets(config, tokenizer, max_prompt_tokens, reward.runs_code)
     longest_prompt = max(len(prompt_token_ids(p, tokenizer, config.data.prompt_template))
                          for p in datasets.train + datasets.eval)
-    return datasets, longest_prompt + config.rollout.max_new_tokens
+    return ModelInputs(model_path, model_config, tokenizer, reward, datasets,
+                       longest_prompt + config.rollout.max_new_tokens)
 
 
 def sampling_params(config: RunConfig) -> SamplingParams:
@@ -310,17 +323,8 @@ def trainer_kwargs(config: RunConfig) -> dict:
     )
 
 
-def _context_length(model_path: str) -> int:
-    return int(AutoConfig.from_pretrained(model_path).max_position_embeddings)
-
-
 def shutdown_workers(ctx: RunContext) -> None:
     """Stop the context's actors (idempotent: a group already shut down has none left)."""
     ctx.rollout.shutdown()
     ctx.trainer.shutdown()
     ctx.reward_pool.shutdown()
-
-
-def shutdown_context(ctx: RunContext) -> None:
-    shutdown_workers(ctx)
-    ctx.metrics.close()

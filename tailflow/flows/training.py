@@ -13,7 +13,7 @@ from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.run_state import RunState
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
-from tailflow.engines.runs.layout import metrics_key
+from tailflow.engines.runs.layout import config_key, metrics_key
 from tailflow.engines.store import open_store
 from tailflow.engines.track import MetricsLogger
 from tailflow.engines.cluster.placement import takes_turns
@@ -28,8 +28,7 @@ from tailflow.flows.resume import (check_config_for_resume, commit_initial_state
 from tailflow.flows.retry_policy import no_retry_on_user_error
 from tailflow.flows.run_hooks import after_iteration, publish_report
 from tailflow.flows.run_log import print_resume, print_start, say
-from tailflow.flows.setup import (build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_context,
-                                  shutdown_workers)
+from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_workers
 from tailflow.flows.writer import run_writer
 from tailflow.tasks.cancellable import cancel_requested
 from tailflow.tasks.evaluate import evaluate_policy
@@ -109,7 +108,7 @@ def rollout_workers(run_id: str, add: int = 0, remove: int | None = None, config
             command = WorkerCommand(add=add, remove=remove)
         except ValueError as error:
             raise ConfigError(str(error)) from None
-        if not store.exists(f"{run_id}/config.yaml"):
+        if not store.exists(config_key(run_id)):
             raise ConfigError(f"run_id: no run {run_id!r} in {store.uri()}")
         return store.uri(send_worker_command(store, run_id, command))
 
@@ -149,7 +148,8 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease, li
         publish_report(ctx)
         return summarize(ctx.store, state, ctx.metrics.rows())
     finally:
-        shutdown_context(ctx)
+        shutdown_workers(ctx)
+        ctx.metrics.close()
 
 
 def config_to_resume(config_path: str | None, overrides: list[str], config: RunConfig | dict | None,

@@ -22,20 +22,14 @@ from tailflow.engines.store import open_store
 from tailflow.flows.run_log import say, warnings_in_run_logs
 
 
-def holder_name() -> str:
-    """What a refused writer is told holds the run: this flow run, by name and id."""
-    from prefect.runtime import flow_run
-
-    return f"flow run {flow_run.name} ({flow_run.id})" if flow_run.id else "tailflow"
-
-
 @contextmanager
 def run_writer(run_config: RunConfig, run_id: str, take_over: bool = False) -> Iterator[HeldLease]:
     from prefect.runtime import flow_run
 
     own_id = str(flow_run.id) if flow_run.id else None
+    holder = f"flow run {flow_run.name} ({own_id})" if own_id else "tailflow"  # what a refused writer is told
     with (warnings_in_run_logs(own_id),
-          hold_lease(open_store(run_config.storage.uri), run_id, holder_name(), take_over, own_id) as lease):
+          hold_lease(open_store(run_config.storage.uri), run_id, holder, take_over, own_id) as lease):
         if lease.taken_from is not None:
             mark_crashed(lease.taken_from, own_id)
         if own_id is not None:

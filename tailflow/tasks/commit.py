@@ -4,7 +4,6 @@ from __future__ import annotations
 import tempfile
 from typing import Any
 
-from tailflow.engines.faults import fault_point
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RngState, RunState
 from tailflow.engines.runs.checkpoint import weights_sha256, write_checkpoint
@@ -23,10 +22,10 @@ def commit(ctx: RunContext, state: RunState, metrics_row: dict[str, Any]) -> Run
         write_checkpoint(staging, ctx.trainer.checkpoint(), ctx.model_config, ctx.tokenizer)
         sha256 = weights_sha256(staging)
         ctx.store.put_dir(key, staging)
-    fault_point("checkpoint", completed)
+    ctx.fault_point("checkpoint", completed)
     ctx.metrics.append(metrics_row)
     state = state.committed(key, sha256, RngState.capture(ctx.config.train.seed))
-    commit_state(ctx.store, state, before_pointer=lambda: fault_point("commit", completed))
+    commit_state(ctx.store, state, before_pointer=lambda: ctx.fault_point("commit", completed))
     ctx.metrics.publish(metrics_row)
     storage = ctx.config.storage
     prune_checkpoints(ctx.store, ctx.run_id, storage.keep_last, storage.keep_every, protected=key)

@@ -1,11 +1,8 @@
 """The commit protocol: files first, then the state that names them, then `latest`, written last.
 
-A reader trusts only what `latest.json` names, so a crash at any point leaves
-the previous commit whole: a checkpoint directory without a state naming it,
-or a state without `latest` naming it, is garbage the next commit overwrites
-or retention removes. The store makes each write atomic (local: temp file,
-fsync, rename; S3: one PUT, and a directory counts only once its manifest,
-uploaded last, exists).
+Why a crash anywhere leaves the previous commit whole, and how the store makes each write atomic:
+docs/operations.md, What a commit is. A checkpoint or state `latest` does not name is garbage the next commit
+overwrites or retention removes.
 """
 from __future__ import annotations
 

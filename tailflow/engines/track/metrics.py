@@ -14,10 +14,8 @@ from tailflow.engines.store import ArtifactStore
 
 
 TIMING_PREFIX = "time/"
-"""Every metric derived from a wall clock lives under `time/` (step times, how much scoring overlapped
-rollout, how far the reward pool grew), so a seeded rerun or a resumed twin reproduces every other key
-exactly (the code reward's task anchor is `time/reward_timeout_anchor_s`). Exception, documented in
-docs/operations.md: near a code timeout, `reward/timeouts` and the rewards themselves."""
+"""Every metric derived from a wall clock lives under `time/`, so a seeded rerun or a resumed twin reproduces
+every other key exactly (docs/operations.md, Which metrics a resume reproduces: the keys, and the exception)."""
 
 
 def without_timing(row: dict[str, Any]) -> dict[str, Any]:
@@ -25,15 +23,10 @@ def without_timing(row: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in row.items() if not k.startswith(TIMING_PREFIX)}
 
 
-def jsonable(value: Any) -> Any:
-    """Plain JSON numbers: NaN/inf become None so every row parses anywhere."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
-
-
 def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
-    return {name: jsonable(value) for name, value in row.items()}
+    """Plain JSON numbers: NaN/inf become None so every row parses anywhere."""
+    return {name: None if isinstance(value, float) and not math.isfinite(value) else value
+            for name, value in row.items()}
 
 
 class MetricsLogger:
