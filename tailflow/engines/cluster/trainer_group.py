@@ -25,7 +25,6 @@ The caller owns `ray.init`.
 """
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import replace
 from typing import Any
@@ -35,6 +34,7 @@ import torch
 
 from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
+from tailflow.engines.train.rank_setup import free_port
 from tailflow.engines.train.samples import samples_with_signal
 from tailflow.engines.train.trainer import TrainStepStats
 from tailflow.engines.train.updates import plan_updates
@@ -50,9 +50,7 @@ def rendezvous_address(rank0) -> tuple[str, int]:
 
 def _free_port_on_this_node(_actor) -> tuple[str, int]:
     address = ray.util.get_node_ip_address()
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return address, sock.getsockname()[1]
+    return address, free_port(address)
 
 
 class PendingTrainStep:
