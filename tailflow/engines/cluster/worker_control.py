@@ -14,7 +14,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 CONTROL_DIR = "control/workers"
 
@@ -41,7 +41,7 @@ def send_worker_command(store, run_id: str, command: WorkerCommand) -> str:
     """Queue `command` for run `run_id`; the key written."""
     issued_by = command.issued_by or f"{os.environ.get('USER', '?')}@{socket.gethostname()} pid {os.getpid()}"
     key = f"{control_dir(run_id)}/{time.time_ns():020d}-{os.getpid()}.json"
-    store.write_text(key, json.dumps(asdict(WorkerCommand(command.add, command.remove, issued_by))))
+    store.write_text(key, json.dumps(asdict(replace(command, issued_by=issued_by))))
     return key
 
 
