@@ -17,9 +17,7 @@ Megatron, every rank's own shard (`checkpoint()["shards"]`, one per rank).
 The ranks rendezvous at rank 0's node (its IP, a port free there), asked
 inside rank 0's actor once Ray has placed it, so a group spread over nodes
 (`cluster.spread_trainer_ranks`) finds its rank 0. Colocated on GPUs the
-group parks between phases (`park`: the full state into the object store,
-each rank's weights and optimizer into host memory); the parked copy serves
-weight sync and checkpoints until the next train call brings the state back.
+group parks between phases (`park`).
 
 The caller owns `ray.init`.
 """
