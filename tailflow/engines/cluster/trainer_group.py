@@ -146,8 +146,8 @@ class TrainerGroup:
         counts: the same gradient for less work. At least one sample is always trained, so a batch with no
         signal still takes a real (zero-gradient) optimizer step, as it would unskipped.
 
-        `ppo_epochs` x `mini_batches` > 1: that many optimizer updates (`train/updates.py` plans them, seeded by
-        `seed`); the weight version still counts one per step.
+        `ppo_epochs` x `mini_batches`: that many optimizer updates (`train/updates.py` plans them, seeded by
+        `seed`; one is `PolicyTrainer.train_step` on the rank's shard); the weight version counts one per step.
         """
         started = time.perf_counter()
         self._parked = None  # the weights are about to change: the parked copy would be stale
@@ -155,17 +155,12 @@ class TrainerGroup:
         if num_tokens_total == 0:
             raise ValueError("train_step needs at least one response token")
         trained = samples_with_signal(samples, skip_zero_advantage) or samples[:1]
+        trained_ids = {id(sample) for sample in trained}
+        skipped = [sample for sample in samples if id(sample) not in trained_ids]
         replica_shards = shard_across_ranks(trained, self.data_parallel_size)
-        shards = self._per_rank(replica_shards)
-        if ppo_epochs * mini_batches == 1:
-            calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))
-                     for worker, shard in zip(self.workers, shards)]
-        else:
-            trained_ids = {id(sample) for sample in trained}
-            skipped = [sample for sample in samples if id(sample) not in trained_ids]
-            plans = self._per_rank(plan_updates(replica_shards, skipped, ppo_epochs, mini_batches, seed))
-            calls = [worker.train_updates.remote(shard, plan, num_tokens_total)
-                     for worker, shard, plan in zip(self.workers, shards, plans)]
+        plans = self._per_rank(plan_updates(replica_shards, skipped, ppo_epochs, mini_batches, seed))
+        calls = [worker.train_updates.remote(shard, plan, num_tokens_total)
+                 for worker, shard, plan in zip(self.workers, self._per_rank(replica_shards), plans)]
         return PendingTrainStep(calls, len(samples), len(samples) - len(trained), started)
 
     # ---- a streamed step: pieces while the round rolls out, then one optimizer step ------------------
