@@ -201,11 +201,6 @@ class Membership:
         """Live or joining."""
         return worker_id in self.worker_ids or any(j.worker_id == worker_id for j in self.joining)
 
-    def rank_of(self, worker_id: int) -> int:
-        if worker_id not in self.worker_ids:
-            raise ValueError(f"no live rollout worker {worker_id}; live: {self.worker_ids}")
-        return self.worker_ids.index(worker_id)
-
     def release(self, worker_id: int) -> bool:
         """Worker `worker_id` goes and is not replaced. One still joining is stopped here (True); a live one stays
         a member until the group has handed its requests over and retires it (False)."""

@@ -128,7 +128,7 @@ class RolloutGroup:
                 dead.append((ids[rank], type(error).__name__))
         for worker_id, detail in dead:
             if worker_id in self.membership.worker_ids:
-                self._retire(self.membership.rank_of(worker_id), EventKind.LOST, detail)
+                self._retire(self.membership.worker_ids.index(worker_id), EventKind.LOST, detail)
         return results
 
     def _on_every_worker(self, call: Callable[[Any], Any]) -> dict[int, Any]:
@@ -326,7 +326,7 @@ class RolloutGroup:
         it retires. `node_leaves`: see `Membership.retire`."""
         import ray
 
-        rank = self.membership.rank_of(worker_id)
+        rank = self.membership.worker_ids.index(worker_id)
         try:
             partials = ray.get(self.membership.workers[rank].abort_all.remote())
         except ACTOR_FAILURES as error:
