@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.cluster.membership_log import EventKind, MembershipLog
-from tailflow.engines.cluster.node_drain import DRAIN_CHECK_S, DrainNotice, DrainWatch, node_of_actor
+from tailflow.engines.cluster.node_drain import DRAIN_CHECK_S, DrainNotice, DrainWatch
+from tailflow.engines.cluster.placement import gpu_seat
 from tailflow.engines.cluster.worker_control import WorkerControl
 
 
@@ -170,7 +171,7 @@ class Membership:
 
         try:
             ray.get(joining.ready)
-            node_id = ray.get(node_of_actor(joining.worker))
+            node_id = ray.get(gpu_seat(joining.worker))[0]  # (node, GPUs): where Ray put it
         except ACTOR_FAILURES as error:
             if wait:
                 raise
