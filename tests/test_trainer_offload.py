@@ -77,7 +77,7 @@ def test_park_returns_the_checkpoint_state_and_leaves_the_trainer_offloaded(mode
     model_state, optimizer_state, shard = worker.park()
     assert optimizer_state is None and shard is None and worker.trainer.is_offloaded  # before any step Adam has no state
     samples = make_samples(8, seed=21)
-    worker.train_step(samples, count_response_tokens(samples), len(samples), None)
+    worker.train_updates(samples, plan_updates([samples], [])[0], count_response_tokens(samples))
     assert not worker.trainer.is_offloaded
 
     expected = worker.state_for_checkpoint()
@@ -85,7 +85,7 @@ def test_park_returns_the_checkpoint_state_and_leaves_the_trainer_offloaded(mode
     assert worker.trainer.is_offloaded
     assert_identical(model_state, expected["model"])
     assert_identical(optimizer_state, expected["optimizer"])
-    stats = worker.train_step(samples, count_response_tokens(samples), len(samples), None)
+    stats = worker.train_updates(samples, plan_updates([samples], [])[0], count_response_tokens(samples))
     assert not worker.trainer.is_offloaded and stats.grad_norm > 0
     after = worker.full_state_dict()
     assert any(not torch.equal(after[name], model_state[name]) for name in after)  # it trained

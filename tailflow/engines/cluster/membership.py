@@ -17,7 +17,8 @@ from typing import Any, Callable, Sequence
 
 from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.cluster.membership_log import EventKind, MembershipLog
-from tailflow.engines.cluster.node_drain import DRAIN_CHECK_S, DrainNotice, DrainWatch, node_of_actor
+from tailflow.engines.cluster.node_drain import DRAIN_CHECK_S, DrainNotice, DrainWatch
+from tailflow.engines.cluster.placement import gpu_seat
 from tailflow.engines.cluster.worker_control import WorkerControl
 
 
@@ -170,7 +171,7 @@ class Membership:
 
         try:
             ray.get(joining.ready)
-            node_id = ray.get(node_of_actor(joining.worker))
+            node_id = ray.get(gpu_seat(joining.worker))[0]  # (node, GPUs): where Ray put it
         except ACTOR_FAILURES as error:
             if wait:
                 raise
@@ -200,11 +201,6 @@ class Membership:
     def is_member(self, worker_id: int) -> bool:
         """Live or joining."""
         return worker_id in self.worker_ids or any(j.worker_id == worker_id for j in self.joining)
-
-    def rank_of(self, worker_id: int) -> int:
-        if worker_id not in self.worker_ids:
-            raise ValueError(f"no live rollout worker {worker_id}; live: {self.worker_ids}")
-        return self.worker_ids.index(worker_id)
 
     def release(self, worker_id: int) -> bool:
         """Worker `worker_id` goes and is not replaced. One still joining is stopped here (True); a live one stays

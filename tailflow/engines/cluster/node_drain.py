@@ -45,13 +45,6 @@ def notices_for(node_of: Mapping[int, str], draining: Mapping[str, int]) -> list
             for worker_id, node_id in sorted(node_of.items()) if node_id in draining]
 
 
-def node_of_actor(actor) -> Any:
-    """A ref to the Ray node (hex id) `actor` runs on, asked inside it (the actor class needs no method for it)."""
-    import ray
-
-    return actor.__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
-
-
 def gcs_draining_nodes() -> dict[str, int]:
     """Node id (hex) -> drain deadline (Unix ms, 0: none) of every node the GCS is draining now."""
     import ray

@@ -237,7 +237,7 @@ def actor_options(seat: Seat, groups: list) -> dict:
 
 
 def gpu_seat(actor) -> "ray.ObjectRef":
-    """A ref to (node id, GPU ids) of `actor`, asked inside its process: where Ray really put it."""
+    """A ref to (node id, GPU ids: none on a CPU actor) of `actor`, asked inside its process: where Ray put it."""
     return actor.__ray_call__.remote(_where_am_i)
 
 

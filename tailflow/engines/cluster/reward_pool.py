@@ -16,11 +16,7 @@ Several scorers share the pool at once (an asynchronous run scores the round
 being trained and the rounds running ahead; evaluation scores in between):
 outcomes are kept by request id until the scorer that sent them asks
 (`ready` / `wait_for` its own ids), so no scorer ever takes another's.
-
-Reward actors ask Ray for no CPU: they mostly wait on sandboxed children or
-on a math-verify child, and a 2-core machine already gives its CPUs to the
-rollout and trainer actors. A judge model runs in the actor itself and
-does use a core; on a real cluster, budget for it.
+Why reward actors ask Ray for no CPU: docs/rewards.md, "Streamed scoring".
 """
 from __future__ import annotations
 

@@ -8,24 +8,15 @@ engine step (the i-th step of every worker before any worker's next).
 Nothing depends on wall-clock timing, so with one worker a seeded run is
 reproducible bit for bit.
 
-The group is elastic (issue 17): workers join (`add_workers`) and leave
-(`remove_worker`, a preemption notice: a signal or a Ray drain of its node;
-or death) at any moment, and the caller (`tail/pipeline.py`) sees only
-timing. Who is in the group, who is joining and which seat each holds is the
-group's `Membership` (`membership.py`); the group keeps the requests. It
-keeps every request in flight and the tokens each has streamed back so far
-(`step_streamed` reports them with each poll); a worker that leaves with
-notice hands its requests over whole (aborted, every token kept), one that
-dies loses at most the tokens since its last poll; either way its requests
-are resubmitted to the others with their tokens as a `ResponsePrefix` (each
-token keeps its weight version and log-prob) and, seeded, draw exactly what
-they would have drawn. A joining worker loads the current weights before it
-is given any request. With no worker left the requests wait (`poll` returns
-nothing, `has_unfinished` stays true) until one joins. Only an actor call
-that fails (`ACTOR_FAILURES`) counts a worker dead: a slow one is waited for.
-How members may change (elastic or not, the run's `tailflow workers`
-commands, where lines are said, workers kept from before a restart) is fixed
-at construction (`ElasticSettings`).
+The group is elastic (issue 17; how workers join and leave, and what each
+leave keeps: docs/operations.md, "Elastic rollout workers"), and the caller
+(`tail/pipeline.py`) sees only timing. Who is in the group, who is joining
+and which seat each holds is the group's `Membership` (`membership.py`); the
+group keeps every request in flight and the tokens each has streamed back so
+far (`in_flight.py`; `step_streamed` reports them with each poll), so a
+leaving worker's requests continue elsewhere. With no worker left `poll`
+returns nothing and `has_unfinished` stays true until one joins. How members
+may change is fixed at construction (`ElasticSettings`).
 """
 from __future__ import annotations
 
@@ -137,7 +128,7 @@ class RolloutGroup:
                 dead.append((ids[rank], type(error).__name__))
         for worker_id, detail in dead:
             if worker_id in self.membership.worker_ids:
-                self._retire(self.membership.rank_of(worker_id), EventKind.LOST, detail)
+                self._retire(self.membership.worker_ids.index(worker_id), EventKind.LOST, detail)
         return results
 
     def _on_every_worker(self, call: Callable[[Any], Any]) -> dict[int, Any]:
@@ -335,7 +326,7 @@ class RolloutGroup:
         it retires. `node_leaves`: see `Membership.retire`."""
         import ray
 
-        rank = self.membership.rank_of(worker_id)
+        rank = self.membership.worker_ids.index(worker_id)
         try:
             partials = ray.get(self.membership.workers[rank].abort_all.remote())
         except ACTOR_FAILURES as error:

@@ -17,15 +17,12 @@ Megatron, every rank's own shard (`checkpoint()["shards"]`, one per rank).
 The ranks rendezvous at rank 0's node (its IP, a port free there), asked
 inside rank 0's actor once Ray has placed it, so a group spread over nodes
 (`cluster.spread_trainer_ranks`) finds its rank 0. Colocated on GPUs the
-group parks between phases (`park`: the full state into the object store,
-each rank's weights and optimizer into host memory); the parked copy serves
-weight sync and checkpoints until the next train call brings the state back.
+group parks between phases (`park`).
 
 The caller owns `ray.init`.
 """
 from __future__ import annotations
 
-import socket
 import time
 from dataclasses import replace
 from typing import Any
@@ -35,6 +32,7 @@ import torch
 
 from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
+from tailflow.engines.train.rank_setup import free_port
 from tailflow.engines.train.samples import samples_with_signal
 from tailflow.engines.train.trainer import TrainStepStats
 from tailflow.engines.train.updates import plan_updates
@@ -50,9 +48,7 @@ def rendezvous_address(rank0) -> tuple[str, int]:
 
 def _free_port_on_this_node(_actor) -> tuple[str, int]:
     address = ray.util.get_node_ip_address()
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((address, 0))
-        return address, sock.getsockname()[1]
+    return address, free_port(address)
 
 
 class PendingTrainStep:
@@ -150,8 +146,8 @@ class TrainerGroup:
         counts: the same gradient for less work. At least one sample is always trained, so a batch with no
         signal still takes a real (zero-gradient) optimizer step, as it would unskipped.
 
-        `ppo_epochs` x `mini_batches` > 1: that many optimizer updates (`train/updates.py` plans them, seeded by
-        `seed`); the weight version still counts one per step.
+        `ppo_epochs` x `mini_batches`: that many optimizer updates (`train/updates.py` plans them, seeded by
+        `seed`; one is `PolicyTrainer.train_step` on the rank's shard); the weight version counts one per step.
         """
         started = time.perf_counter()
         self._parked = None  # the weights are about to change: the parked copy would be stale
@@ -159,17 +155,12 @@ class TrainerGroup:
         if num_tokens_total == 0:
             raise ValueError("train_step needs at least one response token")
         trained = samples_with_signal(samples, skip_zero_advantage) or samples[:1]
+        trained_ids = {id(sample) for sample in trained}
+        skipped = [sample for sample in samples if id(sample) not in trained_ids]
         replica_shards = shard_across_ranks(trained, self.data_parallel_size)
-        shards = self._per_rank(replica_shards)
-        if ppo_epochs * mini_batches == 1:
-            calls = [worker.train_step.remote(shard, num_tokens_total, len(samples), count_response_tokens(trained))
-                     for worker, shard in zip(self.workers, shards)]
-        else:
-            trained_ids = {id(sample) for sample in trained}
-            skipped = [sample for sample in samples if id(sample) not in trained_ids]
-            plans = self._per_rank(plan_updates(replica_shards, skipped, ppo_epochs, mini_batches, seed))
-            calls = [worker.train_updates.remote(shard, plan, num_tokens_total)
-                     for worker, shard, plan in zip(self.workers, shards, plans)]
+        plans = self._per_rank(plan_updates(replica_shards, skipped, ppo_epochs, mini_batches, seed))
+        calls = [worker.train_updates.remote(shard, plan, num_tokens_total)
+                 for worker, shard, plan in zip(self.workers, self._per_rank(replica_shards), plans)]
         return PendingTrainStep(calls, len(samples), len(samples) - len(trained), started)
 
     # ---- a streamed step: pieces while the round rolls out, then one optimizer step ------------------

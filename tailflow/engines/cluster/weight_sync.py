@@ -5,13 +5,9 @@ reads that copy. Engines refuse new weights while a request is in flight, so
 no response ever mixes two versions.
 
 Colocated on GPUs with a synchronous step the phases take turns on each GPU
-(`placement.takes_turns`): the engines sleep before the trainer trains
-(`tasks/train.py` calls `RolloutGroup.sleep`: their KV cache and weights
-leave the GPU), and `push_weights(..., take_turns=True)` parks the trainer
-(its full state goes to the object store, its weights and optimizer to host
-memory) before the engines load the new weights and wake. The parked copy is also what the
-iteration's commit checkpoints, so nothing brings the trainer back to the GPU
-until it trains again. Without turns the wake is a no-op for awake engines.
+(`placement.takes_turns`; the whole sequence: docs/gpu.md, "turns"): here the
+trainer parks (`TrainerGroup.park`) before the engines load the new weights
+and wake. Without turns the wake is a no-op for awake engines.
 """
 from __future__ import annotations
 

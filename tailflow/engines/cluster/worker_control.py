@@ -1,12 +1,8 @@
 """`tailflow workers add/remove` reaching a running run: command files in the run's store.
 
-Another process (the CLI, a notebook, a preemption watcher) writes one object
-per command under `<run_id>/control/workers/`, named so they sort in the order
-written; the run's rollout group reads them between polls (at most every
-`interval_s`), applies them oldest first and deletes each it applied. The
-store is the run's own (local or S3), so whoever can resume the run can steer
-it, and a command written while the run is down waits for it. Nothing needs a
-connection to the run's Ray cluster.
+One object per command under `<run_id>/control/workers/`, named so they sort
+in the order written; why a file in the run's store, and who writes and reads
+it when: docs/operations.md, "How a command reaches a running run".
 """
 from __future__ import annotations
 
@@ -14,7 +10,7 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 CONTROL_DIR = "control/workers"
 
@@ -41,7 +37,7 @@ def send_worker_command(store, run_id: str, command: WorkerCommand) -> str:
     """Queue `command` for run `run_id`; the key written."""
     issued_by = command.issued_by or f"{os.environ.get('USER', '?')}@{socket.gethostname()} pid {os.getpid()}"
     key = f"{control_dir(run_id)}/{time.time_ns():020d}-{os.getpid()}.json"
-    store.write_text(key, json.dumps(asdict(WorkerCommand(command.add, command.remove, issued_by))))
+    store.write_text(key, json.dumps(asdict(replace(command, issued_by=issued_by))))
     return key
 
 

@@ -25,7 +25,6 @@ import torch
 from tailflow.engines.train.batch import MicroBatch
 
 TrainBackend = Literal["fsdp2", "megatron"]
-TRAIN_BACKENDS: tuple[str, ...] = TrainBackend.__args__
 
 
 class PolicyModel(Protocol):
@@ -63,16 +62,12 @@ class PolicyModel(Protocol):
 def build_policy_model(train_backend: TrainBackend, model_path: str, rank: int, world_size: int, dist_backend: str,
                        tensor_parallel: int, with_reference: bool) -> PolicyModel:
     """The `train.backend` wrapper, loaded with `model_path`'s weights (and a frozen reference copy for the
-    KL penalty). megatron-core is imported only for `megatron`."""
-    if train_backend == "fsdp2":
-        if tensor_parallel != 1:
-            raise ValueError(f"train.backend fsdp2 shards data-parallel only: tensor_parallel must be 1, got "
-                             f"{tensor_parallel}")
-        from tailflow.engines.train.fsdp_model import FsdpPolicyModel
-
-        return FsdpPolicyModel(model_path, rank, world_size, dist_backend, with_reference)
+    KL penalty). megatron-core is imported only for `megatron`. `TrainConfig` has refused any other backend, and
+    a tensor_parallel other than 1 with fsdp2."""
     if train_backend == "megatron":
         from tailflow.engines.train.megatron.policy_model import MegatronPolicyModel
 
         return MegatronPolicyModel(model_path, rank, world_size, dist_backend, tensor_parallel, with_reference)
-    raise ValueError(f"unknown train backend {train_backend!r}; choose one of {list(TRAIN_BACKENDS)}")
+    from tailflow.engines.train.fsdp_model import FsdpPolicyModel
+
+    return FsdpPolicyModel(model_path, rank, world_size, dist_backend, with_reference)

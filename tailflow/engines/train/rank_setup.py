@@ -22,15 +22,16 @@ def init_process_group(dist_backend: str, rank: int, world_size: int, always: bo
         device = torch.device("cpu")
     if (world_size > 1 or always) and not dist.is_initialized():
         if world_size == 1 and "MASTER_ADDR" not in os.environ:
-            dist.init_process_group(dist_backend, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{_free_port()}")
+            dist.init_process_group(dist_backend, rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}")
         else:
             dist.init_process_group(dist_backend, rank=rank, world_size=world_size)
     return device
 
 
-def _free_port() -> int:
+def free_port(address: str = "127.0.0.1") -> int:
+    """A TCP port free on `address` now (the caller binds it a moment later)."""
     with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
+        probe.bind((address, 0))
         return probe.getsockname()[1]
 
 

@@ -4,11 +4,8 @@ A GRPO group's advantages need only its own R0 rewards, so a group can be
 trained as soon as its prompt completes (`tail/completion.py`) and its kept
 responses are scored (streamed scoring, `reward/streaming.py`). The loss
 divisors, though, are counts over the whole batch, unknown until the round
-ends: the trainer ranks backpropagate each piece's unnormalised sums and
-divide the accumulated gradients by the batch's denominator just before the
-one optimizer step (`PolicyTrainer.accumulate` / `finish_step`). Same
-samples, same counts: the non-streamed step's gradient, up to float
-summation order.
+ends: how the ranks still take the non-streamed step's gradient is
+`PolicyTrainer.accumulate` / `finish_step` (trainer.py's docstring).
 
 `train.skip_zero_advantage` holds here too: samples with advantage 0 are
 never sent (a group whose rewards are all equal sends nothing), and a round

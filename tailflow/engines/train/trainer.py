@@ -10,11 +10,8 @@ tokens, or sequences with `loss_agg`; losses.loss_denominator) and backward
 sum the stats over data-parallel replicas. With one optimizer step the proximal ("old")
 log-probs are the forward's own, detached: no second pass.
 
-Several updates per step (`train_updates`, train.ppo_epochs x
-train.mini_batches, planned by `updates.plan_updates`): the proximal
-log-probs are those of the weights at the start of the step, computed once
-without grad before the first update (only for the losses that clip against
-them), then each update is the step above on its mini-batch.
+Several updates per step (train.ppo_epochs x train.mini_batches): `train_updates`,
+each update the step above on its mini-batch.
 
 A streamed step (`accumulate` ... `finish_step`, train.stream): the batch
 arrives in pieces while its counts are still unknown, so each piece

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Sequence
 
-from tailflow.engines.train.batch import TrainSample
+from tailflow.engines.train.batch import TrainSample, count_response_tokens
 
 
 @dataclass(frozen=True)
@@ -62,8 +62,8 @@ def plan_updates(shards: Sequence[Sequence[TrainSample]], skipped: Sequence[Trai
         for part in equal_parts(order, mini_batches):
             trained = [shards[rank][index] for rank, index in part if rank >= 0]
             left_out = [skipped[index] for rank, index in part if rank < 0]
-            num_metric_tokens = sum(sample.num_response_tokens for sample in trained)
-            num_tokens = num_metric_tokens + sum(sample.num_response_tokens for sample in left_out)
+            num_metric_tokens = count_response_tokens(trained)
+            num_tokens = num_metric_tokens + count_response_tokens(left_out)
             for rank, plan in enumerate(plans):
                 indices = tuple(sorted(index for owner, index in part if owner == rank))
                 plan.append(Update(indices, num_tokens, len(part), num_metric_tokens))

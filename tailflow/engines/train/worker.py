@@ -36,10 +36,6 @@ class TrainerWorker:
     def pid(self) -> int:
         return os.getpid()
 
-    def train_step(self, samples: list[TrainSample], num_tokens_total: int, num_sequences_total: int,
-                   num_metric_tokens: int) -> TrainStepStats:
-        return self.trainer.train_step(samples, num_tokens_total, num_sequences_total, num_metric_tokens)
-
     def train_updates(self, samples: list[TrainSample], updates: list[Update], num_tokens_total: int
                       ) -> TrainStepStats:
         return self.trainer.train_updates(samples, updates, num_tokens_total)
