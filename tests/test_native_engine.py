@@ -313,3 +313,18 @@ def test_worker_runs_as_a_ray_actor(tmp_path, ray_session):
     stats = ray.get(actor.stats.remote())
     assert stats.tokens_generated == sum(len(c.token_ids) for c in expected)
     ray.kill(actor)
+
+
+def test_a_bf16_engine_keeps_hugging_faces_fp32_rope_table_also_after_a_sleep():
+    """bf16 is what CUDA runs; a bf16 engine on the CPU checks its rope table. Hugging Face keeps `inv_freq` in
+    fp32 in a bf16 model; rounded to bf16 it put the cos table up to 2.0 off at position 2047."""
+    model = tiny_qwen2()
+    positions = torch.arange(2048)[None]
+    cos, sin = model.model.rotary_emb(torch.zeros(1), positions)  # fp32 model: Hugging Face's own table
+    engine = NativeEngine(model, num_slots=2, max_seq_len=2048, dtype=torch.bfloat16)
+    assert {p.dtype for p in engine.runner.model.parameters()} == {torch.bfloat16}
+    for _ in range(2):
+        assert torch.equal(engine.runner.cos, cos[0].to(torch.bfloat16))
+        assert torch.equal(engine.runner.sin, sin[0].to(torch.bfloat16))
+        engine.sleep()
+        engine.wake_up()

@@ -23,7 +23,7 @@ import torch
 from transformers import PreTrainedModel
 
 from tailflow.engines.models import load_model
-from tailflow.engines.rollout.model_runner import ModelRunner
+from tailflow.engines.rollout.model_runner import ModelRunner, place_model
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
 from tailflow.engines.rollout.sampler import make_batch, sample
 from tailflow.engines.rollout.scheduler import Scheduler, prefill_chunks
@@ -53,7 +53,7 @@ class NativeEngine:
                  cuda_graphs: bool = True, bucketed_decode: bool | None = None) -> None:
         if num_slots < 1 or max_seq_len < 2:
             raise ValueError(f"need num_slots >= 1 and max_seq_len >= 2, got {num_slots}, {max_seq_len}")
-        model.to(device=device, dtype=dtype or default_dtype(device))
+        place_model(model, device, dtype or default_dtype(device))
         self.runner = ModelRunner(model, num_slots, max_seq_len, cuda_graphs=cuda_graphs,
                                   bucketed_decode=bucketed_decode)
         self.scheduler = Scheduler(num_slots)
