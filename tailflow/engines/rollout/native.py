@@ -227,7 +227,8 @@ class NativeEngine:
 
     def wake_up(self) -> None:
         """Back on the device after `sleep()`, with whatever weights were loaded meanwhile; a seeded request
-        then gives exactly what it would have without the sleep. Idempotent."""
+        then gives exactly what it would have without the sleep on CPU and on eager CUDA. The CUDA graphs are
+        captured again, and on an H200 that changed one greedy token in 16 x 64 (docs/gpu.md). Idempotent."""
         self.runner.restore_memory()
 
     def _check_awake(self, what: str) -> None:
