@@ -6,6 +6,9 @@
 #   scripts/test.sh -m "not slow"   the fast subset
 set -euo pipefail
 cd "$(dirname "$0")/.."
+started=$(date +%s)
+machine() { echo "== $1: $(date -u +%FT%TZ), uptime:$(uptime | sed 's/.*up/ up/')"; free -m; }
+machine start
 # Debian packages the tests use when they can be had (root + apt): bubblewrap, the code-reward sandbox's
 # default; chromium + chromium-driver, the Prefect UI test. Missing ones make those tests skip, saying why.
 missing=()
@@ -27,12 +30,20 @@ scripts/install_vllm.sh .venv-vllm/bin/python
 # The main run takes two pytest-xdist workers, a test file each at a time (module fixtures and file order kept):
 # most of the suite waits (servers starting, runs polling, subprocesses), so one core idled through a serial run.
 # The vLLM run stays serial: each vLLM engine reserves a share of the machine's memory.
+# Each test appends its wall and CPU seconds to one file (tests/conftest.py; TAILFLOW_TEST_TIMES names it to keep
+# it, a temporary file otherwise); scripts/test_times.py ranks them.
+times=${TAILFLOW_TEST_TIMES:-$(mktemp -t tailflow-test-times.XXXXXX)}
+[ -n "${TAILFLOW_TEST_TIMES:-}" ] || trap 'rm -f "$times"' EXIT
+export TAILFLOW_TEST_TIMES=$times
 set +e
 python3 -m pytest -n 2 --dist loadfile "$@"
 main=$?
 .venv-vllm/bin/python -m pytest --vllm-only "$@"
 vllm=$?
 set -e
+python3 scripts/test_times.py "$times" --top 30
+machine end
+echo "== scripts/test.sh took $(( ($(date +%s) - started) / 60 )) min $(( ($(date +%s) - started) % 60 )) s"
 for code in "$main" "$vllm"; do
   case $code in 0|5) ;; *) exit "$code" ;; esac
 done

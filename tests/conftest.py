@@ -20,6 +20,10 @@ os.environ.pop("PREFECT_API_URL", None)
 # the other worker's cluster. "local" makes each ray.init() start its own; tests that attach give an address.
 os.environ["RAY_ADDRESS"] = "local"
 
+import json  # noqa: E402
+import resource  # noqa: E402
+import time  # noqa: E402
+
 import pytest  # noqa: E402
 
 
@@ -164,3 +168,59 @@ def pytest_terminal_summary(terminalreporter, config):
 def pytest_sessionfinish(session, exitstatus):
     if ci_skips and session.exitstatus == 0:
         session.exitstatus = 1
+
+
+# ---- where the time goes: one line a test, when scripts/test.sh asks (TAILFLOW_TEST_TIMES) -------------------
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s() -> dict[int, float]:
+    """CPU seconds of this process and of each live descendant (Ray workers, servers, subprocesses), by pid,
+    from /proc/<pid>/stat (fields 4 ppid, 14 utime, 15 stime; the name in parentheses may hold spaces)."""
+    parent, seconds = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            parent[int(entry)] = int(fields[1])
+            seconds[int(entry)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tree, frontier = {os.getpid()}, [os.getpid()]
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parent.items():
+        children.setdefault(ppid, []).append(pid)
+    while frontier:
+        for child in children.get(frontier.pop(), []):
+            tree.add(child)
+            frontier.append(child)
+    return {pid: seconds[pid] for pid in tree if pid in seconds}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With TAILFLOW_TEST_TIMES=<file>, append {nodeid, wall_s, tree_cpu_s, machine_busy_share} for each test:
+    the CPU of the test's own process tree (itself, reaped children, live descendants) says whether a slow test
+    computes or waits; the machine's busy share says whether the machine was loaded meanwhile."""
+    path = os.environ.get("TAILFLOW_TEST_TIMES")
+    if not path:
+        yield
+        return
+    wall, busy, tree = time.monotonic(), machine_busy_s(), tree_cpu_s()
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    yield
+    wall, busy = time.monotonic() - wall, machine_busy_s() - busy
+    after, reaped_after = tree_cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = sum(seconds - tree.get(pid, 0.0) for pid, seconds in after.items())
+    cpu += (reaped_after.ru_utime + reaped_after.ru_stime) - (reaped.ru_utime + reaped.ru_stime)
+    row = {"nodeid": item.nodeid, "wall_s": round(wall, 2), "tree_cpu_s": round(cpu, 2),
+           "machine_busy_share": round(busy / max(wall, 1e-6) / os.cpu_count(), 3)}
+    with open(path, "a") as times:
+        times.write(json.dumps(row) + "\n")
