@@ -26,7 +26,7 @@ def main() -> None:
           f"process trees; the {min(args.top, len(rows))} slowest:")
     print(f"{'wall s':>8} {'cpu s':>8} {'cpu/wall':>8} {'machine':>8}  test")
     for row in rows[:args.top]:
-        print(f"{row['wall_s']:8.1f} {row['tree_cpu_s']:8.1f} {row["tree_cpu_s"] / max(row["wall_s"], 0.1):8.2f} "
+        print(f"{row['wall_s']:8.1f} {row['tree_cpu_s']:8.1f} {row['tree_cpu_s'] / max(row['wall_s'], 0.1):8.2f} "
               f"{row['machine_busy_share']:8.0%}  {row['nodeid']}")
 
 
