@@ -77,6 +77,15 @@ def draw_kills(rng: random.Random, count: int) -> list[Kill]:
             for kind in kinds]
 
 
+STALL_S = 240
+"""A launch that prints nothing for this long is stalled (a healthy one prints a line per phase within seconds;
+a run whose workers died, say killed for memory, can wait on them for many minutes): the soak fails at once."""
+
+
+class Stalled(RuntimeError):
+    """A launch went quiet for STALL_S seconds, or an awaited event never came: the soak cannot judge the kill."""
+
+
 class Launch:
     """`tailflow train` in its own session; its output read line by line in a thread."""
 
@@ -93,17 +102,20 @@ class Launch:
             self.lines.put(line)
         self.lines.put(None)
 
-    def wait_for(self, text: str, timeout_s: float = 600) -> bool:
-        """True once a line holding `text` was printed; False if the process ended first."""
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            try:
-                line = self.lines.get(timeout=1)
-            except queue.Empty:
-                continue
-            if line is None:
-                return False
+    def next_line(self) -> str | None:
+        """The next line printed (None once the process closed its output); Stalled after STALL_S quiet seconds."""
+        try:
+            line = self.lines.get(timeout=STALL_S)
+        except queue.Empty:
+            self.kill()
+            raise Stalled(f"no output for {STALL_S} s; the last lines:\n{''.join(self.output[-30:])}") from None
+        if line is not None:
             self.output.append(line)
+        return line
+
+    def wait_for(self, text: str) -> bool:
+        """True once a line holding `text` was printed; False if the process ended first."""
+        while (line := self.next_line()) is not None:
             if text in line:
                 return True
         return False
@@ -114,11 +126,12 @@ class Launch:
         except ProcessLookupError:
             pass
 
-    def finish(self, timeout_s: float = 900) -> int:
-        code = self.process.wait(timeout=timeout_s)
+    def finish(self) -> int:
+        """The exit code, once the output is closed (a SIGKILLed or ended run); Stalled if it goes quiet first."""
+        while self.next_line() is not None:
+            pass
+        code = self.process.wait()
         self.kill()  # whatever the driver started dies with it, as on a lost node
-        while (line := self.lines.get()) is not None:
-            self.output.append(line)
         return code
 
 
@@ -165,8 +178,11 @@ def soak(args, store, proxy: FaultProxy, env: dict, config_path: Path) -> tuple[
             time.sleep(kill.delay_s)
         elif kill.kind == "upload" and started:
             proxy.inject("stall", FOREVER, method="PUT", path_part="/checkpoints/")
-            deadline = time.time() + 300
-            while proxy.faults_served == 0 and launch.process.poll() is None and time.time() < deadline:
+            deadline = time.time() + STALL_S
+            while proxy.faults_served == 0 and launch.process.poll() is None:
+                if time.time() > deadline:
+                    launch.kill()
+                    raise Stalled(f"kill {number}: no checkpoint upload within {STALL_S} s of the start")
                 time.sleep(0.05)
         if kill.kind != "fault":
             launch.kill()
@@ -223,13 +239,16 @@ def main() -> int:
             env = dict(server["env"], AWS_ENDPOINT_URL=proxy.url, **aws)
             env.pop("TAILFLOW_FAULT", None)
             survived, final_ok = soak(args, store, proxy, env, config_path)
+    except Stalled as stall:
+        print(f"STALLED after {time.time() - started:.0f}s: {stall}\nRESULT kills_survived=0/{args.kills}")
+        return 1
     finally:
         proxy.stop()
         moto.stop()
     print(f"{args.kills} kills over a {args.iterations}-iteration run in {time.time() - started:.0f}s; "
           f"final run equal to the uninterrupted one: {final_ok}")
     print(f"RESULT kills_survived={survived if final_ok else 0}/{args.kills}")
-    return 0
+    return 0 if final_ok and survived == args.kills else 1
 
 
 if __name__ == "__main__":

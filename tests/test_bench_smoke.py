@@ -1,47 +1,24 @@
 """The benchmarks run end to end on tiny settings (`--quick`).
 
-Each runs as its own process, as a user runs it; the numbers are not checked
-here (the real runs are), only that the scripts finish and report what makes
-their numbers comparable. They are marked `bench` (and so `slow`): the whole
+Each runs as its own process, as a user runs it (tests/quick_bench.py). Timings
+are not checked here (they depend on the machine; the real runs report them):
+the scripts must finish and report what makes their numbers comparable, and
+every number that says whether something is correct, not how fast, is checked
+(a kill survived, a simulated prediction, an agreement between backends).
+The benches that run tailflow end to end several times are in
+tests/test_bench_runs.py. They are marked `bench` (and so `slow`): the whole
 suite runs them, the fast subset (`-m "not slow"`) leaves them out;
 `scripts/test.sh -m bench` runs only them.
 """
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from quick_bench import run_bench
+
 pytestmark = pytest.mark.slow
-
-BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
-
-
-def run_bench(script: str, *args: str, timeout: int = 600) -> str:
-    """Run bench/<script> --quick; its stdout, after checking it exited 0. The timeout only catches a hang: a
-    quick bench takes 1-3 minutes on 2 idle cores, several times that on a loaded machine."""
-    # PREFECT_HOME is the session's temp home (conftest.py), so the child's ephemeral server is isolated too.
-    result = subprocess.run([sys.executable, str(BENCH_DIR / script), "--quick", *args], capture_output=True,
-                            text=True, timeout=timeout, env=dict(os.environ))
-    output = f"{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-    assert result.returncode == 0, f"{script} exited {result.returncode}:\n{output}"
-    return result.stdout
-
-
-@pytest.mark.bench
-def test_tail_batching_quick():
-    stdout = run_bench("tail_batching.py", timeout=900)  # three runs: baseline, tail, tail with R = R0
-    last_line = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0 "
-                        r"unbiased_step_total_speedup=\S+ unbiased_accuracy_delta=\S+",
-                        last_line)  # whole queue cycles: no deferred prompt left unpaid
-    assert "VERDICT:" in stdout and "length profile" in stdout and "tokens/s" in stdout
-    assert "length bias, means over the" in stdout and "tail/launched_length_mean" in stdout
-    assert "queue left at the end of the tail run: 0 prompts" in stdout
 
 
 def test_engine_quick():
@@ -65,9 +42,9 @@ def test_sensitivity_quick(tmp_path):
 @pytest.mark.bench
 def test_soak_quick():
     """Three seeded kills (one of each kind) over a 3-iteration run on S3, each resumed."""
-    stdout = run_bench("soak.py", timeout=1500)
+    stdout = run_bench("soak.py", timeout=1500)  # the bench itself fails after 240 s without output (a stall)
     last_line = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"RESULT kills_survived=\d+/3", last_line)
+    assert last_line == "RESULT kills_survived=3/3", stdout[-3000:]  # every kill survived, the final run equal
     assert {"timer", "crash-", "stalled checkpoint upload"} <= {kind for kind in ("timer", "crash-", "stalled checkpoint upload")
                                                                 if f"({kind}" in stdout}
 
@@ -83,37 +60,23 @@ def test_reward_quick():
 def test_sim_validate_quick():
     stdout = run_bench("sim_validate.py")
     last_line = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"RESULT cpu_round_err=\S+ cpu_ratio_err=\S+ paper_ratio_err=\S+ sim_speedup_32b=\S+", last_line)
+    match = re.fullmatch(r"RESULT cpu_round_err=\S+ cpu_ratio_err=\S+ paper_ratio_err=\S+ sim_speedup_32b=(\S+)",
+                         last_line)
+    assert match, last_line
+    assert float(match[1]) > 1.0  # simulated (no clock involved): tail batching predicted to speed up the 32B step
     assert "Fig 11 rollout ratio sync/tail" in stdout and "replayed rounds end at the measured engine step: all" in stdout
 
 
 @pytest.mark.bench
-def test_async_quick():
-    """Two settings (~2 min): the synchronous step and alpha = 1, through the whole report to the RESULT line."""
-    stdout = run_bench("async.py", "--settings", "sync,async1", timeout=600)
-    last_line = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"RESULT skip_stream_step_speedup=\S+ async_step_speedup=\d+\.\d\d "
-                        r"sim_async_speedup_32b=\d+\.\d\d accuracy_delta=\d+\.\d", last_line)
-    assert "CPU per phase" in stdout and "async1" in stdout and "SIMULATED, not measured" in stdout
-
-
-@pytest.mark.bench
 def test_sim_async_and_spot_quick():
-    for script, pattern in (("sim_async.py", r"RESULT sim_async_speedup_7b=\S+ sim_async_speedup_32b=\S+"),
-                            ("sim_spot.py", r"RESULT spot_tokens_per_dollar_gain=\S+")):
+    """Both are simulations on a virtual clock: their predictions do not depend on this machine's speed, so the
+    direction each one claims is checked (asynchrony and spot workers predicted to pay), not just the format."""
+    for script, pattern in (("sim_async.py", r"RESULT sim_async_speedup_7b=(\S+) sim_async_speedup_32b=(\S+)"),
+                            ("sim_spot.py", r"RESULT spot_tokens_per_dollar_gain=(\S+)")):
         last_line = run_bench(script).strip().splitlines()[-1]
-        assert re.fullmatch(pattern, last_line), last_line
-
-
-@pytest.mark.bench
-def test_peer_tailflow_side_quick():
-    """The tailflow half of bench/peer.py (the synchronous and the default run, 2 steps each); the TRL half needs
-    its own venv (scripts/peer_env.sh) and runs only in the full benchmark. tests/test_peer_bench.py checks what
-    TRL would be handed."""
-    stdout = run_bench("peer.py", "--tailflow-only", timeout=900)
-    assert "prompt order: tailflow sync trained exactly the prompts handed to TRL, in order: yes" in stdout
-    assert "tailflow sync" in stdout and "tailflow default" in stdout and "final held-out accuracy" in stdout
-    assert stdout.strip().splitlines()[-1] == "TRL side skipped (--tailflow-only): no RESULT line"
+        match = re.fullmatch(pattern, last_line)
+        assert match, last_line
+        assert all(float(value) > 1.0 for value in match.groups()), last_line
 
 
 @pytest.mark.bench
@@ -136,5 +99,8 @@ def test_trainer_backends_quick():
     """bench/trainer.py: Megatron TP=2 against FSDP2 on 2 gloo ranks, 2 small steps."""
     pytest.importorskip("megatron.core", reason="megatron-core (the `megatron` extra) is not installed")
     last_line = run_bench("trainer.py", timeout=600).strip().splitlines()[-1]
-    assert re.fullmatch(r"RESULT megatron_vs_fsdp2_step=\d+\.\d\d max_loss_rel_diff=\S+ max_gradnorm_rel_diff=\S+",
-                        last_line), last_line
+    match = re.fullmatch(r"RESULT megatron_vs_fsdp2_step=\d+\.\d\d max_loss_rel_diff=(\S+) max_gradnorm_rel_diff=(\S+)",
+                         last_line)
+    assert match, last_line
+    # the backends agree within tests/test_megatron_alignment.py's bound (measured here: 4e-5 and 7e-6)
+    assert float(match[1]) <= 2e-4 and float(match[2]) <= 2e-4, last_line

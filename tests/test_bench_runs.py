@@ -1,0 +1,49 @@
+"""The benchmarks that run tailflow end to end (several real runs each), on tiny settings (`--quick`): tail
+batching against its baseline, the asynchronous step, and the tailflow side of the TRL peer. The same rules as
+tests/test_bench_smoke.py (whose `run_bench` they use); a file of their own so that xdist runs them beside the
+other benchmark smokes instead of after them on the same worker.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from quick_bench import run_bench
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.bench
+def test_tail_batching_quick():
+    stdout = run_bench("tail_batching.py", timeout=900)  # three runs: baseline, tail, tail with R = R0
+    last_line = stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0 "
+                        r"unbiased_step_total_speedup=\S+ unbiased_accuracy_delta=\S+",
+                        last_line)  # whole queue cycles: no deferred prompt left unpaid
+    assert "VERDICT:" in stdout and "length profile" in stdout and "tokens/s" in stdout
+    assert "length bias, means over the" in stdout and "tail/launched_length_mean" in stdout
+    assert "queue left at the end of the tail run: 0 prompts" in stdout
+
+
+@pytest.mark.bench
+def test_async_quick():
+    """Two settings (~2 min): the synchronous step and alpha = 1, through the whole report to the RESULT line."""
+    stdout = run_bench("async.py", "--settings", "sync,async1", timeout=600)
+    last_line = stdout.strip().splitlines()[-1]
+    match = re.fullmatch(r"RESULT skip_stream_step_speedup=\S+ async_step_speedup=\d+\.\d\d "
+                         r"sim_async_speedup_32b=(\d+\.\d\d) accuracy_delta=\d+\.\d", last_line)
+    assert match, last_line
+    assert float(match[1]) > 1.0  # simulated on a virtual clock: asynchrony predicted to pay at 32B
+    assert "CPU per phase" in stdout and "async1" in stdout and "SIMULATED, not measured" in stdout
+
+
+@pytest.mark.bench
+def test_peer_tailflow_side_quick():
+    """The tailflow half of bench/peer.py (the synchronous and the default run, 2 steps each); the TRL half needs
+    its own venv (scripts/peer_env.sh) and runs only in the full benchmark. tests/test_peer_bench.py checks what
+    TRL would be handed."""
+    stdout = run_bench("peer.py", "--tailflow-only", timeout=900)
+    assert "prompt order: tailflow sync trained exactly the prompts handed to TRL, in order: yes" in stdout
+    assert "tailflow sync" in stdout and "tailflow default" in stdout and "final held-out accuracy" in stdout
+    assert stdout.strip().splitlines()[-1] == "TRL side skipped (--tailflow-only): no RESULT line"
