@@ -23,6 +23,7 @@ os.environ["RAY_ADDRESS"] = "local"
 import json  # noqa: E402
 import resource  # noqa: E402
 import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
@@ -46,6 +47,17 @@ def operated_prefect(tmp_path_factory):
             yield server
     except RuntimeError as error:
         pytest.fail(str(error))
+
+
+@pytest.fixture(scope="session")
+def cli_env(prefect_api):
+    """The environment of `tailflow` child processes: they talk to this session's Prefect server instead of
+    starting their own (tests/durable_cli.py runs them)."""
+    from prefect.settings import PREFECT_API_URL
+
+    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value())
+    env.pop("TAILFLOW_FAULT", None)
+    return env
 
 
 @pytest.fixture(scope="session")
@@ -116,6 +128,20 @@ def pytest_collection_modifyitems(config, items):
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
     select_vllm_tests(config, items)
+    heaviest_files_first(items)
+
+
+def heaviest_files_first(items) -> None:
+    """Files with long / e2e / bench tests first, then the other slow ones, then the rest (stable: a file's tests
+    keep their order). scripts/test.sh hands whole files to two xdist workers in this order, so the runs of
+    minutes start at once and the last minutes are filled with short files instead of one worker finishing a
+    long file alone."""
+    rank: dict[str, int] = {}
+    for item in items:
+        weight = 0 if any(item.get_closest_marker(kind) for kind in SLOW_KINDS) else \
+            1 if item.get_closest_marker("slow") else 2
+        rank[item.nodeid.split("::")[0]] = min(rank.get(item.nodeid.split("::")[0], 2), weight)
+    items.sort(key=lambda item: rank[item.nodeid.split("::")[0]])
 
 
 def select_vllm_tests(config, items) -> None:
@@ -180,9 +206,10 @@ def machine_busy_s() -> float:
     return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_s() -> dict[int, float]:
-    """CPU seconds of this process and of each live descendant (Ray workers, servers, subprocesses), by pid,
-    from /proc/<pid>/stat (fields 4 ppid, 14 utime, 15 stime; the name in parentheses may hold spaces)."""
+def tree_cpu_s() -> dict[tuple[int, int], float]:
+    """CPU seconds of this process and of each live descendant (Ray workers, servers, subprocesses), keyed by
+    (pid, start time) so a reused pid is another process; from /proc/<pid>/stat (fields 4 ppid, 14 utime,
+    15 stime, 22 starttime; the name in parentheses may hold spaces)."""
     parent, seconds = {}, {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -192,16 +219,16 @@ def tree_cpu_s() -> dict[int, float]:
             except OSError:
                 continue
             parent[int(entry)] = int(fields[1])
-            seconds[int(entry)] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    tree, frontier = {os.getpid()}, [os.getpid()]
+            seconds[int(entry), int(fields[19])] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     children: dict[int, list[int]] = {}
     for pid, ppid in parent.items():
         children.setdefault(ppid, []).append(pid)
+    tree, frontier = {os.getpid()}, [os.getpid()]
     while frontier:
         for child in children.get(frontier.pop(), []):
             tree.add(child)
             frontier.append(child)
-    return {pid: seconds[pid] for pid in tree if pid in seconds}
+    return {key: cpu for key, cpu in seconds.items() if key[0] in tree}
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -210,7 +237,7 @@ def pytest_runtest_protocol(item, nextitem):
     the CPU of the test's own process tree (itself, reaped children, live descendants) says whether a slow test
     computes or waits; the machine's busy share says whether the machine was loaded meanwhile."""
     path = os.environ.get("TAILFLOW_TEST_TIMES")
-    if not path:
+    if not path or Path(__file__).parent.name != "tests":  # not the copies of this file that tests run pytest on
         yield
         return
     wall, busy, tree = time.monotonic(), machine_busy_s(), tree_cpu_s()
@@ -218,9 +245,9 @@ def pytest_runtest_protocol(item, nextitem):
     yield
     wall, busy = time.monotonic() - wall, machine_busy_s() - busy
     after, reaped_after = tree_cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = sum(seconds - tree.get(pid, 0.0) for pid, seconds in after.items())
+    cpu = sum(seconds - tree.get(key, 0.0) for key, seconds in after.items())
     cpu += (reaped_after.ru_utime + reaped_after.ru_stime) - (reaped.ru_utime + reaped.ru_stime)
-    row = {"nodeid": item.nodeid, "wall_s": round(wall, 2), "tree_cpu_s": round(cpu, 2),
+    row = {"nodeid": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "wall_s": round(wall, 2), "tree_cpu_s": round(cpu, 2),
            "machine_busy_share": round(busy / max(wall, 1e-6) / os.cpu_count(), 3)}
     with open(path, "a") as times:
         times.write(json.dumps(row) + "\n")

@@ -14,8 +14,8 @@ import signal
 import pytest
 import yaml
 
-from test_durable_runs import cli_env, outcome  # noqa: F401 (cli_env is a fixture)
-from test_durable_runs import run_cli as run_cli_of
+from durable_cli import outcome
+from durable_cli import run_cli as run_cli_of
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.engines.track.rollout_trace import RolloutTraceLog

@@ -1,77 +1,23 @@
-"""Durable runs end to end: real processes SIGKILLed at every phase, resumed, compared with a clean run.
-
-Each run is `python -m tailflow.cli train` in its own session (process group),
-so a kill takes the driver and whatever it started with it, as a lost node
-would. The fault points are engines/faults.py's (TAILFLOW_FAULT).
+"""Durable runs end to end against one clean run: real processes SIGKILLed at every phase, actors killed, a
+Prefect retry, S3 through faults, logical GPUs; each resumed or retried run must end bit for bit where the clean
+run (`reference`) does. tests/durable_cli.py runs `tailflow` as a killable child; tests/test_durable_restarts.py
+holds the durable runs that need a clean run of their own (so the two files run side by side under xdist).
 """
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 
 import pytest
 import yaml
 
+from durable_cli import outcome, run_cli, run_config
 from tailflow.engines.runs.checkpoint import weights_sha256
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.engines.track.metrics import without_timing
-from tailflow.flows.setup import shipped_warmstart_dir
 
 pytestmark = pytest.mark.slow
-
-
-
-def run_config(storage) -> dict:
-    """3 iterations, tail batching with a long round at iteration 2 (so the queue crosses commits),
-    one rollout worker (bit-for-bit), two FSDP ranks (sharded optimizer state)."""
-    return {
-        "model": {"path": str(shipped_warmstart_dir())},
-        "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
-        "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16},
-        "train": {"iterations": 3, "eval_every": 2, "num_workers": 2, "lr": 1e-3},
-        "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
-        "storage": {"uri": str(storage)},
-    }
-
-
-@pytest.fixture(scope="module")
-def cli_env(prefect_api):
-    """The children talk to this session's Prefect server instead of starting their own."""
-    from prefect.settings import PREFECT_API_URL
-
-    env = dict(os.environ, PREFECT_API_URL=PREFECT_API_URL.value())
-    env.pop("TAILFLOW_FAULT", None)
-    return env
-
-
-def run_cli(args: list[str], env: dict, fault: str | None = None, hang_s: int = 300) -> subprocess.CompletedProcess:
-    """`tailflow <args>` in a process group of its own; killed and failed as hung after `hang_s`."""
-    child_env = dict(env, **({"TAILFLOW_FAULT": fault} if fault else {}))
-    process = subprocess.Popen([sys.executable, "-m", "tailflow.cli", *args], env=child_env, start_new_session=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = process.communicate(timeout=hang_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        output, _ = process.communicate()
-        pytest.fail(f"{' '.join(args)} (TAILFLOW_FAULT={fault}) hung for {hang_s} s:\n{output[-4000:]}")
-    finally:
-        try:
-            os.killpg(process.pid, signal.SIGKILL)  # what the driver started dies with it
-        except ProcessLookupError:
-            pass
-    return subprocess.CompletedProcess(process.args, process.returncode, output, "")
-
-
-def outcome(storage, run_id: str, ignore: tuple[str, ...] = ()):
-    state = read_committed_state(LocalStore(storage), run_id)
-    rows = [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines()]
-    untimed = [{k: v for k, v in without_timing(row).items() if k not in ignore} for row in rows]
-    return state, untimed
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +35,6 @@ def reference(tmp_path_factory, cli_env):
 EVERY_PHASE = [("crash-rollout@1", 1), ("crash-reward@1", 1), ("crash-train@1", 1), ("crash-sync@1", 1),
                ("crash-checkpoint@1", 1), ("crash-commit@2", 2)]
 """(fault, iterations committed after the kill): a SIGKILL in each phase of an iteration."""
-
-AROUND_THE_COMMIT = [("crash-checkpoint@1", 1), ("crash-commit@2", 2)]
-"""The two kills the commit protocol exists for: a checkpoint stored but not committed, a commit cut short."""
-
-
-def test_sigkill_around_the_commit_then_resume_ends_exactly_where_a_clean_run_does(tmp_path, cli_env, reference):
-    kill_then_resume(tmp_path, cli_env, reference, "crashy", AROUND_THE_COMMIT)
-
 
 @pytest.mark.long  # seven runs: ~4.5 min
 def test_sigkill_in_every_phase_then_resume_ends_exactly_where_a_clean_run_does(tmp_path, cli_env, reference):
@@ -270,72 +208,3 @@ def test_a_run_on_s3_through_transient_faults_matches_the_local_run(tmp_path, cl
     expected_state, expected_rows = reference
     assert [without_timing(row) for row in rows] == expected_rows
     assert state.weights_sha256 == expected_state.weights_sha256
-
-
-@pytest.mark.long
-def test_rollout_workers_added_at_runtime_survive_an_iteration_restart_and_a_resume(tmp_path, cli_env):
-    """A run with one rollout worker is told to add one (`send_worker_command`, as `tailflow workers add`); a
-    trainer death then restarts an iteration and a SIGKILL ends the run: the restart and the resume each start
-    the added worker again, and every commit from then on records it."""
-    from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
-
-    config = run_config(tmp_path)
-    config["train"].update(iterations=1, num_workers=1)
-    config_path = tmp_path / "run.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    store = LocalStore(tmp_path)
-    first = run_cli(["train", "-c", str(config_path), "--run-id", "grown"], cli_env)
-    assert first.returncode == 0, first.stdout[-4000:]
-    assert read_committed_state(store, "grown").rollout_workers_added == 0
-
-    send_worker_command(store, "grown", WorkerCommand(add=1))  # taken at the next run's first poll
-    more = ["resume", "grown", "--set", f"storage.uri={tmp_path}", "--set", "train.iterations=4",
-            "--allow-change", "train.iterations"]
-    second = run_cli(more, cli_env, fault="kill-trainer@2,crash-train@3")
-    assert second.returncode == -signal.SIGKILL, second.stdout[-4000:]
-    assert second.stdout.count("an actor died") == 1
-    assert second.stdout.count("keeping the rollout workers added at runtime: 1 (rollout.num_workers) +1") == 1
-    assert read_committed_state(store, "grown").iteration == 3
-    assert read_committed_state(store, "grown").rollout_workers_added == 1
-
-    third = run_cli(more, cli_env)
-    assert third.returncode == 0, third.stdout[-4000:]
-    assert "keeping the rollout workers added at runtime: 1 (rollout.num_workers) +1" in third.stdout
-    state, rows = outcome(tmp_path, "grown")
-    assert state.iteration == 4 and state.rollout_workers_added == 1
-    assert len(rows) == 4
-
-
-MEGATRON_HANG_S = 900
-"""A Megatron run also imports megatron-core and builds its model in every trainer actor; on a loaded 2-core
-machine (load ~25) its 3 iterations ran past 300 s without being stuck."""
-
-
-def test_a_megatron_run_sigkilled_then_resumed_ends_bit_for_bit_where_its_clean_run_does(tmp_path, cli_env):
-    """train.backend megatron (tensor parallel 2 on the two trainer actors, megatron-core's CPU stand-in): a run
-    SIGKILLed in iteration 2's train phase resumes from iteration 1's commit, every rank from its own checkpoint
-    shard (parameters and AdamW state), and ends with the clean Megatron run's weights, queue and metrics rows."""
-    pytest.importorskip("megatron.core", reason="megatron-core (the `megatron` extra) is not installed")
-    config = run_config(tmp_path)
-    config["train"]["backend"] = "megatron"
-    config_path = tmp_path / "run.yaml"
-    config_path.write_text(yaml.safe_dump(config))
-    clean = run_cli(["train", "-c", str(config_path), "--run-id", "megatron-clean"], cli_env, hang_s=MEGATRON_HANG_S)
-    assert clean.returncode == 0, clean.stdout[-4000:]
-    killed = run_cli(["train", "-c", str(config_path), "--run-id", "megatron-killed"], cli_env, "crash-train@2",
-                     MEGATRON_HANG_S)
-    assert killed.returncode == -signal.SIGKILL, killed.stdout[-3000:]
-    store = LocalStore(tmp_path)
-    state = read_committed_state(store, "megatron-killed")
-    assert state.iteration == 2
-    assert sorted(path.name for path in (tmp_path / state.latest_checkpoint / "megatron").iterdir()) == [
-        "rank_00000.pt", "rank_00001.pt"]
-    resumed = run_cli(["resume", "megatron-killed", "--set", f"storage.uri={tmp_path}"], cli_env,
-                      hang_s=MEGATRON_HANG_S)
-    assert resumed.returncode == 0, resumed.stdout[-4000:]
-    assert "resuming after iteration 0001" in resumed.stdout
-
-    expected_state, expected_rows = outcome(tmp_path, "megatron-clean")
-    state, rows = outcome(tmp_path, "megatron-killed")
-    assert expected_state.iteration == 3 and rows == expected_rows
-    assert state.weights_sha256 == expected_state.weights_sha256 and state.tail == expected_state.tail
