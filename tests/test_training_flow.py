@@ -36,16 +36,31 @@ def tiny_run_config(model_dir, storage) -> dict:
     }
 
 
-def test_two_iterations_through_prefect(prefect_api, tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def spine_run(prefect_api, tiny_model_dir, tmp_path_factory):
+    """One 2-iteration run, (storage, summary): the spine test checks it, the bit-for-bit test repeats it."""
+    from tailflow.flows.training import rl_training
+
+    storage = tmp_path_factory.mktemp("spine")
+    return storage, rl_training(config=tiny_run_config(tiny_model_dir, storage), run_id="spine-test")
+
+
+def untimed_rows_and_weights(storage, run_id: str) -> tuple[list[dict], str]:
+    """A run's metrics rows without time/* and the sha256 of its last checkpoint's weights file."""
+    import hashlib
+
+    rows = [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines()]
+    weights = (storage / run_id / "checkpoints" / "iter-0001" / "model.safetensors").read_bytes()
+    return [without_timing(row) for row in rows], hashlib.sha256(weights).hexdigest()
+
+
+def test_two_iterations_through_prefect(spine_run, tiny_model_dir):
     import asyncio
 
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.sorting import FlowRunSort
 
-    from tailflow.flows.training import rl_training
-
-    summary = rl_training(config=tiny_run_config(tiny_model_dir, tmp_path), run_id="spine-test")
-
+    tmp_path, summary = spine_run
     run_dir = tmp_path / "spine-test"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["iteration"] for row in rows] == [0, 1]
@@ -93,20 +108,14 @@ def test_a_run_without_resumable_commits_is_not_overwritten(tiny_model_dir, tmp_
 
 
 @pytest.mark.long
-def test_seeded_run_repeats_bit_for_bit(prefect_api, tiny_model_dir, tmp_path):
-    """One rollout worker, same seed: same rewards, lengths, losses and final weights."""
-    import hashlib
-
+def test_seeded_run_repeats_bit_for_bit(spine_run, tiny_model_dir, tmp_path):
+    """One rollout worker, same seed: same rewards, lengths, losses and final weights as the spine run's (run
+    once for both tests: the first of the two runs compared here)."""
     from tailflow.flows.training import rl_training
 
-    def outcome(run_id):
-        rl_training(config=tiny_run_config(tiny_model_dir, tmp_path), run_id=run_id)
-        rows = [json.loads(line) for line in (tmp_path / run_id / "metrics.jsonl").read_text().splitlines()]
-        untimed = [without_timing(row) for row in rows]
-        weights = (tmp_path / run_id / "checkpoints" / "iter-0001" / "model.safetensors").read_bytes()
-        return untimed, hashlib.sha256(weights).hexdigest()
-
-    first, second = outcome("seeded-a"), outcome("seeded-b")
+    storage, _ = spine_run
+    rl_training(config=tiny_run_config(tiny_model_dir, tmp_path), run_id="seeded-b")
+    first, second = untimed_rows_and_weights(storage, "spine-test"), untimed_rows_and_weights(tmp_path, "seeded-b")
     assert first == second
     assert first[0][0]["reward/mean"] is not None
 
