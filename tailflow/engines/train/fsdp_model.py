@@ -3,6 +3,9 @@ sharded over all ranks (every rank a data-parallel replica).
 
 With world_size 1 no process group is made and nothing is sharded: plain
 single-process training, the reference the sharded path is tested against.
+`mesh_of_one` shards anyway, over a process group of one rank: the sharded
+code path (DTensor parameters, FSDP2's `_apply`, the gathered state dict) on a
+machine with one GPU, which is how the GPU kit's `trainer` stage checks it.
 """
 from __future__ import annotations
 
@@ -26,10 +29,12 @@ from tailflow.engines.train.rank_setup import init_process_group, replace_with_c
 
 
 class FsdpPolicyModel:
-    def __init__(self, model_path: str, rank: int, world_size: int, dist_backend: str, with_reference: bool) -> None:
+    def __init__(self, model_path: str, rank: int, world_size: int, dist_backend: str, with_reference: bool,
+                 mesh_of_one: bool = False) -> None:
         self.rank, self.world_size = rank, world_size
-        self.device = init_process_group(dist_backend, rank, world_size)
-        self.mesh = init_device_mesh(self.device.type, (world_size,)) if world_size > 1 else None
+        self.device = init_process_group(dist_backend, rank, world_size, always=mesh_of_one)
+        sharded = world_size > 1 or mesh_of_one
+        self.mesh = init_device_mesh(self.device.type, (world_size,)) if sharded else None
         self.module = self._load(model_path, is_trainable=True)
         self.reference = self._load(model_path, is_trainable=False) if with_reference else None
         self.hf_config = self.module.config

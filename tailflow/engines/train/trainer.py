@@ -125,7 +125,8 @@ class MicroBatchInputs:
 
 class PolicyTrainer:
     def __init__(self, model_path: str, train: TrainConfig | None = None, rank: int = 0, world_size: int = 1,
-                 backend: str | None = None, max_new_tokens: int | None = None, temperature: float = 1.0) -> None:
+                 backend: str | None = None, max_new_tokens: int | None = None, temperature: float = 1.0,
+                 fsdp_mesh_of_one: bool = False) -> None:
         """`train`: the run's `train.*` section (None: its defaults): the optimizer (lr, weight_decay,
         max_grad_norm), the loss (`loss`, `loss_agg`, clip_low / clip_high, is_cap, kl_coef), the micro-batch
         budget, the seed, and the model wrapper (`train.backend`, Megatron's `tensor_parallel_size`). `backend`
@@ -133,7 +134,8 @@ class PolicyTrainer:
         env MASTER_ADDR / MASTER_PORT (set by TrainerGroup). `max_new_tokens` (rollout.max_new_tokens) is what
         loss_agg `constant` divides by (losses.loss_denominator); `temperature` is the rollouts' sampling
         temperature: the trainer's logits are divided by it, so its log-probs are those of the distribution the
-        tokens were drawn from."""
+        tokens were drawn from. `fsdp_mesh_of_one`: FSDP2 shards even with world_size 1, over a group of one
+        (the GPU kit runs FSDP2's sharded path on one GPU with it; runs never set it)."""
         self.train = train if train is not None else TrainConfig()
         self.max_new_tokens, self.temperature, self.world_size = max_new_tokens, temperature, world_size
         self._loss_denominator(1, 1)  # a bad choice fails here, not at the first step
@@ -143,7 +145,8 @@ class PolicyTrainer:
         dist_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.policy: PolicyModel = build_policy_model(self.train.backend, model_path, rank, world_size, dist_backend,
                                                       self.train.tensor_parallel_size,
-                                                      with_reference=self.train.kl_coef > 0)
+                                                      with_reference=self.train.kl_coef > 0,
+                                                      fsdp_mesh_of_one=fsdp_mesh_of_one)
         self.device = self.policy.device
         config = self.policy.hf_config
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
