@@ -52,6 +52,7 @@ from tailflow.engines.train.losses import (
     token_logprobs,
     topr_loss,
 )
+from tailflow.engines.train.host_moves import HostMoves, moves_for
 from tailflow.engines.train.policy_model import PolicyModel, build_policy_model
 from tailflow.engines.train.updates import Update
 
@@ -156,6 +157,9 @@ class PolicyTrainer:
         """A streamed step's summed stats so far (None: no streamed step open)."""
         self.is_offloaded = False
         """The weights and AdamW's state are in host memory (`offload`); the next use moves them back."""
+        self.host_moves: HostMoves = moves_for(self.device)
+        """How `offload` and the way back move the tensors (`host_moves.py`): staged through pinned memory on
+        CUDA, one blocking `.to` each elsewhere."""
 
     @property
     def model(self) -> torch.nn.Module:
@@ -426,9 +430,12 @@ class PolicyTrainer:
         Refused during a streamed step (`accumulate` ... `finish_step`): its accumulated gradients live on the
         device and are half of that step.
 
-        On a CPU the device IS host memory: every move returns the tensor itself, so the CPU tests check only
-        the bookkeeping and that nothing is lost. On an H200 (the GPU kit's turns stage, one unsharded 0.5B-shape
-        trainer) it freed 5,661 MiB but took 12.0 s, about 0.5 GB/s: why is not known (docs/gpu.md).
+        How the tensors move is `self.host_moves` (`host_moves.py`): on CUDA every copy is issued into pinned
+        host memory and waited for once (`StagedMoves`); on a CPU, where the device IS host memory, one `.to` per
+        tensor that returns the tensor itself (`BlockingMoves`), so the CPU tests check the bookkeeping and that
+        nothing is lost. The blocking way, on an H200 (the GPU kit's turns stage, one unsharded 0.5B-shape
+        trainer), freed 5,661 MiB but took 12.0 s, about 0.5 GB/s; the staged way has not run on a GPU yet
+        (the kit's `offload` stage puts both side by side, docs/gpu.md).
         """
         if self._streamed is not None:
             raise RuntimeError("offload() while a streamed step is open: its gradients live on the device; "
@@ -436,34 +443,18 @@ class PolicyTrainer:
         if self.is_offloaded:
             return
         self.optimizer.zero_grad(set_to_none=True)  # None between steps already; nothing of a step is dropped
-        self._move_state(torch.device("cpu"))
+        self.host_moves.to_host((self.model, self.ref_model), self.optimizer)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.is_offloaded = True
 
+    def reload(self) -> None:
+        """Bring an offloaded state back now (every method that needs it does so itself: this only does it
+        ahead of time, and lets the GPU kit time the move alone). A no-op when not offloaded."""
+        self._ensure_on_device()
+
     def _ensure_on_device(self) -> None:
         """Bring the offloaded state back to `self.device`: the first line of every public method using it."""
         if self.is_offloaded:
-            self._move_state(self.device)
+            self.host_moves.to_device((self.model, self.ref_model), self.optimizer, self.device)
             self.is_offloaded = False
-
-    @torch.no_grad()
-    def _move_state(self, device: torch.device) -> None:
-        """Models with `module.to` (buffers too); AdamW's tensors one by one, its `step` left where torch keeps it.
-
-        Under FSDP2, `FSDPModule._apply` (behind `.to`) first reshards (a root left all-gathered by a no-grad
-        forward, as the reference model's is, registers its shards again), moves each sharded DTensor, swaps it
-        into the same Parameter object (torch.utils.swap_tensors: the optimizer's state, keyed by parameter,
-        stays valid) and re-points FSDP's shard buffer (`reset_sharded_param`). AdamW's `exp_avg` /
-        `exp_avg_sq` are DTensors sharded like their parameter: `.to` moves the local shard and keeps the
-        mesh. Unsharded (and Megatron's modules, sharded by hand), `.to` sets `param.data`, the same Parameter
-        object again. Blocking copies: a non_blocking device-to-host copy may still be in flight when the memory is
-        handed over.
-        """
-        for module in (self.model, self.ref_model):
-            if module is not None:
-                module.to(device)
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if key != "step" and isinstance(value, torch.Tensor):
-                    state[key] = value.to(device)
