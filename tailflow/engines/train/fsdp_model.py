@@ -73,8 +73,11 @@ class FsdpPolicyModel:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state_dict = get_model_state_dict(self.module, options=options)
-        # Unsharded, torch returns the live parameters themselves (FSDP gathers into fresh tensors).
-        return replace_with_copies(state_dict) if self.mesh is None else state_dict
+        # Unsharded, torch returns the live parameters themselves. Sharded, FSDP gathers into fresh tensors over
+        # more than one rank, and a GPU's CPU offload copies; a mesh of one on the CPU may hand back its one shard
+        # itself (nothing to gather, nothing to move), so that case is copied too.
+        fresh = self.mesh is not None and (self.world_size > 1 or self.device.type != "cpu")
+        return state_dict if fresh else replace_with_copies(state_dict)
 
     def checkpoint_state(self, optimizer: torch.optim.Optimizer) -> dict:
         """Full model and optimizer state on rank 0; no per-rank shard (the full state loads on any rank count).
