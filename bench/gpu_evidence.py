@@ -1,20 +1,31 @@
-"""The GPU evidence kit: everything a lent GPU should prove about tailflow's rollout, in one command.
+"""The GPU evidence kit: everything a lent GPU should prove about tailflow's rollout and trainer, in one command.
 
-    python bench/gpu_evidence.py [--stages contract,calibrate,throughput,rounds,turns] [--dry-run] [--out DIR]
+    python bench/gpu_evidence.py [--stages rope,trainer,...] [--dry-run] [--out DIR]
 
-Stages (each prints its own table; run them one per device call if a call's 10 minutes are tight):
+Stages (each prints its own table and a `[stage] N s` line; `bench/gpu_plan.py` runs them one process each, in
+priority order, within a session's device time):
   contract    the engine contract suite (tests/test_engine_contract.py, tests/test_decode_graphs.py) on CUDA,
               and engine sleep / trainer offload (tests/test_engine_sleep.py, tests/test_trainer_offload.py)
   calibrate   decode/prefill step time of the native engine, rows x context, for Qwen2.5-0.5B/1.5B/7B shapes
               with random weights; writes gpu_calibration_<gpu>_<model>.json, the simulator's `measured` format
-  throughput  our engine's useful tokens/s against transformers' generate() (Qwen2.5-0.5B shape, same lengths)
+  throughput  our engine's useful tokens/s against transformers' generate() (Qwen2.5-0.5B shape, same lengths),
+              within a time budget, printing each part as it ends
   rounds      tailflow's real tail-batching rounds on the GPU, lengths forced from the paper-like trace:
               synchronous rounds vs short + long rounds; prints RESULT rollout_speedup=<x>
   turns       colocated turns on one GPU (Qwen2.5-0.5B shape): memory the engine's sleep and the trainer's
               offload give back, what each move costs, and that a woken engine decodes as before
+  rope        the engine's cos/sin tables and logits against Hugging Face's at positions up to 32k, bf16, with
+              the pre-fix table as a control (gpu_rope.py)
+  trainer     FSDP2 (mesh of one) and Megatron-core TP 1 on the 0.5B shape: step time, peak memory, agreement
+              within the CPU alignment test's tolerances, the stream trainer's gradient, weight sync (gpu_trainer.py)
+  offload     the trainer's offload and reload, blocking beside staged through pinned memory, and raw copies
+              (gpu_offload.py)
+  graphs      the sleep/wake token difference with CUDA graphs: state or numerics (gpu_graphs.py)
 
-Needs torch and transformers, plus pydantic (tail state) and pytest (contract); never Ray, Prefect or a
-network. `--dry-run` runs every stage on tiny shapes on the CPU (a test does, so the kit cannot rot).
+Needs torch and transformers, plus pydantic (tail state, config), pytest (contract; the trainer stage imports
+the alignment test's tolerances) and megatron-core (trainer; without it the stage runs FSDP2 only and says so);
+never Ray, Prefect or a network. `--dry-run` runs every stage on tiny shapes on the CPU (a test does, so the kit
+cannot rot).
 Writes gpu_evidence_<gpu>.json (every number printed) beside the calibration files: in `--out`, by default
 bench/results/, or a new temporary directory for a dry run (its path is printed).
 """
@@ -28,17 +39,19 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "bench")]
+sys.path.append(str(REPO / "tests"))  # last: the trainer stage imports the alignment test's tolerances
 
 import torch  # noqa: E402
 
 from gpu_calibration import QWEN25, TINY, build_model, calibrate_model, synchronize  # noqa: E402
 
-STAGES = ("contract", "calibrate", "throughput", "rounds", "turns")
+STAGES = ("contract", "calibrate", "throughput", "rounds", "turns", "rope", "trainer", "offload", "graphs")
 
 
 @dataclass(frozen=True)
@@ -69,23 +82,53 @@ class Sizes:
     turns_max_seq_len: int
     turns_requests: int
     turns_tokens: int
+    throughput_budget_s: float
+    rope_model: str
+    rope_prompts: tuple[int, ...]
+    rope_new_tokens: int
+    trainer_model: str
+    trainer_samples: int
+    trainer_steps: int
+    trainer_prompt: tuple[int, int]
+    trainer_response: tuple[int, int]
+    trainer_micro_tokens: int
+    stream_pieces: int
+    offload_model: str
+    offload_buffer_bytes: int
+    graphs_model: str
+    graphs_slots: int
+    graphs_max_seq_len: int
+    graphs_requests: int
+    graphs_prompt: int
+    graphs_tokens: int
 
 
 FULL = Sizes(models=tuple(QWEN25), rows=(1, 4, 16, 64, 256), context=(512, 1024, 2048, 4096, 8192), steps=10,
              max_prefill_tokens=65536, throughput_model="qwen2.5-0.5b", throughput_requests=128,
-             throughput_prompt=256, throughput_cap=2048, throughput_slots=64, rounds_model="qwen2.5-0.5b",
+             throughput_prompt=256, throughput_cap=1024, throughput_slots=64, rounds_model="qwen2.5-0.5b",
              prompts_per_step=8, responses_kept=8, responses_launched=10, prompt_ratio=1.25, rounds_cap=4096,
              rounds_slots=128, num_rounds=5, turns_model="qwen2.5-0.5b", turns_slots=64,
              # Two trainers stepping alike are bit-equal on a CPU, not on CUDA (atomic adds in the embedding's
-             # backward): that case is left to the CPU; `turns` measures the CUDA offload itself.
-             contract_filter="not offloading_between_steps_changes_nothing",
-             turns_max_seq_len=2048, turns_requests=16, turns_tokens=64)
+             # backward): those two cases are left to the CPU; `turns` and `offload` measure the CUDA offload itself.
+             contract_filter="not offloading_between_steps_changes_nothing and not staged_moves_swap_in_real_copies",
+             turns_max_seq_len=2048, turns_requests=16, turns_tokens=64,
+             throughput_budget_s=75.0, rope_model="qwen2.5-0.5b", rope_prompts=(1024, 8192, 16384, 32704),
+             rope_new_tokens=64, trainer_model="qwen2.5-0.5b", trainer_samples=32, trainer_steps=3,
+             trainer_prompt=(64, 256), trainer_response=(64, 512), trainer_micro_tokens=4096, stream_pieces=4,
+             offload_model="qwen2.5-0.5b", offload_buffer_bytes=2**30, graphs_model="qwen2.5-0.5b",
+             graphs_slots=64, graphs_max_seq_len=2048, graphs_requests=16,
+             graphs_prompt=16, graphs_tokens=64)
 DRY = Sizes(models=("tiny",), rows=(1, 2), context=(16, 32), steps=3, max_prefill_tokens=32,
             throughput_model="tiny", throughput_requests=6, throughput_prompt=8, throughput_cap=64, throughput_slots=4,
             rounds_model="tiny", prompts_per_step=2, responses_kept=2, responses_launched=3, prompt_ratio=1.5,
             rounds_cap=24, rounds_slots=16, num_rounds=3, turns_model="tiny", turns_slots=4, turns_max_seq_len=64,
             turns_requests=3, turns_tokens=8,
-            contract_filter="(OnCPU and qwen3 and greedy) or (test_engine_sleep and woke and qwen3) or park")
+            contract_filter="(OnCPU and qwen3 and greedy) or (test_engine_sleep and woke and qwen3) or park",
+            throughput_budget_s=60.0, rope_model="tiny", rope_prompts=(16, 1000, 4000), rope_new_tokens=4,
+            trainer_model="tiny", trainer_samples=6, trainer_steps=2, trainer_prompt=(3, 10), trainer_response=(1, 20),
+            trainer_micro_tokens=64, stream_pieces=2, offload_model="tiny", offload_buffer_bytes=2**20,
+            graphs_model="tiny", graphs_slots=4, graphs_max_seq_len=64, graphs_requests=4,
+            graphs_prompt=8, graphs_tokens=8)
 
 
 def gpu_slug(device: str, dry_run: bool) -> str:
@@ -133,7 +176,8 @@ def run_throughput(sizes: Sizes, device: str) -> dict:
 
     model = build_model(shape_of(sizes.throughput_model), device, default_dtype(device))
     result = compare_throughput(model, device, sizes.throughput_requests, sizes.throughput_prompt,
-                                sizes.throughput_cap, sizes.throughput_slots, lambda: synchronize(device))
+                                sizes.throughput_cap, sizes.throughput_slots, lambda: synchronize(device),
+                                budget_s=sizes.throughput_budget_s, report=lambda line: print(line, flush=True))
     print(f"\n{sizes.throughput_model}: {result.describe()}")
     return {**asdict(result), "model": sizes.throughput_model, "speedup": result.speedup}
 
@@ -163,6 +207,91 @@ def run_turns(sizes: Sizes, device: str) -> dict:
     print(f"\n{sizes.turns_model}, colocated turns on one {device}:")
     print("\n".join(result.describe()))
     return {"model": sizes.turns_model, **asdict(result)}
+
+
+def run_rope(sizes: Sizes, device: str) -> dict:
+    from gpu_rope import measure_rope
+
+    model = build_model(shape_of(sizes.rope_model), device, torch.float32)  # the engine rounds it to bf16
+    result = measure_rope(model, device, sizes.rope_prompts, sizes.rope_new_tokens)
+    print(f"\n{sizes.rope_model}, rope on {device}:")
+    print("\n".join(result.describe()))
+    return {"model": sizes.rope_model, **result.to_json()}
+
+
+def run_trainer(sizes: Sizes, device: str) -> dict:
+    from gpu_trainer import measure_trainer, random_batches
+
+    shape = shape_of(sizes.trainer_model)
+    batches = random_batches(sizes.trainer_samples, sizes.trainer_steps, sizes.trainer_prompt,
+                             sizes.trainer_response, shape["vocab_size"])
+    result = measure_trainer(lambda: build_model(shape, device, torch.float32), device, batches,
+                             sizes.trainer_micro_tokens, sizes.stream_pieces, lambda: synchronize(device))
+    print(f"\n{sizes.trainer_model}, the trainer on {device}:")
+    print("\n".join(result.describe()))
+    return {"model": sizes.trainer_model, **result.to_json()}
+
+
+def turns_trainer(shape: dict, device: str):
+    """A `PolicyTrainer` (world size 1, unsharded) of `shape` with random weights, configured as the turns stage
+    has it."""
+    from tailflow.config import TrainConfig
+    from tailflow.engines.train.trainer import PolicyTrainer
+
+    with tempfile.TemporaryDirectory() as directory:
+        model = build_model(shape, device, torch.float32)
+        model.save_pretrained(directory)
+        del model
+        return PolicyTrainer(directory, TrainConfig(lr=1e-6, max_tokens_per_micro_batch=4096))
+
+
+def trainer_samples(sizes: Sizes, vocab: int) -> list:
+    from gpu_trainer import random_batches
+
+    return random_batches(sizes.trainer_samples, 1, sizes.trainer_prompt, sizes.trainer_response, vocab)[0]
+
+
+def run_offload(sizes: Sizes, device: str) -> dict:
+    from gpu_offload import measure_offload
+    from tailflow.engines.train.batch import count_response_tokens
+
+    shape = shape_of(sizes.offload_model)
+    trainer = turns_trainer(shape, device)
+    samples = trainer_samples(sizes, shape["vocab_size"])
+    result = measure_offload(trainer, samples, count_response_tokens(samples), sizes.offload_buffer_bytes,
+                             lambda: synchronize(device))
+    print(f"\n{sizes.offload_model}, trainer offload on {device}:")
+    print("\n".join(result.describe()))
+    return {"model": sizes.offload_model, **asdict(result)}
+
+
+def run_graphs(sizes: Sizes, device: str) -> dict:
+    from gpu_graphs import measure_graphs
+    from tailflow.engines.rollout.native import default_dtype
+
+    from tailflow.engines.train.batch import count_response_tokens
+
+    shape = shape_of(sizes.graphs_model)
+
+    def trainer_turn():
+        """What the turns stage did while the engine slept: a trainer's step, then its offload."""
+        trainer = turns_trainer(shape, device)
+        samples = trainer_samples(sizes, shape["vocab_size"])
+        trainer.train_step(samples, count_response_tokens(samples))
+        trainer.offload()
+        return trainer
+
+    model = build_model(shape, device, default_dtype(device))
+    result = measure_graphs(model, device, sizes.graphs_slots, sizes.graphs_max_seq_len, sizes.graphs_requests,
+                            sizes.graphs_prompt, sizes.graphs_tokens, between=trainer_turn)
+    print(f"\n{sizes.graphs_model}, sleep / wake with CUDA graphs on {device}:")
+    print("\n".join(result.describe()))
+    return {"model": sizes.graphs_model, **result.to_json()}
+
+
+RUNNERS = {"throughput": run_throughput, "rounds": run_rounds, "turns": run_turns, "rope": run_rope,
+           "trainer": run_trainer, "offload": run_offload, "graphs": run_graphs}
+"""stage -> run(sizes, device); contract and calibrate, which take other arguments, are called by `main`."""
 
 
 def results_dir(dry_run: bool) -> Path:
@@ -196,24 +325,27 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"device {device} ({slug}), torch {torch.__version__}, stages {', '.join(stages)}", flush=True)
     record = {"device": slug, "torch": torch.__version__, "dry_run": args.dry_run}
+    path = args.out / f"gpu_evidence_{slug}_{'-'.join(stages)}.json"
+    errors = []
     for stage in stages:
         started = time.perf_counter()
-        if stage == "contract":
-            record[stage] = run_contract(sizes)
-        elif stage == "calibrate":
-            record[stage] = run_calibrate(sizes, device, args.out, slug)
-        elif stage == "throughput":
-            record[stage] = run_throughput(sizes, device)
-        elif stage == "rounds":
-            record[stage] = run_rounds(sizes, device)
-        else:
-            record[stage] = run_turns(sizes, device)
+        try:
+            if stage == "contract":
+                record[stage] = run_contract(sizes)
+            elif stage == "calibrate":
+                record[stage] = run_calibrate(sizes, device, args.out, slug)
+            else:
+                record[stage] = RUNNERS[stage](sizes, device)
+        except Exception as error:  # one stage's failure is its result; the next stage still runs
+            traceback.print_exc()
+            record[stage] = {"error": f"{type(error).__name__}: {error}"}
+            errors.append(stage)
         print(f"[{stage}] {time.perf_counter() - started:.1f} s", flush=True)
-    path = args.out / f"gpu_evidence_{slug}_{'-'.join(stages)}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {path}")
+        path.write_text(json.dumps(record, indent=1) + "\n")  # after every stage: a killed run keeps the rest
+        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+    print(f"wrote {path}" + (f"; stages that raised: {', '.join(errors)}" if errors else ""))
     failed = record.get("contract", {}).get("returncode", 0)
-    return 1 if failed else 0
+    return 1 if failed or errors else 0
 
 
 if __name__ == "__main__":

@@ -1,19 +1,14 @@
 #!/usr/bin/env bash
 # The GPU evidence kit, as run on a lent GPU machine (docs/gpu.md):
 #   scripts/gpu_evidence.sh [STAGES] [more bench/gpu_evidence.py arguments]
-# STAGES: comma-separated of contract,calibrate,throughput,rounds,turns (default: all five; each prints its own table).
-# Installs the carried wheels from .whl/ (scripts/gpu_wheels.sh fetches them) into /tmp/site, never over the
-# machine's own packages. Results go to $OUT (the device tool's folder that comes back) if set, else
-# bench/results/ (a temporary directory for --dry-run); the whole printout is also written there as
+# STAGES: comma-separated of contract,calibrate,throughput,rounds,turns,rope,trainer,offload,graphs (default: the
+# first five; each prints its own table). A whole session's stages, planned and timed: scripts/gpu_session.sh.
+# Installs the carried wheels (scripts/gpu_env.sh). Results go to $OUT (the device tool's folder that comes back)
+# if set, else bench/results/ (a temporary directory for --dry-run); the whole printout is also written there as
 # gpu_evidence_<stages>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if compgen -G ".whl/*.whl" > /dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONPATH="$PWD:$PWD/tests${PYTHONPATH:+:$PYTHONPATH}"
-export PYTHONUNBUFFERED=1
+source scripts/gpu_env.sh
 stages="${1:-contract,calibrate,throughput,rounds,turns}"
 case " ${*:2} " in
   *" --dry-run "*) out="${OUT:-$(mktemp -d -t gpu-evidence-dryrun-XXXXXX)}" ;;  # a dry run proves nothing: not among the results

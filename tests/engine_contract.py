@@ -108,11 +108,18 @@ def architecture_of(model_dir: Path) -> str:
 
 
 def reference_model(model_dir: Path, case: EngineCase) -> torch.nn.Module:
-    """transformers' model, weights rounded to the engine's dtype, computing in fp32 on the engine's device."""
+    """transformers' model, weights rounded to the engine's dtype, computing in fp32 on the engine's device.
+
+    Only the parameters are rounded: `model.to(bf16)` would round the rotary module's `inv_freq` buffer too,
+    which Hugging Face keeps in fp32 (and, since the rope fix, so does the engine): the reference would carry
+    the rope error the engine no longer has. An fp32 case (CPU) is unchanged either way."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    return model.to(case.dtype).to(device=case.device, dtype=torch.float32).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.data = parameter.data.to(case.dtype).float()
+    return model.to(case.device).eval()
 
 
 def prompts(lengths: list[int], seed: int = 0) -> list[tuple[int, ...]]:

@@ -12,6 +12,7 @@ import torch
 from random_samples import make_samples
 from tailflow.config import TrainConfig
 from tailflow.engines.train.batch import count_response_tokens
+from tailflow.engines.train.host_moves import StagedMoves
 from tailflow.engines.train.trainer import PolicyTrainer, TrainStepStats
 from tailflow.engines.train.updates import plan_updates
 from tailflow.engines.train.worker import TrainerWorker
@@ -125,3 +126,36 @@ def test_after_offload_every_weight_and_optimizer_tensor_is_in_host_memory(model
     trainer.full_state_dict()
     assert not trainer.is_offloaded
     assert all(p.device == trainer.device for p in trainer.model.parameters())
+
+
+def test_staged_moves_swap_in_real_copies_and_lose_nothing(model_path):
+    """`StagedMoves`, the trainer's way on CUDA (every host copy issued, one wait, then swapped in through
+    `module._apply`), run here with `copy=clone` so each offload really puts a new tensor in place of every
+    parameter, buffer and AdamW tensor (what a CPU cannot show with `.to("cpu")`, which hands back the tensor
+    itself). The same Parameter objects hold the new storage (AdamW stays keyed by them), a tied weight stays
+    one parameter, and the three kinds of step give bit for bit what a resident trainer gives. Not checked here:
+    the pinning and the asynchrony, which only a GPU has (the GPU kit's offload stage); FSDP2's DTensors go the
+    same way in the kit's trainer-stage dry run (tests/test_gpu_evidence.py)."""
+    staged, resident = PolicyTrainer(model_path, **KWARGS), PolicyTrainer(model_path, **KWARGS)
+    staged.host_moves = StagedMoves(copy=torch.Tensor.clone)
+    samples = make_samples(8, seed=51)
+    for trainer in (staged, resident):
+        trainer.train_step(samples, count_response_tokens(samples))  # AdamW's state exists from here
+    parameters = list(staged.model.parameters())
+    addresses = [p.data_ptr() for p in parameters]
+    moments = [value.data_ptr() for entry in staged.optimizer.state.values() for key, value in entry.items()
+               if key != "step"]
+    staged.offload()
+    now = list(staged.model.parameters())
+    assert len(now) == len(parameters) and all(a is b for a, b in zip(now, parameters))
+    assert all(p.data_ptr() != address for p, address in zip(parameters, addresses))
+    assert all(value.data_ptr() not in moments for entry in staged.optimizer.state.values()
+               for key, value in entry.items() if key != "step")
+    assert {id(p) for p in staged.optimizer.state} == {id(p) for p in parameters}
+    if staged.model.config.tie_word_embeddings:
+        assert staged.model.get_output_embeddings().weight is staged.model.get_input_embeddings().weight
+    assert three_steps(staged, True) == three_steps(resident, False)
+    staged.offload()
+    assert_identical(staged.full_state_dict(), resident.full_state_dict())
+    staged.offload()
+    assert_identical(staged.state_for_checkpoint(), resident.state_for_checkpoint())

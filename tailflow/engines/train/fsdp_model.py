@@ -3,6 +3,9 @@ sharded over all ranks (every rank a data-parallel replica).
 
 With world_size 1 no process group is made and nothing is sharded: plain
 single-process training, the reference the sharded path is tested against.
+`mesh_of_one` shards anyway, over a process group of one rank: the sharded
+code path (DTensor parameters, FSDP2's `_apply`, the gathered state dict) on a
+machine with one GPU, which is how the GPU kit's `trainer` stage checks it.
 """
 from __future__ import annotations
 
@@ -26,10 +29,12 @@ from tailflow.engines.train.rank_setup import init_process_group, replace_with_c
 
 
 class FsdpPolicyModel:
-    def __init__(self, model_path: str, rank: int, world_size: int, dist_backend: str, with_reference: bool) -> None:
+    def __init__(self, model_path: str, rank: int, world_size: int, dist_backend: str, with_reference: bool,
+                 mesh_of_one: bool = False) -> None:
         self.rank, self.world_size = rank, world_size
-        self.device = init_process_group(dist_backend, rank, world_size)
-        self.mesh = init_device_mesh(self.device.type, (world_size,)) if world_size > 1 else None
+        self.device = init_process_group(dist_backend, rank, world_size, always=mesh_of_one)
+        sharded = world_size > 1 or mesh_of_one
+        self.mesh = init_device_mesh(self.device.type, (world_size,)) if sharded else None
         self.module = self._load(model_path, is_trainable=True)
         self.reference = self._load(model_path, is_trainable=False) if with_reference else None
         self.hf_config = self.module.config
@@ -68,8 +73,11 @@ class FsdpPolicyModel:
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         state_dict = get_model_state_dict(self.module, options=options)
-        # Unsharded, torch returns the live parameters themselves (FSDP gathers into fresh tensors).
-        return replace_with_copies(state_dict) if self.mesh is None else state_dict
+        # Unsharded, torch returns the live parameters themselves. Sharded, FSDP gathers into fresh tensors over
+        # more than one rank, and a GPU's CPU offload copies; a mesh of one on the CPU may hand back its one shard
+        # itself (nothing to gather, nothing to move), so that case is copied too.
+        fresh = self.mesh is not None and (self.world_size > 1 or self.device.type != "cpu")
+        return state_dict if fresh else replace_with_copies(state_dict)
 
     def checkpoint_state(self, optimizer: torch.optim.Optimizer) -> dict:
         """Full model and optimizer state on rank 0; no per-rank shard (the full state loads on any rank count).

@@ -60,14 +60,15 @@ class PolicyModel(Protocol):
 
 
 def build_policy_model(train_backend: TrainBackend, model_path: str, rank: int, world_size: int, dist_backend: str,
-                       tensor_parallel: int, with_reference: bool) -> PolicyModel:
+                       tensor_parallel: int, with_reference: bool, fsdp_mesh_of_one: bool = False) -> PolicyModel:
     """The `train.backend` wrapper, loaded with `model_path`'s weights (and a frozen reference copy for the
     KL penalty). megatron-core is imported only for `megatron`. `TrainConfig` has refused any other backend, and
-    a tensor_parallel other than 1 with fsdp2."""
+    a tensor_parallel other than 1 with fsdp2. `fsdp_mesh_of_one`: FSDP2 shards even a world of one
+    (`fsdp_model.py`; the GPU kit's use)."""
     if train_backend == "megatron":
         from tailflow.engines.train.megatron.policy_model import MegatronPolicyModel
 
         return MegatronPolicyModel(model_path, rank, world_size, dist_backend, tensor_parallel, with_reference)
     from tailflow.engines.train.fsdp_model import FsdpPolicyModel
 
-    return FsdpPolicyModel(model_path, rank, world_size, dist_backend, with_reference)
+    return FsdpPolicyModel(model_path, rank, world_size, dist_backend, with_reference, mesh_of_one=fsdp_mesh_of_one)

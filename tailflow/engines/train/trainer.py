@@ -52,6 +52,7 @@ from tailflow.engines.train.losses import (
     token_logprobs,
     topr_loss,
 )
+from tailflow.engines.train.host_moves import HostMoves, moves_for
 from tailflow.engines.train.policy_model import PolicyModel, build_policy_model
 from tailflow.engines.train.updates import Update
 
@@ -125,7 +126,8 @@ class MicroBatchInputs:
 
 class PolicyTrainer:
     def __init__(self, model_path: str, train: TrainConfig | None = None, rank: int = 0, world_size: int = 1,
-                 backend: str | None = None, max_new_tokens: int | None = None, temperature: float = 1.0) -> None:
+                 backend: str | None = None, max_new_tokens: int | None = None, temperature: float = 1.0,
+                 fsdp_mesh_of_one: bool = False) -> None:
         """`train`: the run's `train.*` section (None: its defaults): the optimizer (lr, weight_decay,
         max_grad_norm), the loss (`loss`, `loss_agg`, clip_low / clip_high, is_cap, kl_coef), the micro-batch
         budget, the seed, and the model wrapper (`train.backend`, Megatron's `tensor_parallel_size`). `backend`
@@ -133,7 +135,8 @@ class PolicyTrainer:
         env MASTER_ADDR / MASTER_PORT (set by TrainerGroup). `max_new_tokens` (rollout.max_new_tokens) is what
         loss_agg `constant` divides by (losses.loss_denominator); `temperature` is the rollouts' sampling
         temperature: the trainer's logits are divided by it, so its log-probs are those of the distribution the
-        tokens were drawn from."""
+        tokens were drawn from. `fsdp_mesh_of_one`: FSDP2 shards even with world_size 1, over a group of one
+        (the GPU kit runs FSDP2's sharded path on one GPU with it; runs never set it)."""
         self.train = train if train is not None else TrainConfig()
         self.max_new_tokens, self.temperature, self.world_size = max_new_tokens, temperature, world_size
         self._loss_denominator(1, 1)  # a bad choice fails here, not at the first step
@@ -143,7 +146,8 @@ class PolicyTrainer:
         dist_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.policy: PolicyModel = build_policy_model(self.train.backend, model_path, rank, world_size, dist_backend,
                                                       self.train.tensor_parallel_size,
-                                                      with_reference=self.train.kl_coef > 0)
+                                                      with_reference=self.train.kl_coef > 0,
+                                                      fsdp_mesh_of_one=fsdp_mesh_of_one)
         self.device = self.policy.device
         config = self.policy.hf_config
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
@@ -153,6 +157,9 @@ class PolicyTrainer:
         """A streamed step's summed stats so far (None: no streamed step open)."""
         self.is_offloaded = False
         """The weights and AdamW's state are in host memory (`offload`); the next use moves them back."""
+        self.host_moves: HostMoves = moves_for(self.device)
+        """How `offload` and the way back move the tensors (`host_moves.py`): staged through pinned memory on
+        CUDA, one blocking `.to` each elsewhere."""
 
     @property
     def model(self) -> torch.nn.Module:
@@ -423,9 +430,12 @@ class PolicyTrainer:
         Refused during a streamed step (`accumulate` ... `finish_step`): its accumulated gradients live on the
         device and are half of that step.
 
-        On a CPU the device IS host memory: every move returns the tensor itself, so the CPU tests check only
-        the bookkeeping and that nothing is lost. On an H200 (the GPU kit's turns stage, one unsharded 0.5B-shape
-        trainer) it freed 5,661 MiB but took 12.0 s, about 0.5 GB/s: why is not known (docs/gpu.md).
+        How the tensors move is `self.host_moves` (`host_moves.py`): on CUDA every copy is issued into pinned
+        host memory and waited for once (`StagedMoves`); on a CPU, where the device IS host memory, one `.to` per
+        tensor that returns the tensor itself (`BlockingMoves`), so the CPU tests check the bookkeeping and that
+        nothing is lost. The blocking way, on an H200 (the GPU kit's turns stage, one unsharded 0.5B-shape
+        trainer), freed 5,661 MiB but took 12.0 s, about 0.5 GB/s; the staged way has not run on a GPU yet
+        (the kit's `offload` stage puts both side by side, docs/gpu.md).
         """
         if self._streamed is not None:
             raise RuntimeError("offload() while a streamed step is open: its gradients live on the device; "
@@ -433,34 +443,18 @@ class PolicyTrainer:
         if self.is_offloaded:
             return
         self.optimizer.zero_grad(set_to_none=True)  # None between steps already; nothing of a step is dropped
-        self._move_state(torch.device("cpu"))
+        self.host_moves.to_host((self.model, self.ref_model), self.optimizer)
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
         self.is_offloaded = True
 
+    def reload(self) -> None:
+        """Bring an offloaded state back now (every method that needs it does so itself: this only does it
+        ahead of time, and lets the GPU kit time the move alone). A no-op when not offloaded."""
+        self._ensure_on_device()
+
     def _ensure_on_device(self) -> None:
         """Bring the offloaded state back to `self.device`: the first line of every public method using it."""
         if self.is_offloaded:
-            self._move_state(self.device)
+            self.host_moves.to_device((self.model, self.ref_model), self.optimizer, self.device)
             self.is_offloaded = False
-
-    @torch.no_grad()
-    def _move_state(self, device: torch.device) -> None:
-        """Models with `module.to` (buffers too); AdamW's tensors one by one, its `step` left where torch keeps it.
-
-        Under FSDP2, `FSDPModule._apply` (behind `.to`) first reshards (a root left all-gathered by a no-grad
-        forward, as the reference model's is, registers its shards again), moves each sharded DTensor, swaps it
-        into the same Parameter object (torch.utils.swap_tensors: the optimizer's state, keyed by parameter,
-        stays valid) and re-points FSDP's shard buffer (`reset_sharded_param`). AdamW's `exp_avg` /
-        `exp_avg_sq` are DTensors sharded like their parameter: `.to` moves the local shard and keeps the
-        mesh. Unsharded (and Megatron's modules, sharded by hand), `.to` sets `param.data`, the same Parameter
-        object again. Blocking copies: a non_blocking device-to-host copy may still be in flight when the memory is
-        handed over.
-        """
-        for module in (self.model, self.ref_model):
-            if module is not None:
-                module.to(device)
-        for state in self.optimizer.state.values():
-            for key, value in state.items():
-                if key != "step" and isinstance(value, torch.Tensor):
-                    state[key] = value.to(device)

@@ -34,6 +34,18 @@ def transformer_config(shape: ModelShape, tensor_parallel: int, dtype: torch.dty
     )
 
 
+def use_no_op_rng_tracker() -> None:
+    """megatron-core forks its CUDA random-number tracker around the attention dropout, and its default tracker
+    refuses to fork ("cuda rng state model-parallel-rng is not added") until `model_parallel_cuda_manual_seed`
+    has seeded it, which nothing here calls: on a GPU the first forward would fail (found by reading
+    megatron-core 0.16.1, `dot_product_attention.py`; not yet run on a GPU). Every dropout here is 0, so no
+    random number is ever drawn inside the fork: megatron's own no-op tracker (the one it builds for inference)
+    serves on every device. The CPU stand-in installs the same one."""
+    from megatron.core.tensor_parallel import random as megatron_random
+
+    megatron_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
 def build_gpt(shape: ModelShape, tensor_parallel: int, dtype: torch.dtype = torch.float32):
     """This rank's GPTModel, uninitialised (the caller loads weights); needs megatron's parallel state."""
     from megatron.core.models.gpt import GPTModel

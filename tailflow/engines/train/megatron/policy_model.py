@@ -31,7 +31,7 @@ from tailflow.engines.models import check_model_dir, load_model
 from tailflow.engines.train.batch import MicroBatch
 from tailflow.engines.train.megatron import cpu_stand_in
 from tailflow.engines.train.megatron.convert import hf_to_megatron, megatron_to_hf
-from tailflow.engines.train.megatron.gpt import build_gpt, gpt_logits, load_megatron_state
+from tailflow.engines.train.megatron.gpt import build_gpt, gpt_logits, load_megatron_state, use_no_op_rng_tracker
 from tailflow.engines.train.megatron.shape import ModelShape
 from tailflow.engines.train.rank_setup import init_process_group, replace_with_copies
 
@@ -60,6 +60,7 @@ class MegatronPolicyModel:
             parallel_state.destroy_model_parallel()  # one trainer per process; a test may build several
         parallel_state.initialize_model_parallel(tensor_model_parallel_size=self.tensor_parallel)
         cpu_stand_in.install_if_needed(self.device)
+        use_no_op_rng_tracker()  # dropout is 0: nothing to seed, on any device
         self.tp_rank = parallel_state.get_tensor_model_parallel_rank()
         if parallel_state.get_data_parallel_rank() != self.rank // self.tensor_parallel:
             raise RuntimeError("megatron-core's rank order is not tensor-parallel-first; TrainerGroup's sharding "
