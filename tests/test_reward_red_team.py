@@ -588,6 +588,14 @@ def test_math_answers_that_list_values_score_zero():
         strict.close()
 
 
+def test_numbers_written_outside_the_value_read():
+    from tailflow.engines.reward.answer_list import writes_one_value
+
+    assert not writes_one_value("3 and 7", "7") and not writes_one_value("x = 3 \\text{ or } x = 7", "7")
+    assert writes_one_value("x = 7", "7") and writes_one_value("079", "79") and writes_one_value("1,000", "1000")
+    assert writes_one_value("$\\frac{\\sqrt{3}}{2}$", "\\frac{\\sqrt{3}}{2}")
+
+
 # ---- 14. async programs, awaited by async tests ----------------------------------------------------------
 
 ASYNC_TESTS = module_problem(
