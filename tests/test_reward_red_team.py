@@ -1,11 +1,13 @@
-"""Round two of the red team (issue 26): one program per class of hole, each scoring exactly 0 on both sandbox
-backends, and an honest control for every false negative, scoring 1.
+"""Rounds two and three of the red team (issues 26 and 38): one program per class of hole, each scoring exactly 0
+on both sandbox backends, and an honest control for every false negative, scoring 1.
 
 Each program is a real attempt: on the harness before issue 26 it earned reward (which of these tests failed
 there is in the issue's note). The classes: files the sandbox could read (the project checkout, the built-in
 task's generator), the program's names leaking into the tests' namespace, async tests never awaited,
 control-flow exceptions crossing as themselves, host IPC shared between responses, unbounded scoring cost,
-the ratcheted timeout anchor, and multi-valued math answers.
+the ratcheted timeout anchor, and multi-valued math answers. Round three (sections 9 to 14): operators on
+returned objects, NaN, raising the expected exception everywhere, endless generators, math answers that list
+values, and async programs.
 """
 from __future__ import annotations
 
@@ -529,6 +531,19 @@ def test_raising_the_expected_exception_everywhere_scores_zero(reward):
     assert reward.score_problem(fenced(hack), EXPECTED_ERRORS).reward == 0.0
     assert reward.score_problem(fenced(EXPECTED_ERRORS_HONEST), EXPECTED_ERRORS).reward == 1.0
     assert reward.score_problem(fenced(EXPECTED_ERRORS_HONEST), MIXED_ONLY).reward == 1.0
+
+
+def test_which_passes_count():
+    """The rule itself (`passes.py`), on records: (index, passed, raised, answered)."""
+    from tailflow.engines.reward.code.passes import TestRecord, counted_passes
+
+    raise_only, clean = (True, True, False), (True, False, True)
+    mixed, failed = (True, True, True), (False, False, True)
+    assert counted_passes([TestRecord(0, *raise_only), TestRecord(1, *failed)], 2) == []
+    assert counted_passes([TestRecord(0, *raise_only), TestRecord(1, *clean)], 2) == [0, 1]
+    assert counted_passes([TestRecord(0, *raise_only), TestRecord(1, *mixed), TestRecord(2, *failed)], 3) == [1]
+    assert counted_passes([TestRecord(0, *raise_only), TestRecord(1, *raise_only)], 2) == [0, 1]  # all passed
+    assert counted_passes([TestRecord(0, *raise_only)], 2) == []  # the other test never ran: not all passed
 
 
 # ---- 12. reading a returned iterator is bounded; an endless one fails the test that reads it --------------
