@@ -416,6 +416,25 @@ def test_the_shipped_tasks_reference_solutions_score_one_on_the_process_backend(
         assert reward.score_problem(fenced(problem.solution), problem).reward == 1.0, problem.problem_id
 
 
+def test_the_humaneval_bench_reads_humaneval_rows(tmp_path):
+    """`bench/humaneval_reward.py` scores HumanEval's 164 canonical solutions by hand (the data is not in the
+    repository); here one row in HumanEval's shape, written for this test, goes through its loader and scores 1."""
+    import importlib.util
+    import json
+
+    row = {"task_id": "HumanEval/2", "entry_point": "truncate_number",
+           "prompt": "def truncate_number(number: float) -> float:\n    \"\"\"The decimal part.\"\"\"\n",
+           "canonical_solution": "    return number % 1.0\n",
+           "test": "METADATA = {}\n\n\ndef check(candidate):\n    assert candidate(3.5) == 0.5\n"}
+    path = tmp_path / "HumanEval.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    spec = importlib.util.spec_from_file_location("humaneval_reward", REPO / "bench" / "humaneval_reward.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    [problem] = bench.load_problems(path)
+    assert CodeReward().score_problem(fenced(problem.solution), problem).reward == 1.0
+
+
 def test_pytest_is_a_runtime_dependency():
     """Test modules `import pytest`; the test runner runs them in the default install."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
