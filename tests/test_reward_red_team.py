@@ -585,7 +585,8 @@ def test_an_endless_generator_fails_the_tests_that_read_it(reward):
     answered `in` by reading itself until it found the item): 2/3. Membership now reads the iterator to its end
     in the runner, and no test may read more than `MAX_ITERATOR_ITEMS` items of one iterator: the endless one
     fails all three. Cost: each test pulls `MAX_ITERATOR_ITEMS` small ints through the wire before it fails
-    (about a second per backend in all), the least that shows the bound is what stops it. Controls: an honest
+    (2 to 3 s per backend in all, measured on the shared 2-core machine under a load of 5 to 7), the least that
+    shows the bound is what stops it: a smaller bound would refuse honest generators. Controls: an honest
     finite generator, and an honest endless one read a bounded prefix at a time (`next`, `islice`, `any`)."""
     endless = "import itertools\ndef primes_below(n):\n    return itertools.cycle([2, 3, 5, 7])\n"
     honest = ("def primes_below(n):\n    for k in range(2, n):\n        if all(k % d for d in range(2, k)):\n"
