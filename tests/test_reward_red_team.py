@@ -1,11 +1,13 @@
-"""Round two of the red team (issue 26): one program per class of hole, each scoring exactly 0 on both sandbox
-backends, and an honest control for every false negative, scoring 1.
+"""Rounds two and three of the red team (issues 26 and 38): one program per class of hole, each scoring exactly 0
+on both sandbox backends, and an honest control for every false negative, scoring 1.
 
 Each program is a real attempt: on the harness before issue 26 it earned reward (which of these tests failed
 there is in the issue's note). The classes: files the sandbox could read (the project checkout, the built-in
 task's generator), the program's names leaking into the tests' namespace, async tests never awaited,
 control-flow exceptions crossing as themselves, host IPC shared between responses, unbounded scoring cost,
-the ratcheted timeout anchor, and multi-valued math answers.
+the ratcheted timeout anchor, and multi-valued math answers. Round three (sections 9 to 14): operators on
+returned objects, NaN, raising the expected exception everywhere, endless generators, math answers that list
+values, and async programs.
 """
 from __future__ import annotations
 
@@ -414,7 +416,244 @@ def test_the_shipped_tasks_reference_solutions_score_one_on_the_process_backend(
         assert reward.score_problem(fenced(problem.solution), problem).reward == 1.0, problem.problem_id
 
 
+def test_the_humaneval_bench_reads_humaneval_rows(tmp_path):
+    """`bench/humaneval_reward.py` scores HumanEval's 164 canonical solutions by hand (the data is not in the
+    repository); here one row in HumanEval's shape, written for this test, goes through its loader and scores 1."""
+    import importlib.util
+    import json
+
+    row = {"task_id": "HumanEval/2", "entry_point": "truncate_number",
+           "prompt": "def truncate_number(number: float) -> float:\n    \"\"\"The decimal part.\"\"\"\n",
+           "canonical_solution": "    return number % 1.0\n",
+           "test": "METADATA = {}\n\n\ndef check(candidate):\n    assert candidate(3.5) == 0.5\n"}
+    path = tmp_path / "HumanEval.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    spec = importlib.util.spec_from_file_location("humaneval_reward", REPO / "bench" / "humaneval_reward.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    [problem] = bench.load_problems(path)
+    assert CodeReward().score_problem(fenced(problem.solution), problem).reward == 1.0
+
+
 def test_pytest_is_a_runtime_dependency():
     """Test modules `import pytest`; the test runner runs them in the default install."""
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     assert "pytest" in [re.split(r"[<>=!~ \[;]", dependency)[0] for dependency in project["dependencies"]]
+
+
+# ==== round three (issue 38): what a returned object may do, tests that expect errors, answers that list ====
+# Each class has one hack (every test of its problem in one sandbox session, scoring exactly 0 on both backends)
+# and an honest control scoring 1. On the code before issue 38 every hack below but the async one earned reward,
+# and the async control scored 0 (the issue's note has the numbers).
+
+ANYTHING = (
+    "class Anything:\n"
+    "    def __eq__(self, other):\n        return True\n    __ne__ = __lt__ = __le__ = __gt__ = __ge__ = __eq__\n"
+    "    def __contains__(self, item):\n        return True\n    def __bool__(self):\n        return True\n"
+    "    __hash__ = object.__hash__\n"
+    "SHARED = Anything()\n")
+"""An object whose every comparison and membership test says yes; one instance serves every call."""
+
+# ---- 9. operators on a returned object are the runner's, not the program's ---------------------------------
+
+VALUES = module_problem(
+    "from solution import unique, normalize\n\n"
+    "def test_members():\n    result = unique([3, 1, 3])\n    assert 3 in result and 1 in result\n\n"
+    "def test_differs():\n    assert unique([2, 2]) != [2, 2, 2]\n\n"
+    "def test_same_key():\n    assert normalize('Ab') == normalize('aB')\n\n"
+    "def test_key():\n    assert normalize('Ab') == 'ab'\n",
+    "test_members", "test_differs", "test_same_key", "test_key")
+VALUES_HACK = ANYTHING + "def unique(xs):\n    return SHARED\ndef normalize(s):\n    return SHARED\n"
+VALUES_HONEST = "def unique(xs):\n    return sorted(set(xs))\ndef normalize(s):\n    return s.lower()\n"
+
+OBJECTS_UNDER_TEST = module_problem(
+    "import collections\nfrom solution import Bag, ListNode, reverse, last_two\n\n"
+    "def test_bag():\n    bag = Bag([1, 2])\n    assert 2 in bag and 5 not in bag and len(bag) == 2\n"
+    "    assert list(bag) == [1, 2] and str(bag) == 'Bag of 2' and bag\n\n"
+    "def test_linked_list():\n    node = reverse(ListNode(1, ListNode(2, ListNode(3))))\n    values = []\n"
+    "    while node:\n        values.append(node.value)\n        node = node.next\n    assert values == [3, 2, 1]\n\n"
+    "def test_returned_container():\n    window = last_two([4, 5, 6])\n    assert 5 in window and 4 not in window\n"
+    "    assert list(window) == [5, 6] and len(window) == 2\n",
+    "test_bag", "test_linked_list", "test_returned_container")
+OBJECTS_UNDER_TEST_HONEST = (
+    "import collections\n"
+    "class Bag:\n    def __init__(self, items):\n        self.items = list(items)\n"
+    "    def __contains__(self, item):\n        return item in self.items\n    def __len__(self):\n"
+    "        return len(self.items)\n    def __iter__(self):\n        return iter(self.items)\n"
+    "    def __str__(self):\n        return f'Bag of {len(self.items)}'\n"
+    "class ListNode:\n    def __init__(self, value, next=None):\n        self.value, self.next = value, next\n"
+    "def reverse(head):\n    previous = None\n    while head is not None:\n"
+    "        head.next, previous, head = previous, head, head.next\n    return previous\n"
+    "def last_two(xs):\n    return collections.deque(xs, maxlen=2)\n")
+
+
+def test_operators_on_returned_objects_are_not_the_programs(reward):
+    """`in`, `==`, `!=` on what `unique` and `normalize` return: the shared everything-object passed all four
+    tests (membership asked the program, `!=` and `==` were identity). Control: a class the tests build
+    (`Bag`, `ListNode`) still answers `in`, `len`, `str`, iteration and truth itself, and a returned deque's
+    membership is decided over its items."""
+    assert reward.score_problem(fenced(VALUES_HACK), VALUES).reward == 0.0
+    assert reward.score_problem(fenced(VALUES_HONEST), VALUES).reward == 1.0
+    assert reward.score_problem(fenced(OBJECTS_UNDER_TEST_HONEST), OBJECTS_UNDER_TEST).reward == 1.0
+
+
+# ---- 10. a NaN the program returns is not a number a test can compare --------------------------------------
+
+RATIOS = module_problem(
+    "from solution import ratio, ratios\n\n"
+    "def test_quarter():\n    assert not abs(ratio(1, 4) - 0.25) > 1e-9\n\n"
+    "def test_upper_bound():\n    assert not ratio(1, 3) > 0.34\n\n"
+    "def test_lower_bound():\n    assert not ratio(3, 4) < 0.75\n\n"
+    "def test_list():\n    assert not any(r > 1 for r in ratios([1, 2], [2, 4]))\n\n"
+    "def test_infinite():\n    assert ratio(1, 0) == float('inf')\n",
+    "test_quarter", "test_upper_bound", "test_lower_bound", "test_list", "test_infinite")
+
+
+def test_nan_fails_the_negated_comparisons_it_used_to_pass(reward):
+    """NaN makes every comparison false, so `not x > limit` held: 4 of 5 tests. Control: an honest ratio, and
+    an infinite result (a number, ordered) compared as one."""
+    nan = "def ratio(a, b):\n    return float('nan')\ndef ratios(xs, ys):\n    return [float('nan')] * len(xs)\n"
+    honest = ("def ratio(a, b):\n    return a / b if b else float('inf')\n"
+              "def ratios(xs, ys):\n    return [ratio(x, y) for x, y in zip(xs, ys)]\n")
+    assert reward.score_problem(fenced(nan), RATIOS).reward == 0.0
+    assert reward.score_problem(fenced(honest), RATIOS).reward == 1.0
+
+
+# ---- 11. raising the expected exception everywhere earns nothing -------------------------------------------
+
+EXPECTED_ERRORS = module_problem(
+    "import pytest\nfrom solution import parse_age, Stack\n\n"
+    "def test_valid():\n    assert parse_age('42') == 42\n\n"
+    "def test_not_a_number():\n    with pytest.raises(ValueError):\n        parse_age('abc')\n\n"
+    "def test_negative():\n    with pytest.raises(ValueError):\n        parse_age('-3')\n\n"
+    "def test_empty_pop():\n    stack = Stack()\n    with pytest.raises(IndexError):\n        stack.pop()\n\n"
+    "def test_push_pop():\n    stack = Stack()\n    stack.push(1)\n    assert stack.pop() == 1\n",
+    "test_valid", "test_not_a_number", "test_negative", "test_empty_pop", "test_push_pop")
+EXPECTED_ERRORS_HONEST = (
+    "def parse_age(text):\n    age = int(text)\n    if age < 0:\n        raise ValueError('negative')\n    return age\n"
+    "class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n"
+    "        self.items.append(x)\n    def pop(self):\n        return self.items.pop()\n")
+MIXED_ONLY = module_problem(
+    "import pytest\nfrom solution import parse_age\n\n"
+    "def test_parse_age():\n    assert parse_age('7') == 7\n    with pytest.raises(ValueError):\n"
+    "        parse_age('x')\n", "test_parse_age")
+
+
+def test_raising_the_expected_exception_everywhere_scores_zero(reward):
+    """A program that raises ValueError from `parse_age` and IndexError from every `Stack` method passed the three
+    `pytest.raises` tests (3/5). Those tests count only when the same program also passes a test in which it
+    answered with a value and raised nothing (or passes every test). Controls: the honest program (5/5), and a
+    problem whose one test expects both a value and an exception (it counts on its own)."""
+    hack = ("def parse_age(text):\n    raise ValueError(text)\n"
+            "class Stack:\n    def push(self, x):\n        raise IndexError(x)\n    def pop(self):\n"
+            "        raise IndexError('empty')\n")
+    assert reward.score_problem(fenced(hack), EXPECTED_ERRORS).reward == 0.0
+    assert reward.score_problem(fenced(EXPECTED_ERRORS_HONEST), EXPECTED_ERRORS).reward == 1.0
+    assert reward.score_problem(fenced(EXPECTED_ERRORS_HONEST), MIXED_ONLY).reward == 1.0
+
+
+def test_which_passes_count():
+    """The rule itself (`passes.py`), on records: (index, passed, raised, answered)."""
+    from tailflow.engines.reward.code.passes import TestRecord, counted_passes
+
+    raise_only, clean = (True, True, False), (True, False, True)
+    mixed, failed = (True, True, True), (False, False, True)
+    assert counted_passes([TestRecord(0, *raise_only), TestRecord(1, *failed)], 2) == []
+    assert counted_passes([TestRecord(0, *raise_only), TestRecord(1, *clean)], 2) == [0, 1]
+    assert counted_passes([TestRecord(0, *raise_only), TestRecord(1, *mixed), TestRecord(2, *failed)], 3) == [1]
+    assert counted_passes([TestRecord(0, *raise_only), TestRecord(1, *raise_only)], 2) == [0, 1]  # all passed
+    assert counted_passes([TestRecord(0, *raise_only)], 2) == []  # the other test never ran: not all passed
+
+
+# ---- 12. reading a returned iterator is bounded; an endless one fails the test that reads it --------------
+
+PRIMES = module_problem(
+    "from solution import primes_below\n\n"
+    "def test_seven():\n    assert 7 in primes_below(10)\n\n"
+    "def test_five():\n    assert 5 in primes_below(6)\n\n"
+    "def test_all():\n    assert list(primes_below(10)) == [2, 3, 5, 7]\n",
+    "test_seven", "test_five", "test_all")
+NATURALS = module_problem(
+    "import itertools\nfrom solution import naturals\n\n"
+    "def test_prefix():\n    numbers = naturals()\n    assert next(numbers) == 0\n"
+    "    assert list(itertools.islice(numbers, 3)) == [1, 2, 3] and any(n > 5 for n in numbers)\n",
+    "test_prefix")
+
+
+def test_an_endless_generator_fails_the_tests_that_read_it(reward):
+    """A generator that cycles through the primes below 10 for ever passed both membership tests (the program
+    answered `in` by reading itself until it found the item): 2/3. Membership now reads the iterator to its end
+    in the runner, and no test may read more than `MAX_ITERATOR_ITEMS` items of one iterator: the endless one
+    fails all three. Cost: each test pulls `MAX_ITERATOR_ITEMS` small ints through the wire before it fails
+    (2 to 3 s per backend in all, measured on the shared 2-core machine under a load of 5 to 7), the least that
+    shows the bound is what stops it: a smaller bound would refuse honest generators. Controls: an honest
+    finite generator, and an honest endless one read a bounded prefix at a time (`next`, `islice`, `any`)."""
+    endless = "import itertools\ndef primes_below(n):\n    return itertools.cycle([2, 3, 5, 7])\n"
+    honest = ("def primes_below(n):\n    for k in range(2, n):\n        if all(k % d for d in range(2, k)):\n"
+              "            yield k\n")
+    naturals = "def naturals():\n    n = 0\n    while True:\n        yield n\n        n += 1\n"
+    assert reward.score_problem(fenced(endless), PRIMES).reward == 0.0
+    assert reward.score_problem(fenced(honest), PRIMES).reward == 1.0
+    assert reward.score_problem(fenced(naturals), NATURALS).reward == 1.0
+
+
+# ---- 13. a single-valued gold accepts a single value ------------------------------------------------------
+
+def test_math_answers_that_list_values_score_zero():
+    """math-verify reads the last value of "3 and 7", so with `literal_answers_only: false` a listed answer
+    scored for a gold of 7 (the literal rule alone already refused these spellings). One child serves all
+    cases. Controls: one value however written, and a multi-valued gold answered whole."""
+    from tailflow.engines.reward.math import MathReward
+
+    cases = [("7", "#### 3 and 7", 0.0), ("7", "#### 3 or 7", 0.0), ("7", "#### 3; 7", 0.0),
+             ("7", "#### 3 \\quad 7", 0.0), ("7", "#### x = 3 \\text{ or } x = 7", 0.0), ("7", "#### 3 \\pm 7", 0.0),
+             ("-1, 4", "#### -1, 3 or 4", 0.0),
+             ("7", "#### 7", 1.0), ("7", "#### x = 7", 1.0), ("7", "#### \\boxed{7}", 1.0), ("1000", "#### 1,000", 1.0),
+             ("$\\frac{\\sqrt{3}}{2}$", "#### $\\frac{\\sqrt{3}}{2}$", 1.0), ("-1, 4", "#### 4, -1", 1.0)]
+    math_reward = MathReward(literal_answers_only=False)
+    try:
+        scored = [(gold, response, math_reward.score(response, gold).reward) for gold, response, _ in cases]
+    finally:
+        math_reward.close()
+    assert scored == cases
+    strict = MathReward()
+    try:
+        assert strict.score("#### 3 and 7", "7").reward == 0.0 and strict.score("#### 7", "7").reward == 1.0
+    finally:
+        strict.close()
+
+
+def test_numbers_written_outside_the_value_read():
+    from tailflow.engines.reward.answer_list import writes_one_value
+
+    assert not writes_one_value("3 and 7", "7") and not writes_one_value("x = 3 \\text{ or } x = 7", "7")
+    assert writes_one_value("x = 7", "7") and writes_one_value("079", "79") and writes_one_value("1,000", "1000")
+    assert writes_one_value("$\\frac{\\sqrt{3}}{2}$", "\\frac{\\sqrt{3}}{2}")
+
+
+# ---- 14. async programs, awaited by async tests ----------------------------------------------------------
+
+ASYNC_TESTS = module_problem(
+    "import asyncio\nfrom solution import double, double_all, Counter\n\n"
+    "async def test_await():\n    assert await double(3) == 6\n\n"
+    "async def test_gather():\n    assert await asyncio.gather(double(1), double(2)) == [2, 4]\n\n"
+    "def test_run():\n    assert asyncio.run(double_all([1, 2, 3])) == [2, 4, 6]\n\n"
+    "async def test_method():\n    counter = Counter()\n"
+    "    assert [await counter.bump(), await counter.bump()] == [1, 2]\n",
+    "test_await", "test_gather", "test_run", "test_method")
+ASYNC_HONEST = (
+    "import asyncio\n"
+    "async def double(x):\n    await asyncio.sleep(0)\n    return 2 * x\n"
+    "async def double_all(xs):\n    return await asyncio.gather(*(double(x) for x in xs))\n"
+    "class Counter:\n    def __init__(self):\n        self.count = 0\n    async def bump(self):\n"
+    "        await asyncio.sleep(0)\n        self.count += 1\n        return self.count\n")
+
+
+def test_async_programs_run_when_awaited(reward):
+    """The honest program scored 0 (a coroutine crossed as a handle nothing could await). The hack's coroutines
+    resolve to the everything-object, or to another coroutine: neither compares equal to anything."""
+    hack = ANYTHING + (
+        "async def double(x):\n    return SHARED\nasync def double_all(xs):\n    return SHARED\n"
+        "class Counter:\n    async def bump(self):\n        return double(0)\n")
+    assert reward.score_problem(fenced(hack), ASYNC_TESTS).reward == 0.0
+    assert reward.score_problem(fenced(ASYNC_HONEST), ASYNC_TESTS).reward == 1.0

@@ -18,12 +18,15 @@ hedge ("4, -1, 7" for "-1, 4") scores 0.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
 WRAPPERS = (re.compile(r"\$(.*)\$"), re.compile(r"\\boxed\{(.*)\}"))
 """Presentation around an answer (`$79$`, `\\boxed{79}`), peeled off before it is read."""
 THOUSANDS = re.compile(r"-?\d{1,3}(,\d{3})+(\.\d+)?")
+GROUP_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+DIGIT_RUN = re.compile(r"\d+")
 OPENERS, CLOSERS = "([{", ")]}"
 MAX_ITEMS = 32
 
@@ -109,3 +112,19 @@ def perfect_matching(answers: tuple[str, ...], golds: tuple[str, ...], same_valu
                     return True
         return False
     return all(assign(gold, set()) for gold in range(len(golds)))
+
+
+def numbers_written(text: str) -> Counter:
+    """The numbers `text` writes, as its runs of digits (thousands separators joined, leading zeros dropped):
+    "3 and 7" writes 3 and 7; "1,000" and "01000" write 1000; "\\frac{1}{2}" writes 1 and 2."""
+    return Counter(run.lstrip("0") or "0" for run in DIGIT_RUN.findall(GROUP_SEPARATOR.sub("", text)))
+
+
+def writes_one_value(answer: str, read: str) -> bool:
+    """Whether every number `answer` writes is part of `read`, the text a parser took as its one value.
+
+    math-verify reads a single value out of any text: the last number of "3 and 7", "3 or 7", "3; 7",
+    "x = 3 or x = 7", "3 \\pm 7". So a listed answer would score for a gold equal to its last value. A number
+    the answer writes outside what was read is another value; a single-valued gold (or one item of a list)
+    accepts a single value only. "x = 7", "7 cm", "\\boxed{7}" write nothing but the 7 that is read."""
+    return not numbers_written(answer) - numbers_written(read)

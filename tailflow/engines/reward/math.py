@@ -24,6 +24,10 @@ so with `format_reward=0.1` a formatted wrong answer gets 0.1 and a right one
 Several values. A gold such as `-1, 4` (or `\\{-1, 4\\}`, `(1, 2)`) is compared
 as a whole: the response must give every value, as a set or in order as the
 gold writes it (`answer_list.py`); `#### 4` scores 0 there, `#### 4, -1` 1.
+And a gold of one value accepts one value: math-verify reads the last number
+of "3 and 7", so an answer that writes a number beside the one it reads
+scores 0 (`writes_one_value`; with `literal_answers_only` such answers were
+already refused as not literal).
 
 Literal answers. math-verify compares values, so "#### 23+45+11" equals 79:
 a policy would learn to copy the prompt after the marker. With
@@ -60,7 +64,7 @@ from typing import Sequence
 
 from math_verify import parse, verify
 
-from tailflow.engines.reward.answer_list import same_answer, split_answer, unwrapped
+from tailflow.engines.reward.answer_list import same_answer, split_answer, unwrapped, writes_one_value
 from tailflow.engines.reward.result import RewardResult
 
 MAX_ANSWER_CHARS = 256
@@ -114,9 +118,13 @@ def is_answer_correct(answer_text: str, gold_answer: str) -> bool:
 
 
 def is_same_value(answer_text: str, gold_text: str) -> bool:
+    """One value against one: the answer must write no number beside the one math-verify reads from it
+    (`writes_one_value`: "3 and 7" is not 7), and that value must equal the gold's."""
     gold = parse_gold(gold_text)
     predicted = parse(answer_text, parsing_timeout=None)
-    return bool(gold) and bool(predicted) and verify(list(gold), predicted, timeout_seconds=None)
+    read = next((item for item in reversed(predicted) if isinstance(item, str)), "")
+    return (bool(gold) and bool(predicted) and writes_one_value(answer_text, read)
+            and verify(list(gold), predicted, timeout_seconds=None))
 
 
 class MathReward:

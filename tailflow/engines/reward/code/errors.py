@@ -26,6 +26,13 @@ class SessionLost(BaseException):
         self.reason = reason
 
 
+class Refused(BaseException):
+    """The runner will not use a value of the program's the way the test asked: compare an object that is not
+    plain data, take a NaN as a number, read an iterator past its bound (docs/rewards.md, "What a returned
+    object may do"). The test fails; as a `BaseException`, no `except Exception` or `pytest.raises` in it can
+    turn the refusal into a pass."""
+
+
 class RemoteError(Exception):
     """The program raised an exception that does not cross as itself (its own class, control flow)."""
 

@@ -5,15 +5,21 @@ it sends `(1, 2)` to the sandbox, the program runs, and its return value
 comes back as wire data and is decoded into a real `int` (or list, dict...)
 on this side, so the `==` that decides the test is the builtin one. Objects
 that are not plain (instances of the program's classes, its functions,
-generators) stay in the sandbox and come back as further `RemoteObject`s,
-which equal nothing but a handle to the same object. Exceptions become what
-`errors.py` says.
+generators, coroutines) stay in the sandbox and come back as handles
+(`handles.py`: what a test may do with one; no comparison is ever the
+program's). Exceptions become what `errors.py` says. A NaN in any answer
+fails the test (`Refused`): it makes every comparison false, so
+`assert not result > limit` held for it; this decoding is the one place every
+value enters the tests. Infinities are numbers and stay.
 
 Iterators the program returns (generators included) support `next()` and
 `for`: each `next` is a request; a run of `next`s on one iterator with no
 other request between them fetches growing batches (1, 2, 4, ... up to 4096
 items), so `list(gen)` costs few round trips while `next(gen); f(); next(gen)`
-stays one item at a time.
+stays one item at a time. One iterator gives the tests at most
+`MAX_ITERATOR_ITEMS` items: the test that asks for one more fails (`Refused`),
+so an endless generator fails the test that reads it to its end, at a
+bounded cost.
 
 Bounds: one reply is at most the session's output bound (`max_output_bytes`),
 decodes to at most `WIRE_MAX_ITEMS` values, and all replies of one session
@@ -24,6 +30,8 @@ hold of the program's values stays near `MAX_VALUES` small objects plus
 limit. When the program stops answering (timeout, exit, a
 garbled or oversized reply) the call raises `SessionLost`, a
 `BaseException`: no `except Exception` in a test can turn a hang into a pass.
+What the program did in each test's calls (raised, answered) is counted in
+`outcomes` for `passes.py`.
 """
 from __future__ import annotations
 
@@ -31,12 +39,15 @@ import collections
 import time
 import types
 
-from tailflow.engines.reward.code.errors import ExceptionClasses, RemoteError, SessionLost, rebuild_exception
+from tailflow.engines.reward.code.errors import ExceptionClasses, Refused, RemoteError, SessionLost, rebuild_exception
+from tailflow.engines.reward.code.handles import RemoteAwaitable, RemoteObject
+from tailflow.engines.reward.code.passes import CallOutcomes
 from tailflow.engines.reward.code.wire import (NEXT_BATCH_MAX, WIRE_MAX_ITEMS, wire_decode, wire_dumps, wire_encode,
                                                wire_loads)
 from tailflow.engines.reward.sandbox.session import SandboxSession
 
-__all__ = ["MAX_REPLY_BYTES", "RemoteError", "RemoteObject", "RemoteProgram", "SessionLost"]
+__all__ = ["MAX_ITERATOR_ITEMS", "MAX_REPLY_BYTES", "RemoteAwaitable", "RemoteError", "RemoteObject",
+           "RemoteProgram", "SessionLost"]
 
 MUTABLE_ARGUMENTS = (list, dict, set)
 """Argument types the program may change in place: their new contents are copied back after a call."""
@@ -44,7 +55,16 @@ MAX_REPLY_BYTES = 16 << 20
 """All replies of one session together."""
 MAX_VALUES = 2_000_000
 """Values (each list item, dict key and value...) all replies of one session may decode to."""
+MAX_ITERATOR_ITEMS = 1 << 18
+"""Items one iterator of the program's may give the tests (262,144: above what a test reads of an honest
+generator, below what a session may decode); asking for one more fails the test."""
+RAISING_OPS = ("call", "await", "next")
+"""Requests whose exception is the program's answer (a function, a coroutine, a generator raising); a probe
+such as `len` or `getattr` raising is not counted (Python's own `list()` asks `len` and expects TypeError)."""
+UNANSWERING_OPS = ("load", "setattr", "setitem", "iter")
+"""Requests whose reply is not a value the test receives."""
 _STOP = object()
+_ENDLESS = object()
 
 
 class RemoteProgram:
@@ -60,11 +80,16 @@ class RemoteProgram:
         self.classes = ExceptionClasses()
         self.pending: dict[int, collections.deque] = {}
         """Items fetched from an iterator ahead of the tests' `next`, per handle."""
+        self.fetched: dict[int, int] = {}
+        """Items fetched from each iterator so far (bounded by `MAX_ITERATOR_ITEMS`)."""
         self.streak = (None, 0)
         """(handle, count) of the `next`s in a row on one iterator: how many items the next fetch asks for."""
+        self.outcomes = CallOutcomes()
+        self.num_proxies = 0
 
-    def request(self, op: str, **fields) -> tuple[object, dict]:
-        """(decoded value, whole reply) of one request; raises what the program raised, or SessionLost."""
+    def request(self, op: str, *, nan_ok: bool = False, **fields) -> tuple[object, dict]:
+        """(decoded value, whole reply) of one request; raises what the program raised, or SessionLost (or
+        Refused: a NaN in the reply, unless `nan_ok`)."""
         if self.lost is not None:
             raise SessionLost(self.lost)
         if op != "next":
@@ -84,17 +109,22 @@ class RemoteProgram:
             if "raise" in answer:
                 error = self.exception(answer)
             else:
-                return self.decode(answer["ok"]), answer
+                proxies = self.num_proxies
+                value = self.decode(answer["ok"], nan_ok)
+                self.outcomes.answered += op not in UNANSWERING_OPS and self.num_proxies == proxies
+                return value, answer
         except (ValueError, TypeError, KeyError, RecursionError, MemoryError):
             self.lose("garbled")
+        self.outcomes.raised += op in RAISING_OPS
         raise error
 
-    def decode(self, data) -> object:
-        """`data` decoded, counted against this session's values (a ValueError past them)."""
+    def decode(self, data, nan_ok: bool = False) -> object:
+        """`data` decoded, counted against this session's values (a ValueError past them); a NaN in it raises
+        Refused unless `nan_ok`."""
         budget = [min(WIRE_MAX_ITEMS, self.values_left)]
         start = budget[0]
         try:
-            return wire_decode(data, self.proxy, budget=budget)
+            return wire_decode(data, self.proxy, budget=budget, on_nan=None if nan_ok else refuse_nan)
         finally:
             self.values_left -= start - budget[0]
 
@@ -111,24 +141,31 @@ class RemoteProgram:
         return wire_encode(value, self.handle_of)
 
     def handle_of(self, obj) -> dict:
-        if type(obj) is RemoteObject and obj._program is self:
+        if type(obj) in (RemoteObject, RemoteAwaitable) and obj._program is self:
             return {"h": obj._number}
         raise TypeError(f"a {type(obj).__name__} cannot be passed to the program (only plain data and the "
                         "program's own objects cross)")
 
-    def proxy(self, handle: dict) -> RemoteObject | type:
+    def proxy(self, handle: dict) -> RemoteObject | RemoteAwaitable | type:
         if "e" in handle:
             return self.classes.class_for(handle)
-        return RemoteObject(self, handle["h"], str(handle.get("n", "object")), handle.get("i") == 1)
+        self.num_proxies += 1
+        type_name = str(handle.get("n", "object"))
+        if handle.get("a") == 1:
+            return RemoteAwaitable(self, handle["h"], type_name)
+        return RemoteObject(self, handle["h"], type_name, handle.get("i") == 1)
 
     def load(self) -> types.ModuleType:
         """Run the program (the sandbox holds its source); its top-level names as module `solution`, plain
-        values as themselves."""
-        names, _ = self.request("load")
+        values as themselves. The proxy of a name spelled as a class (capital first letter) builds objects
+        under test (`handles.py`): the name is the tests' to use, so the program cannot make a function one."""
+        names, _ = self.request("load", nan_ok=True)
         module = types.ModuleType("solution")
         for name, value in names:
             if type(name) is str:
                 setattr(module, name, value)
+                if type(value) is RemoteObject and name[:1].isupper():
+                    object.__setattr__(value, "_builds", True)
         return module
 
     def call(self, target: RemoteObject, args: tuple, kwargs: dict) -> object:
@@ -151,15 +188,22 @@ class RemoteProgram:
         queue = self.pending.setdefault(number, collections.deque())
         if not queue:
             self.fetch(number, queue, min(2 ** (self.streak[1] - 1), NEXT_BATCH_MAX))
-        item = queue[0] if queue[0] is _STOP else queue.popleft()
+        item = queue[0] if queue[0] is _STOP or queue[0] is _ENDLESS else queue.popleft()
         if item is _STOP:
             raise StopIteration
+        if item is _ENDLESS:
+            raise Refused(f"an iterator of the program's gave more than {MAX_ITERATOR_ITEMS} items")
         if isinstance(item, BaseException):
+            self.outcomes.raised += 1
             raise item
         return item
 
     def fetch(self, number: int, queue: collections.deque, count: int) -> None:
-        """One `next` request: its items, then the end of the iterator or the exception it raised after them."""
+        """One `next` request: its items, then the end of the iterator or the exception it raised after them.
+        It asks for at most one item past the iterator's bound, to tell an iterator that ends there from one
+        that goes on."""
+        room = MAX_ITERATOR_ITEMS - self.fetched.get(number, 0)
+        count = min(count, room + 1)
         items, answer = self.request("next", target=number, count=count)
         try:
             if type(items) is not list or len(items) > count:
@@ -167,8 +211,11 @@ class RemoteProgram:
             after = self.exception(answer["after"]) if type(answer.get("after")) is dict else None
         except (ValueError, TypeError, KeyError, RecursionError):
             self.lose("garbled")
-        queue.extend(items)
-        if after is not None:
+        self.fetched[number] = self.fetched.get(number, 0) + len(items)
+        queue.extend(items[:room])
+        if len(items) > room:
+            queue.append(_ENDLESS)
+        elif after is not None:
             queue.append(after)
         elif answer.get("stop") == 1:
             queue.append(_STOP)
@@ -186,69 +233,5 @@ def copy_back(originals: list, updated) -> None:
             original.update(new)
 
 
-class RemoteObject:
-    """An object that lives in the sandbox. Equality is identity of the remote object, decided here."""
-
-    __slots__ = ("_program", "_number", "_type_name", "_is_iterator")
-
-    def __init__(self, program: RemoteProgram, number: int, type_name: str, is_iterator: bool = False) -> None:
-        object.__setattr__(self, "_program", program)
-        object.__setattr__(self, "_number", number)
-        object.__setattr__(self, "_type_name", type_name)
-        object.__setattr__(self, "_is_iterator", is_iterator)
-
-    def _ask(self, op: str, **fields):
-        return self._program.request(op, target=self._number, **fields)[0]
-
-    def __call__(self, *args, **kwargs):
-        return self._program.call(self, args, kwargs)
-
-    def __getattr__(self, name: str):
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return self._ask("getattr", name=name)
-
-    def __setattr__(self, name: str, value) -> None:
-        self._ask("setattr", name=name, value=self._program.encode(value))
-
-    def __getitem__(self, key):
-        return self._ask("getitem", key=self._program.encode(key))
-
-    def __setitem__(self, key, value) -> None:
-        self._ask("setitem", key=self._program.encode(key), value=self._program.encode(value))
-
-    def __len__(self) -> int:
-        return self._ask("len")
-
-    def __bool__(self) -> bool:
-        return self._ask("bool")
-
-    def __contains__(self, item) -> bool:
-        return self._ask("contains", item=self._program.encode(item))
-
-    def __iter__(self):
-        if self._is_iterator:
-            return self
-        iterator = self._ask("iter")
-        if type(iterator) is not RemoteObject or not iterator._is_iterator:
-            raise TypeError(f"iter() of a remote {self._type_name} gave no iterator")
-        return iterator
-
-    def __next__(self):
-        if not self._is_iterator:
-            raise TypeError(f"'{self._type_name}' object is not an iterator")
-        return self._program.next_item(self._number)
-
-    def __str__(self) -> str:
-        return self._ask("str")
-
-    def __repr__(self) -> str:
-        return f"<remote {self._type_name} #{self._number}>"
-
-    def __eq__(self, other) -> bool:
-        if type(other) is not RemoteObject:
-            return NotImplemented
-        return other._program is self._program and other._number == self._number
-
-    def __hash__(self) -> int:
-        return hash((id(self._program), self._number))
+def refuse_nan() -> float:
+    raise Refused("the program answered NaN: no comparison with it means anything (`not nan > x` holds)")

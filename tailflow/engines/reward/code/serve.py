@@ -31,6 +31,9 @@ class HandleTable:
     def __init__(self):
         self.objects = []
         self.numbers = {}
+        self.loop = None
+        """The event loop the program's awaitables run on: made on the first `await`, kept for the session, so
+        what one await leaves bound to it (a lock, a queue, a task) works on the next."""
 
     def to_handle(self, obj):
         number = self.numbers.get(id(obj))
@@ -38,7 +41,7 @@ class HandleTable:
             number = self.numbers[id(obj)] = len(self.objects)
             self.objects.append(obj)  # kept alive, so its id is never reused
         handle = {"h": number, "c": int(callable(obj)), "n": type(obj).__name__[:60],
-                  "i": int(hasattr(type(obj), "__next__"))}
+                  "i": int(hasattr(type(obj), "__next__")), "a": int(hasattr(type(obj), "__await__"))}
         if isinstance(obj, type) and issubclass(obj, BaseException):  # the tests may `except` it
             handle["n"] = obj.__name__[:60]
             handle["e"] = [base.__name__ if base.__module__ == "builtins" else self.to_handle(base)
@@ -74,6 +77,15 @@ def next_items(table, target, count):
     return reply
 
 
+def run_awaitable(table, awaitable):
+    """What an awaitable of the program's (a coroutine, a future) gives, run to its end on the session's loop."""
+    import asyncio  # only for async programs: its import is a tenth of the session's start-up
+
+    if table.loop is None:
+        table.loop = asyncio.new_event_loop()
+    return table.loop.run_until_complete(awaitable)
+
+
 def serve_op(table, request, solution, program):
     """The reply's payload for one request (raises what the program raised)."""
     op = request["op"]
@@ -102,6 +114,7 @@ def serve_op(table, request, solution, program):
         "contains": lambda: decode("item") in target,
         "str": lambda: str(target),
         "iter": lambda: iter(target),  # an iterator has `__next__`, so no plain type: it crosses as a handle
+        "await": lambda: run_awaitable(table, target),
     }
     return {"ok": wire_encode(actions[op](), table.to_handle)}
 

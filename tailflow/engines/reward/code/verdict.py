@@ -10,7 +10,9 @@ memory (the caller gives it an address-space limit of its own). The verdict
 has the original stdout to itself: fd 1 is /dev/null before any test runs, so
 a test that prints cannot garble it.
 
-One index space: asserts first, then test functions. Each test (and loading
+One index space: asserts first, then test functions; which passes count is
+`passes.py`'s rule (a test passed only by the program raising counts only
+beside one it passed by answering). Each test (and loading
 the program, and the test module's top level) gets the timeout; the
 response's budget bounds all of them together, and once it is spent the
 remaining tests fail unrun. A test during which the program stopped
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tailflow.engines.reward.code.names import exposed_names, test_namespace
+from tailflow.engines.reward.code.passes import CallOutcomes, TestRecord, counted_passes
 from tailflow.engines.reward.code.remote import RemoteProgram, SessionLost
 from tailflow.engines.reward.code.testcalls import run_test
 from tailflow.engines.reward.sandbox.records import SandboxLimits
@@ -62,8 +65,8 @@ class TestsSpec:
 
 @dataclass(frozen=True)
 class TestVerdict:
-    """Indexes of the tests passed, how many ran out of time, the slowest unit (load or one test) and the
-    whole time spent, by the runner's clock; `sessions` counts the sandboxes started."""
+    """Indexes of the passed tests that count (`passes.py`), how many ran out of time, the slowest unit (load or
+    one test) and the whole time spent, by the runner's clock; `sessions` counts the sandboxes started."""
 
     passed: list[int]
     timeouts: int
@@ -121,7 +124,7 @@ class Runner:
         self.exposed = exposed_names([*self.assert_codes, *([self.module_code] if self.module_code else [])])
         self.limits = SandboxLimits(timeout_s=spec.budget_s + 1, **spec.limits)
         self.started = time.monotonic()
-        self.passed: list[int] = []
+        self.records: list[TestRecord] = []
         self.timeouts = 0
         self.slowest: float | None = None
         self.sessions = 0
@@ -159,10 +162,12 @@ class Runner:
         else:
             function = namespace.get(self.spec.test_functions[index - len(self.assert_codes)])
             action = lambda: run_test(function)  # noqa: E731
+        program.outcomes = CallOutcomes()
         unit = timed(action, program, min(self.spec.timeout_s, self.left_s()))
         self.count(unit)
-        if unit.error is None and program.lost is None:
-            self.passed.append(index)
+        outcomes = program.outcomes
+        self.records.append(TestRecord(index, unit.error is None and program.lost is None, outcomes.raised > 0,
+                                       outcomes.answered > 0))
 
     def run(self) -> TestVerdict:
         live = None
@@ -178,8 +183,8 @@ class Runner:
                 live = None
         if live is not None:
             live[0].session.close()
-        return TestVerdict(sorted(self.passed), self.timeouts, self.slowest, time.monotonic() - self.started,
-                           self.sessions)
+        return TestVerdict(counted_passes(self.records, self.spec.num_tests), self.timeouts, self.slowest,
+                           time.monotonic() - self.started, self.sessions)
 
 
 def run_tests(spec: TestsSpec) -> TestVerdict:

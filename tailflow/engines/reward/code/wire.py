@@ -8,15 +8,15 @@ and lists as themselves; the rest is tagged:
     {"t": [...]}  tuple          {"s": [...]}  set        {"fs": [...]}  frozenset
     {"d": [[k, v], ...]}  dict (any plain keys)           {"b": "<hex>"}  bytes
     {"f": "nan" | "inf" | "-inf"}  a float JSON cannot write
-    {"h": n, "c": 0|1, "n": "TypeName", "i": 0|1}  a handle: any other object stays where
-                                          it lives and is named by number ("c": callable,
-                                          "i": an iterator); an exception class's handle
-                                          also carries "e": its bases, each a builtin's
+    {"h": n, "c": 0|1, "n": "TypeName", "i": 0|1, "a": 0|1}  a handle: any other object stays
+                                          where it lives and is named by number ("c": callable,
+                                          "i": an iterator, "a": awaitable); an exception class's
+                                          handle also carries "e": its bases, each a builtin's
                                           name or another such handle
 
 Types are checked exactly (`type(v) is int`), never with isinstance: an `int`
 subclass whose `__eq__` always says yes is not an int here, it is a handle,
-and a handle equals only another handle to the same object. Decoding is
+and the tests' side compares no handle with anything (`handles.py`). Decoding is
 strict: anything that is not one of these shapes is a `ValueError`, and so is
 a message of more than `WIRE_MAX_ITEMS` values, or a set or dict in which more
 than `WIRE_MAX_SHARED_HASH` members share one hash (equal hashes make every
@@ -35,7 +35,7 @@ WIRE_MAX_SHARED_HASH = 32
 NEXT_BATCH_MAX = 4096
 """Items of an iterator one `next` request asks for, and the program's side gives, at most (a generator may be
 endless)."""
-HANDLE_KEYS = {"h", "c", "n", "i", "e"}
+HANDLE_KEYS = {"h", "c", "n", "i", "a", "e"}
 PLAIN_SCALARS = (type(None), bool, int, float, str)
 TAGS = {"t": tuple, "s": set, "fs": frozenset}
 
@@ -62,9 +62,10 @@ def wire_encode(value, to_handle, depth=0):
     return to_handle(value)
 
 
-def wire_decode(data, from_handle, depth=0, budget=None):
+def wire_decode(data, from_handle, depth=0, budget=None, on_nan=None):
     """The value `data` stands for; `from_handle(dict) -> object` turns a handle into this side's object.
-    `budget`: a one-item list, the values this message may still hold (`WIRE_MAX_ITEMS` per call from outside)."""
+    `budget`: a one-item list, the values this message may still hold (`WIRE_MAX_ITEMS` per call from outside).
+    `on_nan()`, when given, is what a NaN decodes to (the test runner's raises: a NaN is no answer)."""
     if depth > WIRE_MAX_DEPTH:
         raise ValueError("value nested too deeply to cross the boundary")
     budget = [WIRE_MAX_ITEMS] if budget is None else budget
@@ -75,7 +76,7 @@ def wire_decode(data, from_handle, depth=0, budget=None):
     if kind in PLAIN_SCALARS:
         return data
     if kind is list:
-        return [wire_decode(item, from_handle, depth + 1, budget) for item in data]
+        return [wire_decode(item, from_handle, depth + 1, budget, on_nan) for item in data]
     if kind is not dict:
         raise ValueError(f"not a wire value: {kind.__name__}")
     if "h" in data:
@@ -86,12 +87,12 @@ def wire_decode(data, from_handle, depth=0, budget=None):
         raise ValueError("a tagged wire value has exactly one key")
     tag, body = next(iter(data.items()))
     if tag in TAGS and type(body) is list:
-        items = [wire_decode(item, from_handle, depth + 1, budget) for item in body]
+        items = [wire_decode(item, from_handle, depth + 1, budget, on_nan) for item in body]
         if TAGS[tag] is not tuple:
             check_hash_spread(items)
         return TAGS[tag](items)
     if tag == "d" and type(body) is list:
-        pairs = [wire_decode(pair, from_handle, depth + 1, budget) for pair in body]
+        pairs = [wire_decode(pair, from_handle, depth + 1, budget, on_nan) for pair in body]
         if not all(type(pair) is list and len(pair) == 2 for pair in pairs):
             raise ValueError("a wire dict is a list of [key, value] pairs")
         check_hash_spread([key for key, _ in pairs])
@@ -99,7 +100,7 @@ def wire_decode(data, from_handle, depth=0, budget=None):
     if tag == "b" and type(body) is str:
         return bytes.fromhex(body)
     if tag == "f" and body in ("nan", "inf", "-inf"):
-        return float(body)
+        return on_nan() if body == "nan" and on_nan is not None else float(body)
     raise ValueError(f"not a wire value: tag {tag!r}")
 
 
