@@ -46,6 +46,10 @@ def async_config(storage, engine: str = "native") -> dict:
 
 @pytest.mark.parametrize("engine", ENGINES)
 def test_a_sigkilled_async_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, cli_env, engine):  # noqa: F811
+    """Costs ~208 s here with the native engine, ~264 s with vLLM (four CLI runs: the uninterrupted one, the
+    SIGKILLed one, the refused synchronous resume and the resume; each but the refusal starts Ray, 4 or more
+    actors and the Prefect flow). It cannot be cheaper: the SIGKILL needs a process of its own, and 3 iterations
+    are the fewest where rounds run ahead across a commit (a long round at iteration 2)."""
     reference_dir, crashy_dir = tmp_path / "reference", tmp_path / "crashy"
     for storage in (reference_dir, crashy_dir):
         storage.mkdir()

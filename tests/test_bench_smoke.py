@@ -22,7 +22,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_engine_quick():
-    """Both sides make the same forced lengths (the script stops otherwise), averaged over 3 seeds."""
+    """Both sides make the same forced lengths (the script stops otherwise), averaged over 3 seeds.
+    Costs ~24 s here (8 requests on 3 seeds through the native engine and `generate`, plus a short throughput
+    curve): the three seeds are what the script's 'same lengths, over 3 seeds' claim is about, so one seed would not
+    test it."""
     stdout = run_bench("engine.py")
     last_line = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT engine_speedup_vs_generate=\d+\.\d\d", last_line)
@@ -32,6 +35,9 @@ def test_engine_quick():
 
 
 def test_sensitivity_quick(tmp_path):
+    """Costs ~32 s here (bench/sensitivity.py --quick as its own process: 2 prompt ratios x 2 response factors on
+    P0 = 4, 64 new tokens, then the plot): the grid is the smallest that has a best point to report and a PNG to
+    draw."""
     out = tmp_path / "sensitivity.png"
     stdout = run_bench("sensitivity.py", "--out", str(out))
     last_line = stdout.strip().splitlines()[-1]
@@ -41,7 +47,11 @@ def test_sensitivity_quick(tmp_path):
 
 @pytest.mark.bench
 def test_soak_quick():
-    """Three seeded kills (one of each kind) over a 3-iteration run on S3, each resumed."""
+    """Three seeded kills (one of each kind) over a 3-iteration run on S3, each resumed.
+    Costs ~324 s here (a moto S3 server behind the fault proxy, a real Prefect server, one uninterrupted 3-iteration
+    `tailflow train` and the soak run launched again after each of its 3 kills, every launch starting Ray and its
+    actors): a SIGKILL needs a process of its own per kill, and one kill of each kind is the least that checks all
+    three."""
     stdout = run_bench("soak.py", timeout=1500)  # the bench itself fails after 240 s without output (a stall)
     last_line = stdout.strip().splitlines()[-1]
     assert last_line == "RESULT kills_survived=3/3", stdout[-3000:]  # every kill survived, the final run equal
@@ -51,6 +61,9 @@ def test_soak_quick():
 
 @pytest.mark.bench
 def test_reward_quick():
+    """Costs ~123 s here (part (a): 20 code responses per arm through 4 reward workers with T_max 2 s; part (b):
+    two 1-iteration runs through the full flow, Prefect, Ray and its actors, differing only in reward.streaming):
+    the hidden fraction is a comparison of two real training steps, so neither run can be left out."""
     stdout = run_bench("reward.py")
     last_line = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT adaptive_timeout_speedup=\S+ reward_hidden_fraction=\S+", last_line)
@@ -58,6 +71,9 @@ def test_reward_quick():
 
 
 def test_sim_validate_quick():
+    """Costs ~22 s here (a CPU calibration of the warm-start model, 3 replayed rounds, then one paper setting
+    simulated): the calibration measures this machine's engine and is what the replayed rounds are checked
+    against."""
     stdout = run_bench("sim_validate.py")
     last_line = stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"RESULT cpu_round_err=\S+ cpu_ratio_err=\S+ paper_ratio_err=\S+ sim_speedup_32b=(\S+)",
@@ -70,7 +86,10 @@ def test_sim_validate_quick():
 @pytest.mark.bench
 def test_sim_async_and_spot_quick():
     """Both are simulations on a virtual clock: their predictions do not depend on this machine's speed, so the
-    direction each one claims is checked (asynchrony and spot workers predicted to pay), not just the format."""
+    direction each one claims is checked (asynchrony and spot workers predicted to pay), not just the format.
+    Costs ~35 s here (two scripts as their own processes, each importing tailflow and simulating a few rounds on a
+    virtual clock): each is already on its --quick sizes (3 rounds at P0 = 8; 2 rounds at P0 = 16), and the start-up
+    of two interpreters is most of the rest."""
     for script, pattern in (("sim_async.py", r"RESULT sim_async_speedup_7b=(\S+) sim_async_speedup_32b=(\S+)"),
                             ("sim_spot.py", r"RESULT spot_tokens_per_dollar_gain=(\S+)")):
         last_line = run_bench(script).strip().splitlines()[-1]
@@ -84,7 +103,11 @@ def test_sim_async_and_spot_quick():
 def test_engine_quick_with_vllm(capsys):
     """Where vLLM is installed the same script puts the vLLM engine beside the others (same forced lengths),
     then runs the tail-batching bench with rollout.engine=vllm and the contract on vLLM (Qwen2 in --quick).
-    Its RESULT line goes to the terminal too (the vLLM run is serial), so each CI log carries the numbers."""
+    Its RESULT line goes to the terminal too (the vLLM run is serial), so each CI log carries the numbers.
+    Costs ~386 s here (bench/engine.py --quick with vLLM on the CPU: the engine comparison, a tail-batching run with
+    rollout.engine=vllm and the engine contract on vLLM, serial since each vLLM engine starts its own process and
+    loads the model). It cannot be cheaper: vLLM's start-up on CPU is most of it and each of the three parts needs
+    its own engine."""
     stdout = run_bench("engine.py", timeout=1800)
     last_line = stdout.strip().splitlines()[-1]
     with capsys.disabled():
@@ -96,7 +119,10 @@ def test_engine_quick_with_vllm(capsys):
 
 @pytest.mark.bench
 def test_trainer_backends_quick():
-    """bench/trainer.py: Megatron TP=2 against FSDP2 on 2 gloo ranks, 2 small steps."""
+    """bench/trainer.py: Megatron TP=2 against FSDP2 on 2 gloo ranks, 2 small steps.
+    Costs ~40 s here (bench/trainer.py --quick: 2 gloo ranks per backend, Megatron TP=2 and FSDP2, 2 steps of 16
+    samples each): the agreement between backends needs both process groups to take real steps, and two ranks are
+    the fewest that shard anything."""
     pytest.importorskip("megatron.core", reason="megatron-core (the `megatron` extra) is not installed")
     last_line = run_bench("trainer.py", timeout=600).strip().splitlines()[-1]
     match = re.fullmatch(r"RESULT megatron_vs_fsdp2_step=\d+\.\d\d max_loss_rel_diff=(\S+) max_gradnorm_rel_diff=(\S+)",

@@ -152,7 +152,10 @@ def test_attack_scores_zero_and_the_reward_still_serves(name, loopback_server):
 
 @pytest.mark.slow  # ~30 s, most of it starting Ray
 def test_attacks_on_a_ray_reward_worker(ray_session, loopback_server):
-    """The same attacks through the reward pool: all 0, the worker process survives, nothing left behind."""
+    """The same attacks through the reward pool: all 0, the worker process survives, nothing left behind.
+    Costs ~13 s here when the session's Ray is already up (~30 s when this test is the one that starts it): two Ray
+    reward workers, each running every attack in its sandbox. It needs real Ray actors, since whether the worker
+    process survives the attacks is what it checks."""
     from tailflow.engines.cluster.reward_pool import RewardPool
     from tailflow.engines.reward.spec import RewardSpec
     from tailflow.engines.reward.worker import ScoreItem

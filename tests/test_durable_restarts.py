@@ -20,7 +20,10 @@ pytestmark = pytest.mark.slow
 def test_rollout_workers_added_at_runtime_survive_an_iteration_restart_and_a_resume(tmp_path, cli_env):
     """A run with one rollout worker is told to add one (`send_worker_command`, as `tailflow workers add`); a
     trainer death then restarts an iteration and a SIGKILL ends the run: the restart and the resume each start
-    the added worker again, and every commit from then on records it."""
+    the added worker again, and every commit from then on records it.
+    Costs ~221 s here (three CLI runs, each starting Ray, its actors and the Prefect flow; the second restarts an
+    iteration after a trainer death before its SIGKILL). It cannot be cheaper: the added worker must outlive both an
+    iteration restart and a new process, and the SIGKILL needs a process of its own."""
     from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
 
     config = run_config(tmp_path)
@@ -58,7 +61,10 @@ machine (load ~25) its 3 iterations ran past 300 s without being stuck."""
 def test_a_megatron_run_sigkilled_then_resumed_ends_bit_for_bit_where_its_clean_run_does(tmp_path, cli_env):
     """train.backend megatron (tensor parallel 2 on the two trainer actors, megatron-core's CPU stand-in): a run
     SIGKILLed in iteration 2's train phase resumes from iteration 1's commit, every rank from its own checkpoint
-    shard (parameters and AdamW state), and ends with the clean Megatron run's weights, queue and metrics rows."""
+    shard (parameters and AdamW state), and ends with the clean Megatron run's weights, queue and metrics rows.
+    Costs ~236 s here (three CLI runs, clean, SIGKILLed and resumed, each starting Ray, 4 or more actors with
+    megatron-core and the Prefect flow): the clean run is its own (Megatron's, not the FSDP2 reference), the SIGKILL
+    needs a process of its own, and two tensor-parallel ranks are what per-rank checkpoint shards need."""
     pytest.importorskip("megatron.core", reason="megatron-core (the `megatron` extra) is not installed")
     config = run_config(tmp_path)
     config["train"]["backend"] = "megatron"

@@ -38,6 +38,9 @@ EVERY_PHASE = [("crash-rollout@1", 1), ("crash-reward@1", 1), ("crash-train@1", 
 
 @pytest.mark.long  # seven runs: ~4.5 min
 def test_sigkill_in_every_phase_then_resume_ends_exactly_where_a_clean_run_does(tmp_path, cli_env, reference):
+    """Costs ~466 s here (seven CLI runs: one SIGKILLed in each of six phases, then the resume; each starts Ray,
+    4 or more actors and the Prefect flow); as the module's first test it also pays for the clean `reference`
+    run. A SIGKILL needs a process of its own per phase, and every phase is what it checks."""
     kill_then_resume(tmp_path, cli_env, reference, "crashy-every", EVERY_PHASE)
 
 
@@ -86,6 +89,9 @@ def kill_then_resume(tmp_path, cli_env, reference, run_id: str, faults: list[tup
 
 
 def test_a_dead_trainer_or_reward_actor_costs_a_retry_and_a_dead_rollout_worker_nothing(tmp_path, cli_env, reference):
+    """Costs ~171 s here (one 3-iteration CLI run with Ray, 4 or more actors and the Prefect flow, in which a
+    reward actor, a rollout worker and a trainer rank are killed, two iterations restarting). It cannot be
+    cheaper: each kind of actor dies in an iteration of its own so that its retry or its migration is seen alone."""
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump(run_config(tmp_path)))
     result = run_cli(["train", "-c", str(config_path), "--run-id", "actors"], cli_env,
@@ -109,7 +115,10 @@ def test_a_gpu_run_on_logical_gpus_ends_bit_for_bit_where_the_cpu_run_does(tmp_p
     named stand-in for the GPU this machine lacks): placement groups, the trainer ranks' rendezvous, the phases
     taking turns (engines asleep for each step, the trainer parked for each rollout and commit), and a trainer
     death mid-run (iteration 1 restarts: the reservation is released and made again). None of it may change a
-    bit: the clean CPU run's weights and metrics rows."""
+    bit: the clean CPU run's weights and metrics rows.
+    Costs ~102 s here (one 3-iteration CLI run on Ray's logical GPUs, 4 or more actors and the Prefect flow, with a
+    trainer death restarting iteration 1): the reservation's release and renewal only happens when an actor dies
+    mid-run, and the comparison is with the whole clean run."""
     config = run_config(tmp_path)
     config["cluster"] = {"device": "gpu", "num_gpus": 2}
     config_path = tmp_path / "run.yaml"
@@ -132,7 +141,10 @@ def test_a_gpu_run_on_logical_gpus_ends_bit_for_bit_where_the_cpu_run_does(tmp_p
 
 def test_a_retried_flow_run_resumes_from_its_last_commit(tmp_path, prefect_api, reference, monkeypatch):
     """The parent flow's own retry (as the UI's Retry button does): same flow run, same run id, no lost or
-    repeated iteration. The driver raises in iteration 2's train phase on the first attempt only."""
+    repeated iteration. The driver raises in iteration 2's train phase on the first attempt only.
+    Costs ~87 s here (one 3-iteration run in-process against the test Prefect server, Ray and 4 or more actors,
+    whose parent flow runs twice): the retry must reach iteration 2's train phase, past a commit, to show that
+    nothing is lost or repeated."""
     import asyncio
 
     from prefect.client.orchestration import get_client
@@ -175,7 +187,10 @@ def s3_endpoint():
 def test_a_run_on_s3_through_transient_faults_matches_the_local_run(tmp_path, cli_env, reference, s3_endpoint,
                                                                     monkeypatch):
     """Every 5th S3 request fails (503 Slow Down, or the connection reset); the run rides through on retries,
-    and what `latest` names is whole and verified (sha256) and equal to the local run's result."""
+    and what `latest` names is whole and verified (sha256) and equal to the local run's result.
+    Costs ~149 s here (two CLI runs, SIGKILLed then resumed, each with Ray, 4 or more actors and the Prefect flow,
+    storing through the fault proxy to moto S3 with every 5th request failing): resuming from S3 through faults is
+    what it checks, and the retries on injected faults add to every upload."""
     import boto3
 
     from tailflow.engines.store import S3Store

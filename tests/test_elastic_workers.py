@@ -155,6 +155,9 @@ def poll_until(group: RolloutGroup, done, finished: list, limit_s: float = 60) -
 
 @pytest.mark.slow  # three workers start one after another: ~25 s on 2 cores
 def test_join_notice_remove_and_zero_workers(ray_session, model_dir, tmp_path):
+    """Costs ~30 s here (on the session's Ray, four rollout workers started one after another, each loading the
+    model, plus a reference engine): join, preemption notice, removal to zero and a new join are each a worker
+    process starting or leaving, which is what it checks."""
     first, second = round_requests(3, 2, max_new_tokens=40), round_requests(5, 2, max_new_tokens=40)[6:]
     engine = NativeEngine.from_pretrained(model_dir, 4, 64)
     engine.load_weights(engine.runner.model.state_dict(), 3)
@@ -207,6 +210,9 @@ def test_join_notice_remove_and_zero_workers(ray_session, model_dir, tmp_path):
 @pytest.mark.slow  # its own Ray, five workers started: ~1-2 min on 2 cores
 @pytest.mark.long
 def test_the_elastic_bench_smoke():
+    """Costs ~60 s here (bench/elastic.py --quick as its own process: its own Ray, 5 iterations with a join every
+    iteration, five workers started): a migration needs real worker processes joining under load, and --quick is
+    already the smallest run the bench has."""
     import subprocess
     import sys
     from pathlib import Path

@@ -56,6 +56,9 @@ def run_kit(out: Path, stages: str) -> subprocess.CompletedProcess:
 
 
 def test_dry_run_writes_a_calibration_the_simulator_reads(tmp_path):
+    """Costs ~94 s here (one kit child running five stages: the contract subset, a calibration grid, throughput,
+    a synchronous and a tail-batching rounds run, and the turns): each stage's output is what the simulator and
+    the docs read, and one child pays the torch import once for all five."""
     result = run_kit(tmp_path, "contract,calibrate,throughput,rounds,turns")
     output = f"{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     assert result.returncode == 0, output
@@ -100,7 +103,10 @@ def new_stages(tmp_path_factory) -> dict:
 def test_rope_dry_run_finds_the_tables_equal_and_its_control_has_teeth(new_stages):
     """bf16 on the CPU, positions to 4,004 (32,768 on a GPU): the engine's tables are Hugging Face's bit for bit,
     its logits as close to the fp32 reference as Hugging Face's own bf16 forward, and the pre-fix table, which
-    was 0.45 off here, visibly worse at 1,000 and 4,000 tokens (at 16 there is nothing to see)."""
+    was 0.45 off here, visibly worse at 1,000 and 4,000 tokens (at 16 there is nothing to see).
+    Costs ~40 s here as the first test to ask for the module's one `new_stages` child (the four newer stages in one
+    process, megatron-core's import and two tiny trainers most of it); the other three read its record for ~0 s.
+    Positions to 4,000 are the least where the pre-fix table is visibly worse."""
     rope = new_stages["rope"]
     assert rope["tables_equal"] is True and rope["cos_max_abs_diff"] == 0 and rope["sin_max_abs_diff"] == 0
     assert rope["prefix_table_max_abs_diff"] > 0.1  # the pre-fix table really is another table
@@ -111,6 +117,8 @@ def test_rope_dry_run_finds_the_tables_equal_and_its_control_has_teeth(new_stage
 
 
 def test_trainer_dry_run_aligns_fsdp2_and_megatron_and_streams_the_same_gradient(new_stages):
+    """~0 s of its own: it reads the record of the module's one `new_stages` child (~40 s, paid by the first of
+    the four tests that asks for it), so the two tiny trainers run once for all four."""
     trainer = new_stages["trainer"]
     fsdp2 = trainer["fsdp2"]
     assert len(fsdp2["steps"]) == len(fsdp2["step_s"]) == 2 and fsdp2["peak_mib"] is None  # a CPU has no peak
@@ -123,6 +131,8 @@ def test_trainer_dry_run_aligns_fsdp2_and_megatron_and_streams_the_same_gradient
 
 
 def test_offload_dry_run_moves_both_ways_and_loses_nothing(new_stages):
+    """~0 s of its own: it reads the record of the module's one `new_stages` child (~40 s, paid by the first of
+    the four tests that asks for it)."""
     offload = new_stages["offload"]
     assert [(r["way"], r["round"]) for r in offload["rounds"]] == [
         ("blocking (before)", 1), ("blocking (before)", 2), ("staged (cpu: clone)", 1), ("staged (cpu: clone)", 2)]
@@ -131,6 +141,8 @@ def test_offload_dry_run_moves_both_ways_and_loses_nothing(new_stages):
 
 
 def test_graphs_dry_run_without_graphs_changes_nothing(new_stages):
+    """~0 s of its own: it reads the record of the module's one `new_stages` child (~40 s, paid by the first of
+    the four tests that asks for it)."""
     graphs = new_stages["graphs"]
     assert graphs["captured_graphs"] is False and graphs["trace_reproduces_generate"] is True
     assert graphs["tokens_equal_after_wake"] is True and graphs["verdict"].startswith("not reproduced")

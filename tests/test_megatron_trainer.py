@@ -32,6 +32,9 @@ def assert_bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> 
 
 @pytest.mark.slow
 def test_a_tensor_parallel_group_checkpoints_per_rank_and_resumes_bit_for_bit(warmstart_dir, ray_cluster, tmp_path):
+    """Costs ~20 s here (a TrainerGroup of two Ray actors, each importing megatron-core and loading the warm
+    start, 3 train steps, a checkpoint written and read back): two tensor-parallel ranks are the fewest that
+    write per-rank shards, which is what the resume must read."""
     pytest.importorskip("megatron.core", reason="megatron-core (the `megatron` extra) is not installed")
     from tailflow.engines.cluster.trainer_group import TrainerGroup
 

@@ -62,6 +62,9 @@ def test_a_ray_without_the_call_turns_the_watch_off_saying_so():
 @pytest.mark.slow
 @pytest.mark.long  # its own two-node Ray (two raylets) and three workers: ~30 s on 2 cores
 def test_a_worker_on_a_drained_node_hands_over_and_its_replacement_lands_elsewhere(tmp_path):
+    """Costs ~41 s here (node_drain_scenario.py as its own process: its own two-node Ray, two raylets, and three
+    rollout workers started): a drain is a property of a node, so the scenario needs a second raylet to drain and
+    another node for the replacement to land on, which the session's one-node Ray cannot give."""
     write_random_tiny_model(tmp_path, seed=1)
     scenario = Path(__file__).with_name("node_drain_scenario.py")
     # The scenario's Ray records itself as this machine's current cluster (as `ray start` does) and forgets it on

@@ -69,6 +69,9 @@ def wait_final(prefect_server, flow_run_ids, timeout_s: float = 480):
 
 
 def test_deployments_are_registered_with_schedule_and_schema(prefect_server):
+    """Costs ~25 s here, nearly all of it the module's `prefect_server` fixture, which this first test pays for
+    (a `tailflow server`, `tailflow deploy` and a worker); its own checks are API reads. The deployments must
+    come from the real `tailflow deploy` against a real server, which is what it checks."""
     from prefect.client.orchestration import get_client
 
     with api(prefect_server), get_client(sync_client=True) as client:
@@ -90,6 +93,9 @@ def test_deployments_are_registered_with_schedule_and_schema(prefect_server):
 
 
 def test_invalid_parameters_are_rejected_with_the_field_named(prefect_server, tmp_path):
+    """Costs ~13 s here (two triggers the API refuses at once, then one flow run the worker starts as a process
+    of its own and fails on the unknown key before any work): the unknown key can only be refused by the flow
+    run, so one must start."""
     from prefect.exceptions import PrefectHTTPStatusError
 
     with pytest.raises(Exception, match="overrides") as refused:  # the API checks the parameter schema
@@ -107,6 +113,9 @@ def test_invalid_parameters_are_rejected_with_the_field_named(prefect_server, tm
 
 
 def test_two_triggers_for_one_run_id_never_both_write(prefect_server, tmp_path_factory):
+    """Costs ~70 s here (two flow runs started by the worker at once, one doing a 2-iteration run with Ray and
+    its actors, the other refused by the lease): two real flow-run processes racing for one run id is what it
+    checks."""
     storage = tmp_path_factory.mktemp("ui-runs")
     parameters = {"overrides": [*TINY, f"storage.uri={storage}"], "run_id": "ui-run"}
     first, second = trigger(prefect_server, parameters), trigger(prefect_server, parameters)
@@ -136,6 +145,9 @@ def subflow_names(prefect_server, flow_run_id) -> set[str]:
 
 
 def test_flow_run_page_shows_subflows_and_artifacts_in_chromium(prefect_server):
+    """Costs ~20 s here (headless Chromium starting and loading the Prefect UI's flow run page, three tabs each
+    waited for): it reads the run the concurrency test made, so it pays for no run of its own; the page is drawn
+    by the UI's JavaScript, so only a browser can check it."""
     if not (shutil.which("chromium") and shutil.which("chromedriver")):
         pytest.skip("Debian chromium and chromium-driver are not installed (scripts/test.sh installs them as root)")
     from selenium import webdriver

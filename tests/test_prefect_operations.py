@@ -78,6 +78,10 @@ def retry_as_the_ui_does(server: dict, flow_run_id, job_variables: dict, worker_
 
 
 def test_retry_of_a_killed_run_with_persisted_results_runs_every_iteration(operated_prefect, tmp_path):
+    """Costs ~207 s here (two 4-iteration flow runs through the worker, one SIGKILLed in iteration 2 and retried
+    as the UI does, each run a process with Ray and its actors; as the module's first test it also pays for
+    starting the session's `operated_prefect` server on its xdist worker). The comparison with the uninterrupted
+    run needs both whole, and the SIGKILL a flow-run process of its own."""
     worker_done = worker_done_with_sigkills(operated_prefect) + 1  # the crash this test makes
     reference = trigger(operated_prefect, {"run_id": "whole", "overrides": tiny_run(str(tmp_path), 4)},
                         job_variables={"env": PERSIST})
@@ -120,6 +124,9 @@ def test_retry_of_a_killed_run_with_persisted_results_runs_every_iteration(opera
 
 
 def test_cancel_ends_the_run_and_its_iteration_cancelled_and_a_resume_continues(operated_prefect, tmp_path):
+    """Costs ~134 s here (a flow run through the worker, Ray and its actors, cancelled after its first commit,
+    then a `tailflow resume` process that starts Ray again): a Cancel must land in a run that has committed, and
+    the resume must be a new process."""
     from prefect.client.orchestration import get_client
     from prefect.states import Cancelling
 
@@ -216,7 +223,10 @@ def set_moto_auth(endpoint: str, unauthenticated_requests: str) -> None:
 
 def test_a_deployment_on_s3_takes_its_credentials_from_job_variables(operated_prefect, private_s3):
     """As docs/operations.md shows: `env` in the job variables carries the keys and the endpoint. Missing or
-    refused keys fail the flow run at once with one line, no retry."""
+    refused keys fail the flow run at once with one line, no retry.
+    Costs ~88 s here (three flow runs through the worker against a private moto S3: one 1-iteration run with Ray and
+    its actors, two refused at once for their keys): the credentials reach the run only through the worker's job
+    variables, so each must be a real flow run."""
     from prefect.client.orchestration import get_client
 
     uri = f"s3://{private_s3['bucket']}/team"

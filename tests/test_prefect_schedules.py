@@ -19,6 +19,10 @@ pytestmark = pytest.mark.slow
 
 
 def test_an_interval_schedule_creates_a_run_that_a_worker_completes(operated_prefect, tmp_path):
+    """Costs ~123 s here (the schedule is due 30 s after it is made, the scheduler's loop creates the run, the
+    worker picks it up, then a 1-iteration run with Ray and its actors; plus the session's `operated_prefect`
+    server when this is the first test on its xdist worker to ask for it). Prefect's scheduler and worker set the
+    pace, so nothing here can be made faster."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
     from prefect.client.schemas.schedules import IntervalSchedule

@@ -87,6 +87,9 @@ def train(address: str, storage, run_id: str, env: dict) -> subprocess.Completed
 
 
 def test_without_the_token_the_run_is_refused_in_one_line_before_writing(ray_head, tmp_path):
+    """Costs ~30 s here, most of it the module's `ray_head` fixture that this first test pays for (a `ray start
+    --head` with token auth, waited for), the rest a `tailflow train` process refused at once. The refusal must
+    come from a real head that requires the token, so the head cannot be faked."""
     result = train(ray_head["address"], tmp_path / "runs", "no-token", clean_env(tmp_path))
     assert result.returncode == 2, result.stdout[-2000:] + result.stderr[-2000:]
     (error,) = [line for line in result.stderr.splitlines() if line.startswith("tailflow: error:")]
@@ -97,6 +100,9 @@ def test_without_the_token_the_run_is_refused_in_one_line_before_writing(ray_hea
 
 @pytest.mark.long
 def test_with_the_token_the_run_attaches_and_trains(ray_head, tmp_path):
+    """Costs ~72 s here (a `tailflow train` process attaching to the module's head as a job, starting its actors
+    there and training 1 iteration, 1 trainer, 2 prompts x 2 responses): an attach is only shown by a run that
+    really trains on the other cluster, and this is the smallest such run."""
     env = dict(clean_env(tmp_path), RAY_AUTH_TOKEN=ray_head["token"])  # no RAY_AUTH_MODE: tailflow turns it on
     result = train(ray_head["address"], tmp_path / "runs", "attached", env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]

@@ -18,7 +18,10 @@ def rows_of(storage, run_id):
 
 @pytest.mark.long
 def test_judge_reward_run(prefect_api, tmp_path):
-    """The tiny judge is the policy's own warm start; its vocabulary has no letters, so yes/no are '1'/'0'."""
+    """The tiny judge is the policy's own warm start; its vocabulary has no letters, so yes/no are '1'/'0'.
+    Costs ~40 s here (a 2-iteration in-process run through Prefect with Ray, 2 trainer ranks, a rollout worker and
+    1-2 judge reward workers): the judge's graded scores and the reward pool's scaling are seen only in a run whose
+    reward workers score real rollouts."""
     from tailflow.flows.training import rl_training
 
     config = {
@@ -46,7 +49,10 @@ def test_judge_reward_run(prefect_api, tmp_path):
 @pytest.mark.long
 def test_code_reward_run(prefect_api, tmp_path, random_code_model_dir):
     """The built-in code task; the policy is a random printable-ASCII tiny model, so its programs fail, but
-    every one of them runs in the sandbox on the reward workers, streamed."""
+    every one of them runs in the sandbox on the reward workers, streamed.
+    Costs ~50 s here (a 2-iteration in-process run through Prefect with Ray, 2 trainer ranks, a rollout worker and
+    1-2 code reward workers, every response run in the sandbox): that the sandboxed scoring streams inside a real
+    run is what it checks."""
     from tailflow.engines.reward.timeouts import TimeoutAnchors
     from tailflow.flows.training import rl_training
 
@@ -71,6 +77,7 @@ def test_code_reward_run(prefect_api, tmp_path, random_code_model_dir):
 
 
 def test_code_datasets_come_from_the_configured_file():
+    """~0 s: no run, it only loads two APPS rows from tests/data (in this slow module by topic, not by cost)."""
     from tailflow.config import config_from_dict
     from tailflow.flows.setup import load_datasets
 

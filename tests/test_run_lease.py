@@ -134,6 +134,8 @@ def test_the_flow_refuses_a_second_writer_before_writing_anything(store, prefect
 
 @pytest.mark.slow
 def test_the_cli_refuses_a_second_writer_in_one_line(tmp_path):
+    """Costs ~25 s here (one `tailflow train` process, whose imports and start-up are most of it, refused by the
+    held lease): the one-line refusal and the exit code are the CLI's, so they need the CLI's own process."""
     from tailflow.flows.setup import shipped_warmstart_dir
 
     store = LocalStore(tmp_path / "runs")

@@ -215,7 +215,10 @@ def test_config_refuses_streaming_where_it_cannot_be_exact():
 @pytest.mark.slow
 def test_two_ranks_streamed_and_started_steps_match_one_process(model_path, ray_cluster):
     """A streamed step on 2 FSDP2 ranks (one piece of a single sample: rank 1 runs a filler) == one process's
-    train_step; then a step started without waiting: `ready` turns True, `result` is train_step's."""
+    train_step; then a step started without waiting: `ready` turns True, `result` is train_step's.
+    Costs ~13 s here (a TrainerGroup of two Ray FSDP2 actors taking a streamed and a started step, beside one in-
+    process trainer taking both steps): rank 1's filler only exists with two ranks, which is what the streamed step
+    must survive."""
     kwargs = dict(train=TrainConfig(lr=1e-4, kl_coef=0.1, max_grad_norm=0.5, max_tokens_per_micro_batch=64))
     first, second = make_samples(13, seed=3), make_samples(9, seed=4)
     single = PolicyTrainer(model_path, **kwargs)
@@ -246,6 +249,9 @@ def test_two_ranks_streamed_and_started_steps_match_one_process(model_path, ray_
 @pytest.mark.slow
 @pytest.mark.long
 def test_a_streamed_run_with_tail_batching(prefect_api, tmp_path):
+    """Costs ~36 s here (a 2-iteration in-process run through Prefect with Ray, 2 trainer ranks and a rollout
+    worker, train.stream on): the overlap of training with rollout is a property of a whole iteration, so it
+    needs a real run."""
     from tailflow.engines.runs.commit import read_committed_state
     from tailflow.engines.store import LocalStore
     from tailflow.flows.setup import shipped_warmstart_dir

@@ -55,6 +55,9 @@ def untimed_rows_and_weights(storage, run_id: str) -> tuple[list[dict], str]:
 
 
 def test_two_iterations_through_prefect(spine_run, tiny_model_dir):
+    """Costs ~40 s here, nearly all of it the module's `spine_run` (one 2-iteration run through Prefect with Ray,
+    2 trainer ranks and a rollout worker), which this first test pays for and the bit-for-bit test reuses: the
+    spine is checked on a real run's files, checkpoint and flow runs."""
     import asyncio
 
     from prefect.client.orchestration import get_client
@@ -96,6 +99,7 @@ def test_two_iterations_through_prefect(spine_run, tiny_model_dir):
 
 
 def test_a_run_without_resumable_commits_is_not_overwritten(tiny_model_dir, tmp_path):
+    """~0 s: no run, only `prepare_run_dir` on a temp directory (in this slow module by topic, not by cost)."""
     from tailflow.config import ConfigError, config_from_dict
     from tailflow.flows.setup import prepare_run_dir
 
@@ -110,7 +114,9 @@ def test_a_run_without_resumable_commits_is_not_overwritten(tiny_model_dir, tmp_
 @pytest.mark.long
 def test_seeded_run_repeats_bit_for_bit(spine_run, tiny_model_dir, tmp_path):
     """One rollout worker, same seed: same rewards, lengths, losses and final weights as the spine run's (run
-    once for both tests: the first of the two runs compared here)."""
+    once for both tests: the first of the two runs compared here).
+    Costs ~79 s here (a second 2-iteration in-process run through Prefect with Ray and its actors; the first is the
+    shared spine run): repeating bit for bit can only be shown by running again."""
     from tailflow.flows.training import rl_training
 
     storage, _ = spine_run
@@ -125,7 +131,8 @@ def test_tail_batching_reaches_a_long_round(prefect_api, tiny_model_dir, tmp_pat
 
     P0 = 4 and 1.5x prompts: each short round launches 6 prompts and defers 2, so
     the queue holds 4 = P0 after two short rounds and iteration 2 is a long round.
-    """
+    Costs ~35 s here (a 4-iteration in-process run through Prefect with Ray and its actors, 16 new tokens): 4
+    iterations are the fewest with two short rounds filling the queue, the long round and a short round after it."""
     from tailflow.flows.training import rl_training
 
     config = tiny_run_config(tiny_model_dir, tmp_path)
@@ -201,7 +208,9 @@ def flow_run_logs(run_name: str) -> dict[str, list[str]]:
 
 
 def test_training_on_a_jsonl_dataset_with_custom_fields(prefect_api, tiny_model_dir, tmp_path):
-    """Real data path: problems from JSONL with other field names, one bad row skipped and counted."""
+    """Real data path: problems from JSONL with other field names, one bad row skipped and counted.
+    Costs ~28 s here (a 1-iteration in-process run through Prefect with Ray and its actors, on 12 problems): the
+    custom fields must reach the reward in a real run, and one iteration is the least that has one."""
     from tailflow.engines.data.arith import ArithmeticTask
     from tailflow.flows.training import rl_training
 
