@@ -29,12 +29,21 @@ the sandbox to run the program's coroutine to its end and returns its value.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tailflow.engines.reward.code.errors import Refused
 
-if TYPE_CHECKING:
-    from tailflow.engines.reward.code.remote import RemoteProgram
+
+class ProgramChannel(Protocol):
+    """What a handle asks of the program it came from (`remote.RemoteProgram`, which imports this module)."""
+
+    def request(self, op: str, *, nan_ok: bool = False, **fields) -> tuple[object, dict]: ...
+
+    def encode(self, value) -> object: ...
+
+    def call(self, target: "RemoteObject", args: tuple, kwargs: dict) -> object: ...
+
+    def next_item(self, number: int) -> object: ...
 
 
 def refuse_comparison(self, other):
@@ -47,7 +56,7 @@ class RemoteObject:
 
     __slots__ = ("_program", "_number", "_type_name", "_is_iterator", "_builds", "_built")
 
-    def __init__(self, program: RemoteProgram, number: int, type_name: str, is_iterator: bool = False) -> None:
+    def __init__(self, program: ProgramChannel, number: int, type_name: str, is_iterator: bool = False) -> None:
         object.__setattr__(self, "_program", program)
         object.__setattr__(self, "_number", number)
         object.__setattr__(self, "_type_name", type_name)
@@ -127,7 +136,7 @@ class RemoteAwaitable:
 
     __slots__ = ("_program", "_number", "_type_name", "_is_done")
 
-    def __init__(self, program: RemoteProgram, number: int, type_name: str) -> None:
+    def __init__(self, program: ProgramChannel, number: int, type_name: str) -> None:
         self._program = program
         self._number = number
         self._type_name = type_name
