@@ -29,8 +29,6 @@ scripts/install_vllm.sh .venv-vllm/bin/python
 # pytest exits 5 when the selection holds no test (e.g. a file without vllm tests, in the second run).
 # The main run takes two pytest-xdist workers, a test file each at a time (module fixtures and file order kept):
 # most of the suite waits (servers starting, runs polling, subprocesses), so one core idled through a serial run.
-# Files go out in tests/conftest.py's order, heaviest first (--no-loadscope-reorder: xdist's default reorder sends
-# the files with the most tests first, which put the few-test runs of minutes last, one worker finishing alone).
 # The vLLM run stays serial: each vLLM engine reserves a share of the machine's memory.
 # Each test appends its wall and CPU seconds to one file (tests/conftest.py; TAILFLOW_TEST_TIMES names it to keep
 # it, a temporary file otherwise); scripts/test_times.py ranks them.
@@ -38,7 +36,7 @@ times=${TAILFLOW_TEST_TIMES:-$(mktemp -t tailflow-test-times.XXXXXX)}
 [ -n "${TAILFLOW_TEST_TIMES:-}" ] || trap 'rm -f "$times"' EXIT
 export TAILFLOW_TEST_TIMES=$times
 set +e
-python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
+python3 -m pytest -n 2 --dist loadfile "$@"
 main=$?
 .venv-vllm/bin/python -m pytest --vllm-only "$@"
 vllm=$?
