@@ -28,7 +28,8 @@ python3 -m pip install --quiet --disable-pip-version-check -e ".[dev,megatron]"
 scripts/install_vllm.sh .venv-vllm/bin/python
 # pytest exits 5 when the selection holds no test (e.g. a file without vllm tests, in the second run).
 # The main run takes two pytest-xdist workers, a test file each at a time (module fixtures and file order kept):
-# most of the suite waits (servers starting, runs polling, subprocesses), so one core idled through a serial run.
+# a serial run left one core idle while tests waited (servers starting, runs polling, subprocesses). With two
+# workers the machine is 88-100% busy through every slow test (2026-11-27): the suite is CPU-bound from there.
 # The vLLM run stays serial: each vLLM engine reserves a share of the machine's memory.
 # Each test appends its wall and CPU seconds to one file (tests/conftest.py; TAILFLOW_TEST_TIMES names it to keep
 # it, a temporary file otherwise); scripts/test_times.py ranks them.
