@@ -83,7 +83,8 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, configure_logging=False)
+        ray.init(num_cpus=4, include_dashboard=False, configure_logging=False,
+                 _system_config={"prestart_worker_first_driver": False})  # as start_ray: no idle workers
     yield
     ray.shutdown()
 
@@ -101,7 +102,7 @@ def ray_cluster():
 
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=2, include_dashboard=False)
+        ray.init(num_cpus=2, include_dashboard=False, _system_config={"prestart_worker_first_driver": False})
     yield
     if started_here:
         ray.shutdown()
