@@ -22,13 +22,15 @@ from tailflow.flows.setup import shipped_warmstart_dir
 
 def run_config(storage) -> dict:
     """3 iterations, tail batching with a long round at iteration 2 (so the queue crosses commits),
-    one rollout worker (bit-for-bit), two FSDP ranks (sharded optimizer state)."""
+    one rollout worker (bit-for-bit), two FSDP ranks (sharded optimizer state), one reward worker (the pool
+    growing costs an actor start each and is tested in tests/test_reward_scheduler.py)."""
     return {
         "model": {"path": str(shipped_warmstart_dir())},
         "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
         "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16},
         "train": {"iterations": 3, "eval_every": 2, "num_workers": 2, "lr": 1e-3},
         "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
+        "reward": {"max_workers": 1},
         "storage": {"uri": str(storage)},
     }
 

@@ -163,10 +163,10 @@ def run_logs(server: dict, flow_run_id) -> list:
 def tiny_run(storage_uri: str, iterations: int) -> list[str]:
     """Overrides for a run that takes seconds an iteration on 2 cores: the shipped warm start, 4 prompts x 4
     responses of at most 24 tokens, tail batching (its long-prompt queue crosses commits), one trainer rank and
-    one rollout worker (bit for bit), asynchronous as configs/default.yaml."""
+    one rollout worker (bit for bit), one reward worker, asynchronous as configs/default.yaml."""
     from tailflow.flows.setup import shipped_warmstart_dir
 
     return [f"model.path={shipped_warmstart_dir()}", f"train.iterations={iterations}", "train.eval_every=1000",
             "train.num_workers=1", "train.lr=1e-3", "data.num_train=64", "data.num_eval=4", "data.prompts_per_step=4",
             "rollout.n=4", "rollout.max_new_tokens=24", "rollout.num_slots=16", "tail.prompt_ratio=1.5",
-            "tail.responses_launched=5", f"storage.uri={storage_uri}"]
+            "tail.responses_launched=5", "reward.max_workers=1", f"storage.uri={storage_uri}"]

@@ -40,6 +40,7 @@ def async_config(storage, engine: str = "native") -> dict:
                     "engine": engine},
         "train": {"iterations": 3, "eval_every": 2, "num_workers": 2, "lr": 1e-3, "loss": "tis"},
         "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
+        "reward": {"max_workers": 1},  # as tests/durable_cli.py's run: one reward actor to start, not three
         "storage": {"uri": str(storage)},
     }
 

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 
 TINY = [f"model.path={shipped_warmstart_dir()}", "train.iterations=1", "train.eval_every=1", "train.num_workers=1",
         "data.num_train=32", "data.num_eval=4", "data.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=16",
-        "rollout.num_slots=8", "tail.enabled=false"]
+        "rollout.num_slots=8", "tail.enabled=false", "reward.max_workers=1"]
 
 
 def clean_env(home) -> dict:

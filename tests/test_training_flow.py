@@ -31,6 +31,7 @@ def tiny_run_config(model_dir, storage) -> dict:
         "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
         "rollout": {"n": 4, "max_new_tokens": 48, "num_slots": 16},
         "train": {"iterations": 2, "eval_every": 1, "num_workers": 2, "lr": 1e-3},
+        "reward": {"max_workers": 1},  # one reward actor to start (the pool's growth: tests/test_reward_scheduler.py)
         "storage": {"uri": str(storage)},
         "tail": {"enabled": False},
     }
