@@ -2,7 +2,8 @@
 where an uninterrupted run with the same seed ends.
 
 Setup: a moto S3 server over HTTP with the tests' fault proxy in front of it
-(the runs talk to the proxy), a real Prefect server, and `tailflow train` as
+(the runs talk to the proxy), a real Prefect server (the one PREFECT_API_URL
+names, else one started here), and `tailflow train` as
 separate processes, each in its own session so a kill takes its Ray workers
 with it. First an uninterrupted reference run; then the soak run, launched
 again after every kill. Kills are drawn from a seeded generator, three kinds:
@@ -25,6 +26,7 @@ Last line: RESULT kills_survived=<n>/<kills>
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -57,16 +59,17 @@ class Kill:
     fault: str = ""
 
 
-def run_config(iterations: int, storage: str) -> dict:
-    """Tiny and seeded: one rollout worker (bit for bit), two FSDP ranks, tail batching (the queue crosses
-    commits)."""
+def run_config(iterations: int, storage: str, quick: bool) -> dict:
+    """Tiny and seeded: one rollout worker (bit for bit), two FSDP ranks (--quick: one, and one reward worker,
+    the smoke test's fewest actors to start per launch), tail batching (the queue crosses commits)."""
     from tailflow.flows.setup import shipped_warmstart_dir
 
     return {"model": {"path": str(shipped_warmstart_dir())},
             "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
             "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16},
-            "train": {"iterations": iterations, "eval_every": 5, "num_workers": 2, "lr": 1e-3},
+            "train": {"iterations": iterations, "eval_every": 5, "num_workers": 1 if quick else 2, "lr": 1e-3},
             "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
+            "reward": {"max_workers": 1 if quick else 4},
             "storage": {"uri": storage}, "tracking": {"report_every": 0}}
 
 
@@ -231,11 +234,14 @@ def main() -> int:
     store = S3Store(BUCKET, "runs", client=boto3.client("s3", endpoint_url=direct))  # reads bypass the proxy
     work = Path(tempfile.mkdtemp(prefix="tailflow-soak-"))
     config_path = work / "run.yaml"
-    config_path.write_text(yaml.safe_dump(run_config(args.iterations, f"s3://{BUCKET}/runs")))
+    config_path.write_text(yaml.safe_dump(run_config(args.iterations, f"s3://{BUCKET}/runs", args.quick)))
     (work / "prefect").mkdir()
     started = time.time()
+    # A Prefect server already named in PREFECT_API_URL (the test session's) is used as it is; else one of its own.
+    given = os.environ.get("PREFECT_API_URL")
+    server_here = contextlib.nullcontext({"env": dict(os.environ)}) if given else running_server(work / "prefect")
     try:
-        with running_server(work / "prefect") as server:
+        with server_here as server:
             env = dict(server["env"], AWS_ENDPOINT_URL=proxy.url, **aws)
             env.pop("TAILFLOW_FAULT", None)
             survived, final_ok = soak(args, store, proxy, env, config_path)

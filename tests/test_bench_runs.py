@@ -15,12 +15,12 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.mark.bench
-def test_tail_batching_quick():
+def test_tail_batching_quick(cli_env):
     """Costs ~196 s here (bench/tail_batching.py --quick as its own process: three tailflow runs, baseline, tail
     and tail with R = R0, each starting Ray, its actors and a Prefect flow). It cannot be cheaper: the speedup
     and the emptied queue are claims about whole runs compared side by side, and the quick run is already 3
     iterations, the fewest that end on the long round."""
-    stdout = run_bench("tail_batching.py", timeout=900)  # three runs: baseline, tail, tail with R = R0
+    stdout = run_bench("tail_batching.py", timeout=900, env=cli_env)  # baseline, tail, tail with R = R0
     last_line = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0 "
                         r"unbiased_step_total_speedup=\S+ unbiased_accuracy_delta=\S+",
@@ -31,9 +31,9 @@ def test_tail_batching_quick():
 
 
 @pytest.mark.bench
-def test_async_quick():
+def test_async_quick(cli_env):
     """Two settings (~2 min): the synchronous step and alpha = 1, through the whole report to the RESULT line."""
-    stdout = run_bench("async.py", "--settings", "sync,async1", timeout=600)
+    stdout = run_bench("async.py", "--settings", "sync,async1", timeout=600, env=cli_env)
     last_line = stdout.strip().splitlines()[-1]
     match = re.fullmatch(r"RESULT skip_stream_step_speedup=\S+ async_step_speedup=\d+\.\d\d "
                          r"sim_async_speedup_32b=(\d+\.\d\d) accuracy_delta=\d+\.\d", last_line)
@@ -43,14 +43,14 @@ def test_async_quick():
 
 
 @pytest.mark.bench
-def test_peer_tailflow_side_quick():
+def test_peer_tailflow_side_quick(cli_env):
     """The tailflow half of bench/peer.py (the synchronous and the default run, 2 steps each); the TRL half needs
     its own venv (scripts/peer_env.sh) and runs only in the full benchmark. tests/test_peer_bench.py checks what
     TRL would be handed.
     Costs ~117 s here (two tailflow runs of 2 steps each, each starting Ray, its actors and a Prefect flow, plus a
     held-out eval of 16 problems): the prompt-order check needs the synchronous run to really train, and the default
     run is what the comparison is about."""
-    stdout = run_bench("peer.py", "--tailflow-only", timeout=900)
+    stdout = run_bench("peer.py", "--tailflow-only", timeout=900, env=cli_env)
     assert "prompt order: tailflow sync trained exactly the prompts handed to TRL, in order: yes" in stdout
     assert "tailflow sync" in stdout and "tailflow default" in stdout and "final held-out accuracy" in stdout
     assert stdout.strip().splitlines()[-1] == "TRL side skipped (--tailflow-only): no RESULT line"

@@ -46,13 +46,13 @@ def test_sensitivity_quick(tmp_path):
 
 
 @pytest.mark.bench
-def test_soak_quick():
+def test_soak_quick(cli_env):
     """Three seeded kills (one of each kind) over a 3-iteration run on S3, each resumed.
-    Costs ~324 s here (a moto S3 server behind the fault proxy, a real Prefect server, one uninterrupted 3-iteration
-    `tailflow train` and the soak run launched again after each of its 3 kills, every launch starting Ray and its
-    actors): a SIGKILL needs a process of its own per kill, and one kill of each kind is the least that checks all
-    three."""
-    stdout = run_bench("soak.py", timeout=1500)  # the bench itself fails after 240 s without output (a stall)
+    Costs ~324 s here (a moto S3 server behind the fault proxy, one uninterrupted 3-iteration `tailflow train` and
+    the soak run launched again after each of its 3 kills, every launch starting Ray and its actors; --quick runs
+    one trainer rank and one reward worker, and the session's Prefect server instead of one of its own): a SIGKILL
+    needs a process of its own per kill, and one kill of each kind is the least that checks all three."""
+    stdout = run_bench("soak.py", timeout=1500, env=cli_env)  # the bench fails itself after 240 s without output
     last_line = stdout.strip().splitlines()[-1]
     assert last_line == "RESULT kills_survived=3/3", stdout[-3000:]  # every kill survived, the final run equal
     assert {"timer", "crash-", "stalled checkpoint upload"} <= {kind for kind in ("timer", "crash-", "stalled checkpoint upload")
@@ -60,11 +60,11 @@ def test_soak_quick():
 
 
 @pytest.mark.bench
-def test_reward_quick():
+def test_reward_quick(cli_env):
     """Costs ~123 s here (part (a): 20 code responses per arm through 4 reward workers with T_max 2 s; part (b):
     two 1-iteration runs through the full flow, Prefect, Ray and its actors, differing only in reward.streaming):
     the hidden fraction is a comparison of two real training steps, so neither run can be left out."""
-    stdout = run_bench("reward.py")
+    stdout = run_bench("reward.py", env=cli_env)
     last_line = stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"RESULT adaptive_timeout_speedup=\S+ reward_hidden_fraction=\S+", last_line)
     assert "VERDICT:" in stdout and "sandbox backend:" in stdout
@@ -100,7 +100,7 @@ def test_sim_async_and_spot_quick():
 
 @pytest.mark.bench
 @pytest.mark.vllm
-def test_engine_quick_with_vllm(capsys):
+def test_engine_quick_with_vllm(capsys, cli_env):
     """Where vLLM is installed the same script puts the vLLM engine beside the others (same forced lengths),
     then runs the tail-batching bench with rollout.engine=vllm and the contract on vLLM (Qwen2 in --quick).
     Its RESULT line goes to the terminal too (the vLLM run is serial), so each CI log carries the numbers.
@@ -108,7 +108,7 @@ def test_engine_quick_with_vllm(capsys):
     rollout.engine=vllm and the engine contract on vLLM, serial since each vLLM engine starts its own process and
     loads the model). It cannot be cheaper: vLLM's start-up on CPU is most of it and each of the three parts needs
     its own engine."""
-    stdout = run_bench("engine.py", timeout=1800)
+    stdout = run_bench("engine.py", timeout=1800, env=cli_env)
     last_line = stdout.strip().splitlines()[-1]
     with capsys.disabled():
         print(f"\nbench/engine.py --quick with vLLM: {last_line}")
