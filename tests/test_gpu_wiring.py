@@ -45,7 +45,10 @@ def test_workers_added_at_runtime_on_gpus_ask_for_a_whole_gpu():
     assert rollout_resources(load_config(None, [])) == {"num_cpus": 0.5, "num_gpus": 0}
 
 
+@pytest.mark.e2e
 def test_on_logical_gpus_actors_sit_where_the_layout_says_and_the_phases_take_turns(tmp_path):
+    """Costs ~35 s here alone, ~70 s in the parallel suite (a Ray of its own with 2 logical GPUs, 2 trainer ranks
+    and 2 rollout workers placed, a step's phases taking turns): placement is only seen on a real Ray."""
     write_random_tiny_model(tmp_path, seed=1)
     scenario = Path(__file__).with_name("gpu_wiring_scenario.py")
     run = subprocess.run([sys.executable, str(scenario), str(tmp_path)], capture_output=True, text=True, timeout=300)

@@ -31,10 +31,13 @@ def test_plan_with_the_paper_generator(tmp_path, capsys):
     assert "1.125          5" in stdout  # responses ceil(1.125 x 4) = 5
 
 
+@pytest.mark.long
 def test_the_32b_example_reports_what_cannot_run_and_still_recommends(tmp_path, capsys):
     """docs/simulator.md's 32B plan (64 GPUs, 32k cap) on reduced rounds and P0. At TP 1 a replica holds the
     65 GB of weights with 3 GB to spare: its KV budget (11k tokens) is positive but smaller than one request, the
-    setting that used to crash the plan; it is a row now, and the plan goes on."""
+    setting that used to crash the plan; it is a row now, and the plan goes on.
+    Costs ~40 s here, all CPU (two plans of 32k-token rounds, every cell simulated): the infeasible row only
+    appears at the 32B model's real sizes, and the recommendation needs every TP's cells."""
     out = tmp_path / "plan"
     code = main(["plan", "--paper", "--max-new-tokens", "32768", "--gpus", "64", "--model", "qwen2.5-32b",
                  "--prompts-per-step", "16", "--rounds", "1", "--pricing", "roofline", "--out", str(out),
