@@ -30,17 +30,26 @@ scripts/install_vllm.sh .venv-vllm/bin/python
 # The main run takes two pytest-xdist workers, a test file each at a time (module fixtures and file order kept):
 # a serial run left one core idle while tests waited (servers starting, runs polling, subprocesses). With two
 # workers the machine is 88-100% busy through every slow test (2026-11-27): the suite is CPU-bound from there.
-# The vLLM run stays serial: each vLLM engine reserves a share of the machine's memory.
+# The vLLM run's own tests stay serial: each vLLM engine reserves a share of the machine's memory.
 # Each test appends its wall and CPU seconds to one file (tests/conftest.py; TAILFLOW_TEST_TIMES names it to keep
 # it, a temporary file otherwise); scripts/test_times.py ranks them.
 times=${TAILFLOW_TEST_TIMES:-$(mktemp -t tailflow-test-times.XXXXXX)}
 [ -n "${TAILFLOW_TEST_TIMES:-}" ] || trap 'rm -f "$times"' EXIT
 export TAILFLOW_TEST_TIMES=$times
+# The vLLM run goes beside the main run, not after it: alone it kept the machine ~64% busy (its tests wait on vLLM's
+# engine processes starting), and the main run's two workers leave gaps too; side by side the two fill each other's.
+# Its output is kept in a file and printed after the main run's, so neither log is interleaved with the other.
+vllm_log=$(mktemp -t tailflow-vllm-run.XXXXXX)
 set +e
+.venv-vllm/bin/python -m pytest --vllm-only "$@" >"$vllm_log" 2>&1 &
+vllm_pid=$!
 python3 -m pytest -n 2 --dist loadfile "$@"
 main=$?
-.venv-vllm/bin/python -m pytest --vllm-only "$@"
+wait "$vllm_pid"
 vllm=$?
+echo "== the vLLM run (.venv-vllm, beside the main run):"
+cat "$vllm_log"
+rm -f "$vllm_log"
 set -e
 python3 scripts/test_times.py "$times" --top 30
 machine end
