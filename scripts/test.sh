@@ -30,9 +30,9 @@ scripts/install_vllm.sh .venv-vllm/bin/python
 # The main run takes two pytest-xdist workers, a test file each at a time (module fixtures and file order kept):
 # a serial run left one core idle while tests waited (servers starting, runs polling, subprocesses). With two
 # workers the machine is 88-100% busy through every slow test (2026-11-27): the suite is CPU-bound from there.
-# Files go out in tests/conftest.py's order, heaviest first (--no-loadscope-reorder: xdist's default reorder sends
-# the files with the most tests first, which put the few-test runs of minutes last, one worker finishing alone:
-# run C, 2026-11-27, ended with the Megatron and async kill-and-resume files started after minute 30).
+# Files go out in xdist's default order (most tests first). Heaviest first was tried twice and lost both times:
+# run D (2026-11-27, beside the vLLM run) took 49 min 21 s against run C's 44 min 22 s in the default order, the
+# minute-long runs then all overlapping the vLLM run's; run B (vLLM run after) had the Cancel test fail.
 # The vLLM run's own tests stay serial: each vLLM engine reserves a share of the machine's memory.
 # Each test appends its wall and CPU seconds to one file (tests/conftest.py; TAILFLOW_TEST_TIMES names it to keep
 # it, a temporary file otherwise); scripts/test_times.py ranks them.
@@ -46,7 +46,7 @@ vllm_log=$(mktemp -t tailflow-vllm-run.XXXXXX)
 set +e
 .venv-vllm/bin/python -m pytest --vllm-only "$@" >"$vllm_log" 2>&1 &
 vllm_pid=$!
-python3 -m pytest -n 2 --dist loadfile --no-loadscope-reorder "$@"
+python3 -m pytest -n 2 --dist loadfile "$@"
 main=$?
 wait "$vllm_pid"
 vllm=$?

@@ -21,7 +21,6 @@ os.environ.pop("PREFECT_API_URL", None)
 os.environ["RAY_ADDRESS"] = "local"
 
 import json  # noqa: E402
-import re  # noqa: E402
 import resource  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
@@ -146,31 +145,6 @@ def pytest_collection_modifyitems(config, items):
         if any(item.get_closest_marker(kind) for kind in SLOW_KINDS) and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.slow)
     select_vllm_tests(config, items)
-    heaviest_files_first(items)
-
-
-def heaviest_files_first(items) -> None:
-    """Files in order of the cost their slow tests' docstrings state (tests/test_ci_policy.py makes every slow
-    test state one), heaviest first; files without a stated cost after them, in collection order (stable: a
-    file's tests keep their order). scripts/test.sh hands whole files to two xdist workers in this order, so the
-    runs of minutes start at once and the last minutes are filled with short files instead of one worker
-    finishing a long file alone (largest first: the classic rule for two machines and known job lengths)."""
-    cost: dict[str, float] = {}
-    for item in items:
-        path = item.nodeid.split("::")[0]
-        cost[path] = cost.get(path, 0.0) + stated_cost_s(getattr(item, "function", None))
-    items.sort(key=lambda item: -cost[item.nodeid.split("::")[0]])
-
-
-STATED_COST = re.compile(r"~?(\d+(?:\.\d+)?)\s*(?:-\s*\d+(?:\.\d+)?\s*)?(s|min|minutes|seconds)\b")
-
-
-def stated_cost_s(function) -> float:
-    """The first cost a test's docstring states ("Costs ~250 s here", "1-2 min"), in seconds; 0 if none."""
-    match = STATED_COST.search((function.__doc__ or "") if function is not None else "")
-    if not match:
-        return 0.0
-    return float(match[1]) * (1 if match[2] in ("s", "seconds") else 60)
 
 
 def select_vllm_tests(config, items) -> None:

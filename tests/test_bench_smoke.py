@@ -103,7 +103,8 @@ def test_sim_async_and_spot_quick():
 def test_engine_quick_with_vllm(capsys, cli_env):
     """Where vLLM is installed the same script puts the vLLM engine beside the others (same forced lengths),
     then runs the tail-batching bench with rollout.engine=vllm and the contract on vLLM (Qwen2 in --quick).
-    Its RESULT line goes to the terminal too (the vLLM run is serial), so each CI log carries the numbers.
+    Its RESULT line goes to the vLLM run's output too (its tests run one at a time), so each CI log carries the
+    numbers.
     Costs ~386 s here (bench/engine.py --quick with vLLM on the CPU: the engine comparison, a tail-batching run with
     rollout.engine=vllm and the engine contract on vLLM, serial since each vLLM engine starts its own process and
     loads the model). It cannot be cheaper: vLLM's start-up on CPU is most of it and each of the three parts needs
