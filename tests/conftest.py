@@ -85,9 +85,10 @@ def ray_session():
     the suite."""
     import ray
 
+    from tailflow.engines.cluster.runtime import NO_IDLE_WORKERS
+
     if not ray.is_initialized():
-        ray.init(num_cpus=4, include_dashboard=False, configure_logging=False,
-                 _system_config={"prestart_worker_first_driver": False})  # as start_ray: no idle workers
+        ray.init(num_cpus=4, include_dashboard=False, configure_logging=False, _system_config=NO_IDLE_WORKERS)
     yield
     ray.shutdown()
 
@@ -116,9 +117,11 @@ def ray_cluster():
     """A 2-CPU local Ray for one module (FSDP2 rank tests), shut down after it unless it was already running."""
     import ray
 
+    from tailflow.engines.cluster.runtime import NO_IDLE_WORKERS
+
     started_here = not ray.is_initialized()
     if started_here:
-        ray.init(num_cpus=2, include_dashboard=False, _system_config={"prestart_worker_first_driver": False})
+        ray.init(num_cpus=2, include_dashboard=False, _system_config=NO_IDLE_WORKERS)
     yield
     if started_here:
         ray.shutdown()
