@@ -64,13 +64,16 @@ def run_config(iterations: int, storage: str, quick: bool) -> dict:
     the smoke test's fewest actors to start per launch), tail batching (the queue crosses commits)."""
     from tailflow.flows.setup import shipped_warmstart_dir
 
-    return {"model": {"path": str(shipped_warmstart_dir())},
-            "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
-            "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16},
-            "train": {"iterations": iterations, "eval_every": 5, "num_workers": 1 if quick else 2, "lr": 1e-3},
-            "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
-            "reward": {"max_workers": 1 if quick else 4},
-            "storage": {"uri": storage}, "tracking": {"report_every": 0}}
+    config = {"model": {"path": str(shipped_warmstart_dir())},
+              "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
+              "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16},
+              "train": {"iterations": iterations, "eval_every": 5, "num_workers": 2, "lr": 1e-3},
+              "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
+              "storage": {"uri": storage}, "tracking": {"report_every": 0}}
+    if quick:
+        config["train"]["num_workers"] = 1
+        config["reward"] = {"max_workers": 1}
+    return config
 
 
 def draw_kills(rng: random.Random, count: int) -> list[Kill]:
