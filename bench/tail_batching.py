@@ -97,9 +97,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "train.seed": args.seed,
         "rollout.engine": args.engine,
     }
-    if args.quick:  # a smoke run: a long round at the 3rd step (2 short rounds defer 2 prompts each)
+    if args.quick:  # a smoke run: a long round at the 3rd step (2 short rounds defer 2 prompts each); one trainer
+        # rank, not the default's two, spares each run a process start (~8 CPU-s here): what --quick checks is the
+        # bench end to end, and the FSDP2 ranks have tests of their own
         overrides |= {"data.num_train": 200, "data.num_eval": 16, "data.prompts_per_step": 4, "rollout.n": 4,
-                      "tail.prompt_ratio": 1.5}
+                      "tail.prompt_ratio": 1.5, "train.num_workers": 1}
     requested = args.iterations or (3 if args.quick else 10)
     iterations = whole_cycle_iterations(config_from_dict(default_config_tree(overrides)), requested)
     if iterations != requested:
@@ -349,7 +351,8 @@ def main() -> None:
     parser.add_argument("--engine", choices=("native", "vllm"), default="native",
                         help="rollout.engine of both runs (vllm: run with .venv-vllm/bin/python, scripts/install_vllm.sh)")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke run: 3 iterations, P0=4, R0=4, prompt_ratio 1.5, 64 new tokens, 16 eval problems")
+                        help="smoke run: 3 iterations, P0=4, R0=4, prompt_ratio 1.5, 64 new tokens, 16 eval problems, "
+                             "one trainer rank")
     parser.add_argument("--without-r0", action="store_true",
                         help="leave out the third run (R = R0) and its two RESULT fields: bench/vllm_side.py reads "
                              "step_total_speedup alone, and each run on vLLM costs a minute of CPU here")
