@@ -163,13 +163,13 @@ def test_cancel_ends_the_run_and_its_iteration_cancelled_and_a_resume_continues(
     assert done - 1 <= states.count("COMPLETED") <= done, seen  # (done - 1: cancelled between its commit and its end)
     said = [record.message for record in records  # the run's own line (Prefect's abort record quotes it too)
             if record.message.startswith("[tailflow]") and "cancelled" in record.message]
-    assert len(said) == 1, said
-    assert f"{done} iterations committed" in said[0] and "tailflow resume stopped" in said[0]
+    assert len(said) == 1, f"{said}\n{seen}"
+    assert f"{done} iterations committed" in said[0] and "tailflow resume stopped" in said[0], seen
     print(f"[seen] flow run {cancelled.name}: {cancelled.state.type.value} ({cancelled.state.message}); subflows:",
           [(sub.name, state) for sub, state in zip(subflows, states)], "; its log:", said[0])  # -rA shows it
     noise = [record.message for record in records + [r for sub in subflows for r in run_logs(operated_prefect, sub.id)]
              if record.level >= 40]
-    assert not noise, noise  # no error, no traceback: a Cancel is not a failure
+    assert not noise, f"{noise}\n{seen}"  # no error, no traceback: a Cancel is not a failure
 
     resumed = subprocess.run(
         [sys.executable, "-m", "tailflow.cli", "resume", "stopped", "--set", f"storage.uri={tmp_path}",
