@@ -10,6 +10,17 @@ iteration's subflow and its own flow run Cancelled, and stops with `RunCancelled
 own, and no retry starts. A task the signal stops ends Completed and its call raises `RunCancelled`
 (tasks/cancellable.py): Prefect logs every other end of a task run as an error. A flow run no worker supervises
 (`tailflow train` with a server) is cancelled too: the run looks at its state after each commit and stops there.
+
+Where SIGTERM lands decides whether that handling runs to its end. A subflow's engine (Prefect 3.8.8's
+`capture_sigterm`) replaces Ray's handler with its own while the subflow runs, and a `ray.get` holds that one's
+exception until its result comes, which, Ray's processes stopped by the same signal, it may never do: the
+runner then SIGKILLed the driver 30 s later (seen in the Cancel test: the iteration left Running, the line
+unsaid). So an iteration's own code runs with SIGTERM raising SystemExit, as Ray's handler does
+(`aborted_on_cancel`). The subflow's engine puts Ray's handler back when it ends, undoing the ignore a task set,
+so the run ignores SIGTERM again as soon as the error that reaches it says it is cancelled (`ended_on_cancel`),
+and while it asks the API the signal waits (tasks/cancellable.py): a second SIGTERM (Prefect's engine sends one
+to its own process when the first came without the runner's cancel intent; a runner sends one per cancellation
+it acts on) must not stop that handling halfway.
 """
 from __future__ import annotations
 
@@ -19,7 +30,7 @@ from typing import Iterator
 
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.flows.run_log import say
-from tailflow.tasks.cancellable import RunCancelled, cancel_requested
+from tailflow.tasks.cancellable import RunCancelled, cancel_requested, exits_on_sigterm, hold_off_termination
 
 
 def cancelled_line(store, run_id: str, store_uri: str, iteration: int, finished: bool) -> str:
@@ -46,13 +57,18 @@ def stop_if_cancelled(store, run_id: str, store_uri: str, iteration: int) -> Non
 @contextmanager
 def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int, since: datetime) -> Iterator[None]:
     """Around iteration `iteration` in the run's flow: whatever stops it while the run is being cancelled
-    becomes the run's line, a Cancelled subflow and flow run, and RunCancelled; any other error passes."""
+    becomes the run's line, a Cancelled subflow and flow run, and RunCancelled; any other error passes. From the
+    moment it knows, SIGTERM is ignored: a RunCancelled from the subflow says so, and the subflow's engine put
+    Ray's handler back on its way out. A SIGTERM landing while the line is written or the subflows ended stopped
+    the run there, its iteration left Running."""
     try:
         yield
     except BaseException as error:
         if isinstance(error, RunCancelled) and getattr(error, "state", None) is not None:
             raise  # stop_if_cancelled ended the run already, its line said
-        if not isinstance(error, RunCancelled) and not cancel_requested():
+        if isinstance(error, RunCancelled):
+            hold_off_termination()  # the subflow's engine put back the handler it had replaced (Ray's)
+        elif not cancel_requested():
             raise
         line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
         say(line)
@@ -63,13 +79,15 @@ def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int, since: d
 @contextmanager
 def aborted_on_cancel() -> Iterator[None]:
     """Inside an iteration's subflow: an error while the run is being cancelled stops the subflow without a
-    crash report (the run's flow then ends it Cancelled, `ended_on_cancel`)."""
-    try:
-        yield
-    except BaseException as error:
-        if isinstance(error, RunCancelled) or not cancel_requested():
-            raise
-        raise RunCancelled("the run is being cancelled") from None
+    crash report (the run's flow then ends it Cancelled, `ended_on_cancel`). Inside, SIGTERM raises SystemExit
+    (`exits_on_sigterm`), so that the Cancel's signal stops a Ray call in flight instead of waiting on it."""
+    with exits_on_sigterm():
+        try:
+            yield
+        except BaseException as error:
+            if isinstance(error, RunCancelled) or not cancel_requested():
+                raise
+            raise RunCancelled("the run is being cancelled") from None
 
 
 def run_cancelled(line: str) -> RunCancelled:
@@ -109,3 +127,4 @@ def cancel_unfinished_subflows(since: datetime, line: str) -> None:
         for subflow in client.read_flow_runs(flow_run_filter=runs_filter):
             if subflow.created is not None and subflow.created >= since:
                 client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)
+
