@@ -20,7 +20,8 @@ unsaid). So an iteration's own code runs with SIGTERM raising SystemExit, as Ray
 so the run ignores SIGTERM again as soon as the error that reaches it says it is cancelled (`ended_on_cancel`),
 and while it asks the API the signal waits (tasks/cancellable.py): a second SIGTERM (Prefect's engine sends one
 to its own process when the first came without the runner's cancel intent; a runner sends one per cancellation
-it acts on) must not stop that handling halfway.
+it acts on) must not stop that handling halfway. Should the process die anyway, the runner runs
+`end_left_subflows`, which says the line if the process did not and ends the iteration it left Running.
 """
 from __future__ import annotations
 
@@ -128,3 +129,58 @@ def cancel_unfinished_subflows(since: datetime, line: str) -> None:
             if subflow.created is not None and subflow.created >= since:
                 client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)
 
+
+def end_left_subflows(flow, flow_run, state) -> None:
+    """`rl_training`'s on_cancellation hook. A worker's runner (Prefect 3.8.8: runner/_cancellation_manager.py)
+    runs it in a process of its own once the Cancel's signal has ended the run's process (or its SIGKILL, 30 s
+    later), before it sets the flow run Cancelled. A subflow still Pending or Running then is one the process
+    could not end (`ended_on_cancel` never got there): the run's line is said here unless the process said it,
+    and the subflow set Cancelled with it. Crashed ones are left: an earlier attempt's, ended by the resume that
+    replaced it. Where the run ended its iteration itself (the usual case) there is nothing to do."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
+                                                FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled
+
+    left = FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))
+    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]), state=left)
+    with get_client(sync_client=True) as client:
+        subflows = client.read_flow_runs(flow_run_filter=runs_filter)
+    if not subflows:
+        return
+    iteration = min(int(name[len("iter-"):]) if (name := subflow.name or "").startswith("iter-") else 0
+                    for subflow in subflows)
+    line = said_or_say(flow_run, iteration)
+    with get_client(sync_client=True) as client:
+        for subflow in subflows:
+            client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)
+
+
+def said_or_say(flow_run, iteration: int) -> str:
+    """The run's line, as `ended_on_cancel` says it, for flow run `flow_run` stopped in `iteration`: read back
+    from its logs if its process said it, else said now, in its logs (its store and run id come from its
+    parameters, as the flow resolves them)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    from tailflow.config import load_config
+    from tailflow.engines.store import open_store
+    from tailflow.flows.training import OVERRIDES, resolve_config
+
+    params = flow_run.parameters
+    run_id = params.get("run_id") or f"run-{str(flow_run.id)[:8]}"  # training.default_run_id, outside the run
+    config = params.get("config")
+    store_uri = (resolve_config(None, [], config) if config is not None
+                 else load_config(params.get("config_path"), params.get("overrides") or [], OVERRIDES)).storage.uri
+    with get_client(sync_client=True) as client:
+        records = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])),
+                                   sort=LogSort.TIMESTAMP_DESC)  # the newest page: the line ends the run's logs
+    ours = f"[tailflow] run {run_id}: cancelled "
+    said = [record.message for record in records if record.message.startswith(ours)]
+    if said:
+        return said[0]
+    line = cancelled_line(open_store(store_uri), run_id, store_uri, iteration, finished=False)
+    say(line, flow_run_id=flow_run.id)
+    return line
