@@ -133,10 +133,11 @@ def cancel_unfinished_subflows(since: datetime, line: str) -> None:
 def end_left_subflows(flow, flow_run, state) -> None:
     """`rl_training`'s on_cancellation hook. A worker's runner (Prefect 3.8.8: runner/_cancellation_manager.py)
     runs it in a process of its own once the Cancel's signal has ended the run's process (or its SIGKILL, 30 s
-    later), before it sets the flow run Cancelled. A subflow still Pending or Running then is one the process
-    could not end (`ended_on_cancel` never got there): the run's line is said here unless the process said it,
-    and the subflow set Cancelled with it. Crashed ones are left: an earlier attempt's, ended by the resume that
-    replaced it. Where the run ended its iteration itself (the usual case) there is nothing to do."""
+    later), before it sets the flow run Cancelled. Where the process could not end the run itself (it died
+    before `ended_on_cancel` or `stop_if_cancelled` got there) the run's line is said here, and a subflow still
+    Pending or Running, one the process could not end, is set Cancelled with it. Crashed ones are left: an
+    earlier attempt's, ended by the resume that replaced it. Where the run ended itself (the usual case) there is
+    nothing to do."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
                                                 FlowRunFilterStateType)
@@ -147,20 +148,18 @@ def end_left_subflows(flow, flow_run, state) -> None:
     runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]), state=left)
     with get_client(sync_client=True) as client:
         subflows = client.read_flow_runs(flow_run_filter=runs_filter)
-    if not subflows:
-        return
-    iteration = min(int(name[len("iter-"):]) if (name := subflow.name or "").startswith("iter-") else 0
-                    for subflow in subflows)
-    line = said_or_say(flow_run, iteration)
+    iterations = [int(subflow.name[len("iter-"):]) for subflow in subflows
+                  if (subflow.name or "").startswith("iter-") and subflow.name[len("iter-"):].isdigit()]
+    line = said_or_say(flow_run, min(iterations) if iterations else None)
     with get_client(sync_client=True) as client:
         for subflow in subflows:
             client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)
 
 
-def said_or_say(flow_run, iteration: int) -> str:
-    """The run's line, as `ended_on_cancel` says it, for flow run `flow_run` stopped in `iteration`: read back
-    from its logs if its process said it, else said now, in its logs (its store and run id come from its
-    parameters, as the flow resolves them)."""
+def said_or_say(flow_run, iteration: int | None) -> str:
+    """The run's line, as `ended_on_cancel` says it, for flow run `flow_run` stopped in `iteration` (None: in
+    the one after its last commit): read back from its logs if its process said it, else said now, in its logs
+    (its store and run id come from its parameters, as the flow resolves them)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
@@ -171,16 +170,19 @@ def said_or_say(flow_run, iteration: int) -> str:
 
     params = flow_run.parameters
     run_id = params.get("run_id") or f"run-{str(flow_run.id)[:8]}"  # training.default_run_id, outside the run
-    config = params.get("config")
-    store_uri = (resolve_config(None, [], config) if config is not None
-                 else load_config(params.get("config_path"), params.get("overrides") or [], OVERRIDES)).storage.uri
     with get_client(sync_client=True) as client:
         records = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])),
                                    sort=LogSort.TIMESTAMP_DESC)  # the newest page: the line ends the run's logs
-    ours = f"[tailflow] run {run_id}: cancelled "
-    said = [record.message for record in records if record.message.startswith(ours)]
+    said = [record.message for record in records if record.message.startswith(f"[tailflow] run {run_id}: cancelled ")]
     if said:
         return said[0]
-    line = cancelled_line(open_store(store_uri), run_id, store_uri, iteration, finished=False)
+    config = params.get("config")
+    store_uri = (resolve_config(None, [], config) if config is not None
+                 else load_config(params.get("config_path"), params.get("overrides") or [], OVERRIDES)).storage.uri
+    store = open_store(store_uri)
+    if iteration is None:
+        committed = read_committed_state(store, run_id)
+        iteration = committed.iteration if committed is not None else 0
+    line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
     say(line, flow_run_id=flow_run.id)
     return line
