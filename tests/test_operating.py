@@ -303,3 +303,40 @@ def test_a_task_a_cancel_stops_ends_completed_and_its_caller_gets_run_cancelled(
     monkeypatch.setattr(cancellable, "cancel_requested", lambda: False)
     with pytest.raises(SystemError):
         calls_it()
+
+
+def test_a_sigterm_while_asking_about_a_cancel_waits_for_the_answer(monkeypatch):
+    """The Cancel test left an iteration Running now and then: a SIGTERM landing while the run asked the API about
+    the error at hand escaped the handling that ends the run Cancelled. While `cancel_requested` asks, SIGTERM is
+    recorded; a Cancel then drops it (the run winds down, SIGTERM ignored from then on), anything else hands it to
+    the handler it replaced, as if it had come just then. A real signal, sent while the question is asked."""
+    import os
+    import signal
+
+    from tailflow.tasks import cancellable
+
+    landed = []
+
+    def previous(signum, frame):
+        landed.append(signum)
+
+    def asked_during_a_sigterm(answer: bool):
+        def ask() -> bool:
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert not landed  # not handled while asking
+            return answer
+        return ask
+
+    before = signal.signal(signal.SIGTERM, previous)
+    try:
+        monkeypatch.setattr(cancellable, "run_is_cancelling", asked_during_a_sigterm(False))
+        assert cancellable.cancel_requested() is False
+        assert landed == [signal.SIGTERM] and signal.getsignal(signal.SIGTERM) is previous
+
+        landed.clear()
+        monkeypatch.setattr(cancellable, "run_is_cancelling", asked_during_a_sigterm(True))
+        assert cancellable.cancel_requested() is True
+        os.kill(os.getpid(), signal.SIGTERM)  # a second one, the runner's or Prefect's: ignored too
+        assert not landed and signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, before)

@@ -123,6 +123,17 @@ def test_retry_of_a_killed_run_with_persisted_results_runs_every_iteration(opera
     assert f"resumed from its last commit by flow run killed ({killed.id})" in orphan.state.message
 
 
+def what_a_cancel_left(server: dict, cancelled, subflows: list, records: list) -> str:
+    """What a failed Cancel assertion shows: the flow run's state and message, each subflow's, the run's log
+    records and the worker's log's tail (it carries the flow run process's output). The Cancel test failed now
+    and then with only the subflows' states to go on; this says where the signal landed."""
+    lines = [f"flow run {cancelled.name}: {cancelled.state.type.value} ({cancelled.state.message})"]
+    lines += [f"subflow {sub.name}: {sub.state.type.value} ({sub.state.message})" for sub in subflows]
+    lines += ["its log:"] + [f"  {record.timestamp} {record.level} {record.message}" for record in records]
+    lines += ["worker log (tail):", Path(server["worker_log"]).read_text()[-12000:]]
+    return "\n".join(lines)
+
+
 def test_cancel_ends_the_run_and_its_iteration_cancelled_and_a_resume_continues(operated_prefect, tmp_path):
     """Costs ~134 s here (a flow run through the worker, Ray and its actors, cancelled after its first commit,
     then a `tailflow resume` process that starts Ray again): a Cancel must land in a run that has committed, and
@@ -146,18 +157,19 @@ def test_cancel_ends_the_run_and_its_iteration_cancelled_and_a_resume_continues(
     subflows = subflow_runs(operated_prefect, run.id)
     states = [run.state.type.value for run in subflows]
     print("[seen] subflows:", [(sub.name, sub.state.type.value, sub.state.message) for sub in subflows])
-    assert set(states) <= {"COMPLETED", "CANCELLED"} and states.count("CANCELLED") <= 1  # the one it was in, if any
-    assert done - 1 <= states.count("COMPLETED") <= done  # (done - 1: cancelled between its commit and its end)
     records = run_logs(operated_prefect, run.id)
+    seen = what_a_cancel_left(operated_prefect, cancelled, subflows, records)
+    assert set(states) <= {"COMPLETED", "CANCELLED"} and states.count("CANCELLED") <= 1, seen  # the one it was in
+    assert done - 1 <= states.count("COMPLETED") <= done, seen  # (done - 1: cancelled between its commit and its end)
     said = [record.message for record in records  # the run's own line (Prefect's abort record quotes it too)
             if record.message.startswith("[tailflow]") and "cancelled" in record.message]
-    assert len(said) == 1, said
-    assert f"{done} iterations committed" in said[0] and "tailflow resume stopped" in said[0]
+    assert len(said) == 1, f"{said}\n{seen}"
+    assert f"{done} iterations committed" in said[0] and "tailflow resume stopped" in said[0], seen
     print(f"[seen] flow run {cancelled.name}: {cancelled.state.type.value} ({cancelled.state.message}); subflows:",
           [(sub.name, state) for sub, state in zip(subflows, states)], "; its log:", said[0])  # -rA shows it
     noise = [record.message for record in records + [r for sub in subflows for r in run_logs(operated_prefect, sub.id)]
              if record.level >= 40]
-    assert not noise, noise  # no error, no traceback: a Cancel is not a failure
+    assert not noise, f"{noise}\n{seen}"  # no error, no traceback: a Cancel is not a failure
 
     resumed = subprocess.run(
         [sys.executable, "-m", "tailflow.cli", "resume", "stopped", "--set", f"storage.uri={tmp_path}",

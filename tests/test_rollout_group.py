@@ -58,3 +58,38 @@ def test_streaming_balances_polls_and_aborts(ray_session, model_dir):
         assert not group.has_unfinished()  # what the round driver asks before calling a round stalled
     finally:
         group.shutdown()
+
+
+def test_a_sigterm_in_an_iterations_code_stops_a_ray_get_at_once(ray_session):
+    """Why the Cancel test left an iteration Running: inside a subflow Prefect's SIGTERM bridge replaces Ray's
+    handler, and a `ray.get` (a rollout poll, here) held the bridge's exception until its result came, which,
+    Ray's processes stopped by the same signal, it never did; the runner SIGKILLed the driver 30 s later. In an
+    iteration's code (`exits_on_sigterm`, flows/cancel.py) the signal raises SystemExit, which `ray.get` passes
+    on at once, whatever it waits for."""
+    import os
+    import signal
+    import threading
+    import time
+
+    import ray
+    from prefect.utilities.engine import capture_sigterm
+
+    from tailflow.tasks.cancellable import exits_on_sigterm
+
+    @ray.remote
+    def slow() -> str:
+        time.sleep(60)
+        return "done"
+
+    ref = slow.remote()
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with capture_sigterm(), exits_on_sigterm():  # a subflow's bridge, then an iteration's own code
+            threading.Timer(1, os.kill, (os.getpid(), signal.SIGTERM)).start()
+            started = time.monotonic()
+            with pytest.raises(SystemExit):
+                ray.get(ref)
+            assert time.monotonic() - started < 30
+    finally:
+        signal.signal(signal.SIGTERM, before)
+        ray.cancel(ref, force=True)

@@ -10,6 +10,18 @@ iteration's subflow and its own flow run Cancelled, and stops with `RunCancelled
 own, and no retry starts. A task the signal stops ends Completed and its call raises `RunCancelled`
 (tasks/cancellable.py): Prefect logs every other end of a task run as an error. A flow run no worker supervises
 (`tailflow train` with a server) is cancelled too: the run looks at its state after each commit and stops there.
+
+Where SIGTERM lands decides whether that handling runs to its end. A subflow's engine (Prefect 3.8.8's
+`capture_sigterm`) replaces Ray's handler with its own while the subflow runs, and a `ray.get` holds that one's
+exception until its result comes, which, Ray's processes stopped by the same signal, it may never do: the
+runner then SIGKILLed the driver 30 s later (seen in the Cancel test: the iteration left Running, the line
+unsaid). So an iteration's own code runs with SIGTERM raising SystemExit, as Ray's handler does
+(`aborted_on_cancel`). The subflow's engine puts Ray's handler back when it ends, undoing the ignore a task set,
+so the run ignores SIGTERM again as soon as the error that reaches it says it is cancelled (`ended_on_cancel`),
+and while it asks the API the signal waits (tasks/cancellable.py): a second SIGTERM (Prefect's engine sends one
+to its own process when the first came without the runner's cancel intent; a runner sends one per cancellation
+it acts on) must not stop that handling halfway. Should the process die anyway, the runner runs
+`end_left_subflows`, which says the line if the process did not and ends the iteration it left Running.
 """
 from __future__ import annotations
 
@@ -19,7 +31,7 @@ from typing import Iterator
 
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.flows.run_log import say
-from tailflow.tasks.cancellable import RunCancelled, cancel_requested
+from tailflow.tasks.cancellable import RunCancelled, cancel_requested, exits_on_sigterm, hold_off_termination
 
 
 def cancelled_line(store, run_id: str, store_uri: str, iteration: int, finished: bool) -> str:
@@ -46,13 +58,18 @@ def stop_if_cancelled(store, run_id: str, store_uri: str, iteration: int) -> Non
 @contextmanager
 def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int, since: datetime) -> Iterator[None]:
     """Around iteration `iteration` in the run's flow: whatever stops it while the run is being cancelled
-    becomes the run's line, a Cancelled subflow and flow run, and RunCancelled; any other error passes."""
+    becomes the run's line, a Cancelled subflow and flow run, and RunCancelled; any other error passes. From the
+    moment it knows, SIGTERM is ignored: a RunCancelled from the subflow says so, and the subflow's engine put
+    Ray's handler back on its way out. A SIGTERM landing while the line is written or the subflows ended stopped
+    the run there, its iteration left Running."""
     try:
         yield
     except BaseException as error:
         if isinstance(error, RunCancelled) and getattr(error, "state", None) is not None:
             raise  # stop_if_cancelled ended the run already, its line said
-        if not isinstance(error, RunCancelled) and not cancel_requested():
+        if isinstance(error, RunCancelled):
+            hold_off_termination()  # the subflow's engine put back the handler it had replaced (Ray's)
+        elif not cancel_requested():
             raise
         line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
         say(line)
@@ -63,13 +80,15 @@ def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int, since: d
 @contextmanager
 def aborted_on_cancel() -> Iterator[None]:
     """Inside an iteration's subflow: an error while the run is being cancelled stops the subflow without a
-    crash report (the run's flow then ends it Cancelled, `ended_on_cancel`)."""
-    try:
-        yield
-    except BaseException as error:
-        if isinstance(error, RunCancelled) or not cancel_requested():
-            raise
-        raise RunCancelled("the run is being cancelled") from None
+    crash report (the run's flow then ends it Cancelled, `ended_on_cancel`). Inside, SIGTERM raises SystemExit
+    (`exits_on_sigterm`), so that the Cancel's signal stops a Ray call in flight instead of waiting on it."""
+    with exits_on_sigterm():
+        try:
+            yield
+        except BaseException as error:
+            if isinstance(error, RunCancelled) or not cancel_requested():
+                raise
+            raise RunCancelled("the run is being cancelled") from None
 
 
 def run_cancelled(line: str) -> RunCancelled:
@@ -109,3 +128,61 @@ def cancel_unfinished_subflows(since: datetime, line: str) -> None:
         for subflow in client.read_flow_runs(flow_run_filter=runs_filter):
             if subflow.created is not None and subflow.created >= since:
                 client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)
+
+
+def end_left_subflows(flow, flow_run, state) -> None:
+    """`rl_training`'s on_cancellation hook. A worker's runner (Prefect 3.8.8: runner/_cancellation_manager.py)
+    runs it in a process of its own once the Cancel's signal has ended the run's process (or its SIGKILL, 30 s
+    later), before it sets the flow run Cancelled. Where the process could not end the run itself (it died
+    before `ended_on_cancel` or `stop_if_cancelled` got there) the run's line is said here, and a subflow still
+    Pending or Running, one the process could not end, is set Cancelled with it. Crashed ones are left: an
+    earlier attempt's, ended by the resume that replaced it. Where the run ended itself (the usual case) there is
+    nothing to do."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
+                                                FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+    from prefect.states import Cancelled
+
+    left = FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))
+    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]), state=left)
+    with get_client(sync_client=True) as client:
+        subflows = client.read_flow_runs(flow_run_filter=runs_filter)
+    iterations = [int(subflow.name[len("iter-"):]) for subflow in subflows
+                  if (subflow.name or "").startswith("iter-") and subflow.name[len("iter-"):].isdigit()]
+    line = said_or_say(flow_run, min(iterations) if iterations else None)
+    with get_client(sync_client=True) as client:
+        for subflow in subflows:
+            client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)
+
+
+def said_or_say(flow_run, iteration: int | None) -> str:
+    """The run's line, as `ended_on_cancel` says it, for flow run `flow_run` stopped in `iteration` (None: in
+    the one after its last commit): read back from its logs if its process said it, else said now, in its logs
+    (its store and run id come from its parameters, as the flow resolves them)."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
+    from tailflow.config import load_config
+    from tailflow.engines.store import open_store
+    from tailflow.flows.training import OVERRIDES, resolve_config
+
+    params = flow_run.parameters
+    run_id = params.get("run_id") or f"run-{str(flow_run.id)[:8]}"  # training.default_run_id, outside the run
+    with get_client(sync_client=True) as client:
+        records = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])),
+                                   sort=LogSort.TIMESTAMP_DESC)  # the newest page: the line ends the run's logs
+    said = [record.message for record in records if record.message.startswith(f"[tailflow] run {run_id}: cancelled ")]
+    if said:
+        return said[0]
+    config = params.get("config")
+    store_uri = (resolve_config(None, [], config) if config is not None
+                 else load_config(params.get("config_path"), params.get("overrides") or [], OVERRIDES)).storage.uri
+    store = open_store(store_uri)
+    if iteration is None:
+        committed = read_committed_state(store, run_id)
+        iteration = committed.iteration if committed is not None else 0
+    line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
+    say(line, flow_run_id=flow_run.id)
+    return line

@@ -19,7 +19,7 @@ from tailflow.engines.track import MetricsLogger
 from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
 from tailflow.flows.artifacts import RunArtifacts
-from tailflow.flows.cancel import ended_on_cancel
+from tailflow.flows.cancel import end_left_subflows, ended_on_cancel
 from tailflow.flows.iteration import iteration
 from tailflow.flows.live_progress import live_progress
 from tailflow.flows.preflight import check_inputs
@@ -60,6 +60,7 @@ class RunSummary:
 
 
 @flow(name="rl_training", flow_run_name=run_name, retries=2, retry_delay_seconds=10,
+      on_cancellation=[end_left_subflows],  # an iteration the run's process could not end (flows/cancel.py)
       persist_result=False)  # whether an iteration ran comes from the run's store, never Prefect's results
 def rl_training(
     config_path: str | None = None,

@@ -11,9 +11,12 @@ and the run Cancelled with the run's one line (flows/cancel.py). Any other error
 from __future__ import annotations
 
 import functools
+import os
 import signal
+import sys
 import threading
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from prefect import Task
 from prefect.cache_policies import NO_CACHE
@@ -28,7 +31,22 @@ class RunCancelled(Abort):
 def cancel_requested() -> bool:
     """Whether the run this flow run belongs to (its root flow run) is Cancelling or Cancelled. False when the
     API cannot say: the error at hand is then reported as it is. Once it says yes the run winds down, so from
-    then on this process ignores SIGTERM (`hold_off_termination`)."""
+    then on this process ignores SIGTERM (`hold_off_termination`).
+
+    While it asks, SIGTERM waits (`deferred_termination`). It is asked about an error the Cancel's signal may
+    have caused before the signal itself is handled in the driver (Ray's processes die of it too); raised inside
+    the question, the signal escaped the handling that ends the run Cancelled."""
+    with deferred_termination() as deferred:
+        cancelling = run_is_cancelling()
+        if cancelling:
+            deferred.drop()
+            hold_off_termination()
+    return cancelling
+
+
+def run_is_cancelling() -> bool:
+    """The API's answer for the root flow run of this flow run; False when it has none (no flow run, or an
+    error asking)."""
     from prefect.client.orchestration import get_client
     from prefect.runtime import flow_run
 
@@ -37,12 +55,47 @@ def cancel_requested() -> bool:
     try:
         with get_client(sync_client=True) as client:
             state = client.read_flow_run(flow_run.root_flow_run_id or flow_run.id).state
-    except Exception:  # noqa: BLE001 - see the docstring
+    except Exception:  # noqa: BLE001 - see cancel_requested
         return False
-    cancelling = state is not None and (state.is_cancelling() or state.is_cancelled())
-    if cancelling:
-        hold_off_termination()
-    return cancelling
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
+class DeferredTermination:
+    """A SIGTERM that arrived while deferred: the handler it replaced gets it on `resume` (re-delivered),
+    unless `drop`ped because the run is known to be cancelled and winds down by itself."""
+
+    def __init__(self) -> None:
+        self.previous: Any = None
+        self.installed = False
+        self.received = False
+        self.dropped = False
+
+    def record(self, signum: int, frame: Any) -> None:
+        self.received = True
+
+    def drop(self) -> None:
+        self.dropped = True
+
+    def resume(self) -> None:
+        if not self.installed or self.dropped:
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if self.previous is None else self.previous)
+        if self.received:
+            os.kill(os.getpid(), signal.SIGTERM)  # lands in the restored handler, as if it came just now
+
+
+@contextmanager
+def deferred_termination() -> Iterator[DeferredTermination]:
+    """SIGTERM recorded instead of handled for the block, then handed to the handler it replaced. Only the
+    main thread can set a handler; from another nothing is deferred."""
+    deferred = DeferredTermination()
+    if threading.current_thread() is threading.main_thread():
+        deferred.previous = signal.signal(signal.SIGTERM, deferred.record)
+        deferred.installed = True
+    try:
+        yield deferred
+    finally:
+        deferred.resume()
 
 
 def hold_off_termination() -> None:
@@ -50,9 +103,35 @@ def hold_off_termination() -> None:
     lease go), and the worker's SIGTERM must not raise SystemExit in the middle of that: seen in the Cancel test,
     where the run had noticed the Cancel between two iterations and the signal landed in the lease's release,
     leaving the run Crashed. Ray's processes still get the signal and exit. Only the main thread can set a
-    handler (the flow's, where the signal is delivered); from another nothing changes."""
+    handler (the flow's, where the signal is delivered); from another nothing changes. Prefect's engine puts
+    the handler it replaced back when a subflow ends, so the parent holds off again (flows/cancel.py)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@contextmanager
+def exits_on_sigterm() -> Iterator[None]:
+    """Inside: SIGTERM raises SystemExit, as Ray's driver handler does (`ray.init` installs it), the one signal
+    exception Ray's blocking calls pass on at once. A subflow's engine (Prefect 3.8.8's `capture_sigterm`)
+    replaces Ray's handler with its own, whose exception a `ray.get` holds until its result comes: seen in the
+    Cancel test, where the signal landed in `take_round`'s `ray.get` while the same signal stopped Ray's
+    processes, the result never came, and the runner SIGKILLed the driver 30 s later, its iteration left Running
+    and its line unsaid. Outside, the handler found is put back, unless the run has since held off termination
+    (`hold_off_termination`). Only the main thread can set a handler; from another nothing changes."""
+    held_off = signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    if threading.current_thread() is not threading.main_thread() or held_off:
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, exit_on_sigterm)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is exit_on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    sys.exit(signum)
 
 
 class Stopped:
