@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.bench
 def test_tail_batching_quick(cli_env):
     """Costs ~196 s here (bench/tail_batching.py --quick as its own process: three tailflow runs, baseline, tail
-    and tail with R = R0, each starting Ray, its actors and a Prefect flow). It cannot be cheaper: the speedup
+    and tail with R = R0, each starting Ray, its actors, one trainer rank and a Prefect flow). It cannot be cheaper: the speedup
     and the emptied queue are claims about whole runs compared side by side, and the quick run is already 3
     iterations, the fewest that end on the long round."""
     stdout = run_bench("tail_batching.py", timeout=900, env=cli_env)  # baseline, tail, tail with R = R0
