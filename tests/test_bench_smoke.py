@@ -105,7 +105,7 @@ def test_engine_quick_with_vllm(capsys, cli_env):
     then runs the tail-batching bench with rollout.engine=vllm and the contract on vLLM (Qwen2 in --quick).
     Its RESULT line goes to the vLLM run's output too (its tests run one at a time), so each CI log carries the
     numbers.
-    Costs ~386 s here in the suite (run E, 2026-11-27; ~260 s alone, on a loaded machine: bench/engine.py --quick
+    Costs ~386 s here in the suite (run E, 2026-11-27, before the third run was left out; bench/engine.py --quick
     with vLLM on the CPU: the engine comparison, the tail-batching bench's baseline and tail runs with
     rollout.engine=vllm (its third run, R = R0, is left out: --without-r0) and the engine contract on vLLM, serial
     since each vLLM engine starts its own process and loads the model). It cannot be cheaper: vLLM's start-up on CPU
