@@ -498,6 +498,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str
                             origins=override_origins(overrides, overrides_origin))
 
 
+FLOW_OVERRIDES = "overrides"
+"""How a config error names a flow's `overrides` parameter (the CLI's are `--set`)."""
+
+
+def flow_run_config(config_path: str | None, overrides: list[str], config: RunConfig | dict | None) -> RunConfig:
+    """The config a flow run's parameters give: `config` whole if given, else `config_path` with `overrides`. Here,
+    not in the flow's module, because the flow's cancellation hook reads it too (flows/cancel.py)."""
+    if isinstance(config, RunConfig):
+        return config
+    if config is not None:
+        return config_from_dict(config, source="the config parameter")
+    return load_config(config_path, overrides, FLOW_OVERRIDES)
+
+
 def override_origins(overrides: list[str] | tuple[str, ...], origin: str) -> dict[str, str]:
     """Each overridden key -> the override that set it, as an error names it (`--set train.lr=2`)."""
     return {assignment.partition("=")[0].strip(): f"{origin} {assignment}" for assignment in overrides}

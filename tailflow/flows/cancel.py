@@ -164,9 +164,8 @@ def said_or_say(flow_run, iteration: int | None) -> str:
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
 
-    from tailflow.config import load_config
+    from tailflow.config import flow_run_config
     from tailflow.engines.store import open_store
-    from tailflow.flows.training import OVERRIDES, resolve_config
 
     params = flow_run.parameters
     run_id = params.get("run_id") or f"run-{str(flow_run.id)[:8]}"  # training.default_run_id, outside the run
@@ -176,9 +175,8 @@ def said_or_say(flow_run, iteration: int | None) -> str:
     said = [record.message for record in records if record.message.startswith(f"[tailflow] run {run_id}: cancelled ")]
     if said:
         return said[0]
-    config = params.get("config")
-    store_uri = (resolve_config(None, [], config) if config is not None
-                 else load_config(params.get("config_path"), params.get("overrides") or [], OVERRIDES)).storage.uri
+    store_uri = flow_run_config(params.get("config_path"), params.get("overrides") or [],
+                                params.get("config")).storage.uri
     store = open_store(store_uri)
     if iteration is None:
         committed = read_committed_state(store, run_id)

@@ -8,7 +8,7 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
-from tailflow.config import ConfigError, RunConfig, config_from_dict, load_config
+from tailflow.config import FLOW_OVERRIDES, ConfigError, RunConfig, flow_run_config, load_config
 from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.run_state import RunState
 from tailflow.engines.run_context import RunContext
@@ -32,10 +32,6 @@ from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, res
 from tailflow.flows.writer import run_writer
 from tailflow.tasks.cancellable import cancel_requested
 from tailflow.tasks.evaluate import evaluate_policy
-
-
-OVERRIDES = "overrides"
-"""How a config error names a flow's `overrides` parameter (the CLI's are `--set`)."""
 
 
 def default_run_id() -> str:
@@ -85,7 +81,7 @@ def rl_training(
         if resume:
             run_config, allow_change = config_to_resume(config_path, overrides or [], config, run_id, allow_change)
         else:
-            run_config = resolve_config(config_path, overrides or [], config)
+            run_config = flow_run_config(config_path, overrides or [], config)
         run_id = run_id or default_run_id()
         store = open_store(run_config.storage.uri)
         finished = finished_state(store, run_id, run_config, allow_change or [])
@@ -104,7 +100,7 @@ def rollout_workers(run_id: str, add: int = 0, remove: int | None = None, config
     add/remove`): the command is queued in the run's store (`storage.uri` of the config given) and the run applies
     it between rollout polls. Returns where the command was written."""
     with no_retry_on_user_error():
-        store = open_store(resolve_config(config_path, overrides or [], None).storage.uri)
+        store = open_store(flow_run_config(config_path, overrides or [], None).storage.uri)
         try:
             command = WorkerCommand(add=add, remove=remove)
         except ValueError as error:
@@ -162,10 +158,10 @@ def config_to_resume(config_path: str | None, overrides: list[str], config: RunC
     if not run_id:
         raise ConfigError("run_id: resume=True needs the id of the run to resume")
     if config is not None:
-        return resolve_config(None, [], config), [*(allow_change or []), "storage.uri"]
-    store_uri = load_config(config_path, overrides, OVERRIDES).storage.uri
+        return flow_run_config(None, [], config), [*(allow_change or []), "storage.uri"]
+    store_uri = load_config(config_path, overrides, FLOW_OVERRIDES).storage.uri
     try:
-        resumed = config_for_resume(open_store(store_uri), run_id, config_path, overrides, store_uri, OVERRIDES)
+        resumed = config_for_resume(open_store(store_uri), run_id, config_path, overrides, store_uri, FLOW_OVERRIDES)
     except RunError as error:
         raise ConfigError(str(error)) from None
     return resumed, [*(allow_change or []), "storage.uri"]
@@ -197,14 +193,6 @@ def rollout_first(ctx: RunContext) -> None:
     waits in host memory until the step (`placement.takes_turns`)."""
     if takes_turns(ctx.config):
         ctx.trainer.offload()
-
-
-def resolve_config(config_path: str | None, overrides: list[str], config: RunConfig | dict | None) -> RunConfig:
-    if isinstance(config, RunConfig):
-        return config
-    if config is not None:
-        return config_from_dict(config, source="the config parameter")
-    return load_config(config_path, overrides, OVERRIDES)
 
 
 def summarize(store, state: RunState, rows: list[dict[str, Any]]) -> RunSummary:
