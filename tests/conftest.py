@@ -38,19 +38,6 @@ def prefect_api():
 
 
 @pytest.fixture(scope="session")
-def operated_prefect(tmp_path_factory):
-    """A real `tailflow server` on a free port, the deployments registered by `tailflow deploy`, and a
-    `tailflow worker`: one for every test that operates tailflow from Prefect (tests/prefect_server.py)."""
-    from prefect_server import operated_server
-
-    try:
-        with operated_server(tmp_path_factory.mktemp("prefect-operated")) as server:
-            yield server
-    except RuntimeError as error:
-        pytest.fail(str(error))
-
-
-@pytest.fixture(scope="session")
 def cli_env(prefect_api):
     """The environment of `tailflow` child processes: they talk to this session's Prefect server instead of
     starting their own (tests/durable_cli.py runs them)."""

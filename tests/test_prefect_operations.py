@@ -1,15 +1,26 @@
-"""Operated from Prefect as an operator would (a server, `tailflow deploy`, `tailflow worker`, runs triggered and
-handled through the API the UI calls): Retry after a SIGKILL with Prefect's result persistence on, Cancel, and a
-deployment writing to S3 with its credentials in its job variables.
+"""tailflow operated from Prefect as an operator would: `tailflow server` (Prefect's own server), `tailflow deploy`,
+`tailflow worker`, runs triggered and handled through the API the UI calls. In file order: the deployments as
+`tailflow deploy` registers them, parameters the API or the flow refuses, two triggers racing for one run id, the
+flow run's page in headless Chromium, the list calls with default arguments, a schedule that fires, Retry after a
+SIGKILL with Prefect's result persistence on, Cancel, and a deployment writing to S3 with its credentials in its job
+variables.
 
-The worker is started without AWS credentials and at its own log level (tests/prefect_server.py).
+One server, deployment set and worker (`operated_prefect`) serve every test here, started once for the module and
+stopped after it: each start costs ~25 s and ~30 CPU-s here (2026-11-28), and these tests were four files with two
+such servers, the last of which idled on (and was stopped) at the very end of the suite. The tests run in file
+order (the UI test reads the flow run the concurrency test made). The worker is started without AWS credentials
+and at its own log level (tests/prefect_server.py). Marked `e2e` (and `slow`): the whole suite runs it, the fast
+subset leaves it out; `./scripts/test.sh -m e2e` runs it alone.
 """
 from __future__ import annotations
 
+import datetime as dt
 import json
 import os
+import shutil
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -17,13 +28,231 @@ from pathlib import Path
 
 import pytest
 from moto.iam import access_control
-from prefect_server import api, run_logs, subflow_runs, tiny_run, trigger, wait_final, wait_until
+from prefect_server import (REPO, api, operated_server, run_logs, subflow_runs, tiny_run, trigger, wait_final,
+                            wait_until)
 
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.engines.track.metrics import without_timing
+from tailflow.flows.setup import shipped_warmstart_dir
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+OUTPUT_DIR = Path(os.environ.get("TAILFLOW_TEST_OUTPUT", REPO / "test-output"))
+
+TINY = [f"model.path={shipped_warmstart_dir()}", "train.iterations=2", "train.eval_every=1", "data.num_train=64",
+        "data.num_eval=8", "data.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=24",
+        "rollout.num_slots=16", "tail.prompt_ratio=1.5", "tail.responses_launched=5"]
+
+
+@pytest.fixture(scope="module")
+def operated_prefect(tmp_path_factory):
+    """A real `tailflow server` on a free port, the deployments registered by `tailflow deploy`, and a
+    `tailflow worker` (tests/prefect_server.py), for this module's tests."""
+    try:
+        with operated_server(tmp_path_factory.mktemp("prefect-operated")) as server:
+            yield server
+    except RuntimeError as error:
+        pytest.fail(str(error))
+
+
+# ---- the deployments, their parameters, two triggers for one run id, the UI ---------------------------------
+
+def test_deployments_are_registered_with_schedule_and_schema(operated_prefect):
+    """Costs ~25 s here, nearly all of it the module's `operated_prefect` fixture, which this first test pays for
+    (a `tailflow server`, `tailflow deploy` and a worker); its own checks are API reads. The deployments must
+    come from the real `tailflow deploy` against a real server, which is what it checks."""
+    from prefect.client.orchestration import get_client
+
+    with api(operated_prefect), get_client(sync_client=True) as client:
+        from prefect.client.schemas.sorting import DeploymentSort
+
+        names = {(d.name, d.work_pool_name) for d in client.read_deployments(limit=50, sort=DeploymentSort.NAME_ASC)}
+        assert {("rl-training", "tailflow"), ("resume-every-6h", "tailflow"), ("warm-start", "tailflow"),
+                ("evaluate", "tailflow")} <= names
+        training = client.read_deployment_by_name("rl_training/rl-training")
+        schema = training.parameter_openapi_schema["properties"]
+        assert {"config_path", "overrides", "run_id", "resume", "allow_change"} <= set(schema)
+        assert training.enforce_parameter_schema
+        scheduled = client.read_deployment_by_name("rl_training/resume-every-6h")
+        assert scheduled.parameters == {"run_id": "long-run", "resume": True}
+        assert [s.active for s in scheduled.schedules] == [False]  # created paused: an example
+        assert scheduled.schedules[0].schedule.interval.total_seconds() == 6 * 3600
+        assert scheduled.global_concurrency_limit.limit == 1
+        assert scheduled.concurrency_options.collision_strategy == "CANCEL_NEW"
+
+
+def test_invalid_parameters_are_rejected_with_the_field_named(operated_prefect, tmp_path):
+    """Costs ~13 s here (two triggers the API refuses at once, then one flow run the worker starts as a process
+    of its own and fails on the unknown key before any work): the unknown key can only be refused by the flow
+    run, so one must start."""
+    from prefect.exceptions import PrefectHTTPStatusError
+
+    with pytest.raises(Exception, match="overrides") as refused:  # the API checks the parameter schema
+        trigger(operated_prefect, {"overrides": 5, "run_id": "bad-type"})
+    assert isinstance(refused.value, (PrefectHTTPStatusError, ValueError)) or "schema" in str(refused.value).lower()
+    with pytest.raises(Exception, match="lrr"):  # the config parameter's schema is the pydantic config's own
+        trigger(operated_prefect, {"config": {"train": {"lrr": 1}}, "run_id": "bad-config"})
+    storage = tmp_path / "runs"
+    bad_key = trigger(operated_prefect, {"overrides": [*TINY, f"storage.uri={storage}", "train.lrr=1"],
+                                       "run_id": "bad-key"})
+    (run,) = wait_final(operated_prefect, [bad_key.id], timeout_s=240)
+    assert run.state.is_failed() and "train.lrr: unknown key" in (run.state.message or "")
+    assert not (storage / "bad-key").exists()  # refused before any work started
+    assert run.run_count == 1  # a user error cancels Prefect's retries
+
+
+def test_two_triggers_for_one_run_id_never_both_write(operated_prefect, tmp_path_factory):
+    """Costs ~70 s here (two flow runs started by the worker at once, one doing a 2-iteration run with Ray and
+    its actors, the other refused by the lease): two real flow-run processes racing for one run id is what it
+    checks."""
+    storage = tmp_path_factory.mktemp("ui-runs")
+    parameters = {"overrides": [*TINY, f"storage.uri={storage}"], "run_id": "ui-run"}
+    first, second = trigger(operated_prefect, parameters), trigger(operated_prefect, parameters)
+    runs = wait_final(operated_prefect, [first.id, second.id])
+    completed = [run for run in runs if run.state.is_completed()]
+    refused = [run for run in runs if not run.state.is_completed()]
+    assert completed, [r.state.message for r in runs]
+    for run in refused:  # refused at once by the run's lease, the holder named
+        assert "run ui-run is being written by" in (run.state.message or "") and run.run_count == 1
+    rows = [json.loads(line) for line in (storage / "ui-run" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["iteration"] for row in rows] == [0, 1]  # each iteration exactly once: no second writer
+    # the flow run that did the work is the one with iteration subflows (a trigger that started after the
+    # first finished completes too, having nothing left to do)
+    (worker_run,) = [run for run in completed if subflow_names(operated_prefect, run.id)]
+    assert subflow_names(operated_prefect, worker_run.id) == {"iter-0000", "iter-0001"}
+    operated_prefect["ui_run"] = worker_run.id
+
+
+def subflow_names(operated_prefect, flow_run_id) -> set[str]:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    with api(operated_prefect), get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+    return {run.name for run in runs}
+
+
+def test_flow_run_page_shows_subflows_and_artifacts_in_chromium(operated_prefect):
+    """Costs ~20 s here (headless Chromium starting and loading the Prefect UI's flow run page, three tabs each
+    waited for): it reads the run the concurrency test made, so it pays for no run of its own; the page is drawn
+    by the UI's JavaScript, so only a browser can check it."""
+    if not (shutil.which("chromium") and shutil.which("chromedriver")):
+        pytest.skip("Debian chromium and chromium-driver are not installed (scripts/test.sh installs them as root)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    flow_run_id = operated_prefect.get("ui_run")
+    assert flow_run_id, "the concurrency test did not leave a completed run"
+    options = webdriver.ChromeOptions()
+    options.binary_location = shutil.which("chromium")
+    for argument in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                     "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                     "--disable-dev-shm-usage", "--window-size=1400,1000",
+                     f"--user-data-dir={operated_prefect['home'] / 'chromium-profile'}"):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
+    OUTPUT_DIR.mkdir(parents=True, exist_ok=True)
+    try:
+        page = f"{operated_prefect['ui']}/runs/flow-run/{flow_run_id}"
+        body = lambda: driver.find_element("tag name", "body").text  # noqa: E731
+
+        def wait_for(texts: tuple[str, ...], screenshot: str) -> None:
+            try:
+                WebDriverWait(driver, 60).until(lambda _: all(text in body() for text in texts))
+            except TimeoutException:
+                pass
+            finally:
+                driver.save_screenshot(str(OUTPUT_DIR / screenshot))
+            assert all(text in body() for text in texts), body()[:3000]
+
+        def open_tab(name: str) -> None:
+            tab = f"(//*[normalize-space(.)='{name}'])[last()]"  # the innermost element holding the tab's label
+            WebDriverWait(driver, 60).until(lambda _: driver.find_elements("xpath", tab))
+            driver.execute_script("arguments[0].click();", driver.find_element("xpath", tab))
+
+        driver.get(page)
+        open_tab("Subflow Runs")
+        wait_for(("iter-0000", "iter-0001"), "flow-run-subflows.png")
+        open_tab("Artifacts")
+        wait_for(("ui-run-metrics", "ui-run-progress", "ui-run-checkpoint", "ui-run-report"), "flow-run-artifacts.png")
+        open_tab("Logs")
+        wait_for(("[tailflow] iter 0000", "[tailflow] iter 0001"), "flow-run-logs.png")
+    finally:
+        driver.quit()
+    print(f"screenshots: {OUTPUT_DIR / 'flow-run-subflows.png'}, {OUTPUT_DIR / 'flow-run-artifacts.png'}")
+    assert (OUTPUT_DIR / "flow-run-subflows.png").stat().st_size > 10_000
+
+
+# ---- Prefect's server answers the list calls that the UI, `prefect deploy` and our tools make -----------------
+
+def test_list_calls_with_default_arguments_answer(operated_prefect):
+    """With fastapi 0.151-0.154, prefect 3.8.8's server answered 422 to every list call whose `limit` is null (the
+    client's default), so `read_flow_runs()`, `read_deployments()`, `read_artifacts()`, `read_work_pools()` and
+    `prefect deploy` failed while the server looked healthy. pyproject.toml pins fastapi below 0.151; this test
+    catches a resolver that drifts past it. It asks this module's `tailflow server`, the server users run: what
+    the tests before it left there changes only what the lists hold, not whether the calls answer.
+    Costs ~0.2 s here (four API reads of the module's server, which earlier tests paid for): the pin needs a real
+    server's answers, and this one is already running."""
+    from prefect.client.orchestration import get_client
+
+    with api(operated_prefect), get_client(sync_client=True) as client:
+        for read in (client.read_flow_runs, client.read_deployments, client.read_artifacts, client.read_work_pools):
+            assert isinstance(read(), list), read.__name__  # a 422 raises instead
+
+
+# ---- a schedule fires: Prefect's scheduler creates a run of a training deployment and a worker completes it ---
+
+def test_an_interval_schedule_creates_a_run_that_a_worker_completes(operated_prefect, tmp_path):
+    """A schedule fires: Prefect's scheduler creates a run of a training deployment and a worker completes it.
+    
+    With SQLAlchemy 2.1 (2.1.9 seen), prefect 3.8.8's scheduler service fails on every loop and creates no run, so
+    the `resume-every-6h` deployment, the multi-day story, silently does nothing; pyproject.toml pins
+    sqlalchemy<2.1 for it. This test is what the pin answers to: it fails with 2.1.9 (no run is ever created).
+    Costs ~50-80 s here, most of it waiting (the schedule is due 30 s after it is made, the scheduler's loop
+    creates the run, the worker picks it up, then a 1-iteration run with Ray and its actors). Prefect's scheduler
+    and worker set the pace, so nothing here can be made faster; the machine is the other xdist worker's
+    meanwhile."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterId
+    from prefect.client.schemas.schedules import IntervalSchedule
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    parameters = {"run_id": "scheduled", "overrides": tiny_run(str(tmp_path), iterations=1)}
+    with api(operated_prefect), get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("rl_training/rl-training")  # as `tailflow deploy` made it
+        created_at = time.time()
+        # due in 30 s, then hourly: one run within the test (minutely ones start while the first still holds
+        # the run's lease, which refuses them)
+        first = dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=30)
+        (schedule,) = client.create_deployment_schedules(
+            deployment.id, [(IntervalSchedule(interval=dt.timedelta(hours=1), anchor_date=first), True)],
+            parameters=parameters, max_scheduled_runs=1)
+    try:
+        of_deployment = DeploymentFilter(id=DeploymentFilterId(any_=[deployment.id]))
+
+        def scheduled_run(client):  # the scheduler makes several ahead (an hour apart): the first is due now
+            runs = client.read_flow_runs(deployment_filter=of_deployment, sort=FlowRunSort.EXPECTED_START_TIME_ASC)
+            return next((run for run in runs if run.auto_scheduled), None)
+
+        # the scheduler inserts a run ahead of its start time within seconds of its loop; not at all when broken
+        run = wait_until(operated_prefect, scheduled_run, "a run created by the scheduler", timeout_s=240)
+        assert run.parameters["run_id"] == "scheduled" and run.expected_start_time.timestamp() >= created_at
+        started = lambda client: not client.read_flow_run(run.id).state.is_scheduled()  # noqa: E731
+        wait_until(operated_prefect, started, "the scheduled run picked up by the worker", timeout_s=600)
+    finally:
+        with api(operated_prefect), get_client(sync_client=True) as client:
+            client.delete_deployment_schedule(deployment.id, schedule.id)  # and the runs it scheduled after it
+    (finished,) = wait_final(operated_prefect, [run.id])
+    assert finished.state.is_completed(), finished.state.message
+    assert finished.name == "scheduled"  # the flow run is named after the run id
+    assert read_committed_state(LocalStore(tmp_path), "scheduled").iteration == 1
+
+
+# ---- Retry after a SIGKILL, Cancel, a deployment on S3 -------------------------------------------------------
 
 UNPATCHED_SIGNATURE = access_control.IAMRequestBase._calculate_signature
 
@@ -79,8 +308,7 @@ def retry_as_the_ui_does(server: dict, flow_run_id, job_variables: dict, worker_
 
 def test_retry_of_a_killed_run_with_persisted_results_runs_every_iteration(operated_prefect, tmp_path):
     """Costs ~207 s here (two 4-iteration flow runs through the worker, one SIGKILLed in iteration 2 and retried
-    as the UI does, each run a process with Ray and its actors; as the module's first test it also pays for
-    starting the session's `operated_prefect` server on its xdist worker). The comparison with the uninterrupted
+    as the UI does, each run a process with Ray and its actors). The comparison with the uninterrupted
     run needs both whole, and the SIGKILL a flow-run process of its own."""
     worker_done = worker_done_with_sigkills(operated_prefect) + 1  # the crash this test makes
     reference = trigger(operated_prefect, {"run_id": "whole", "overrides": tiny_run(str(tmp_path), 4)},
