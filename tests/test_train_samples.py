@@ -61,7 +61,8 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
     train = SimpleNamespace(advantage="grpo", skips_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0,
                             stream=False)
     config = SimpleNamespace(train=train, cluster=SimpleNamespace(device="gpu", placement="colocated"),
-                             rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0))
+                             rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0),
+                             tail=SimpleNamespace(continue_deferred=False))
     ctx = SimpleNamespace(config=config, sampling=SimpleNamespace(temperature=1.0),
                           rollout=SimpleNamespace(sleep=lambda: calls.append("sleep")),
                           trainer=SimpleNamespace(start_train_step=lambda samples, **options: (

@@ -37,6 +37,10 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
         "tail/long_queue_size": len(outcome.tail.queue),
         "tail/aborted_requests": len(taken.result.aborted_request_ids),
         "tail/wasted_tokens": taken.result.wasted_tokens,
+        "tail/wasted_tokens_completed": taken.result.wasted_completed_tokens,
+        "tail/wasted_tokens_deferred": taken.result.wasted_tokens - taken.result.wasted_completed_tokens,
+        "tail/continued_responses": len(taken.continued),
+        "tail/continued_tokens": sum(taken.continued.values()),
         "tail/fresh_prompts": plan.fresh_prompts,
         **tail_bias(taken.result, scored.stats.unused_reward_sum, scored.stats.num_unused).metrics(),
     })
