@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import random
 from statistics import fmean, median, pstdev
+from types import SimpleNamespace
 
 import pytest
 
@@ -26,6 +27,7 @@ from tailflow.engines.tail.pipeline_state import PipelineState
 from tailflow.engines.tail.planner import RoundKind
 from tailflow.engines.tail.state import TailSettings, TailState
 from tailflow.engines.track.rollout_trace import trace_of
+from tailflow.engines.track.summary import tail_metrics
 
 PROBLEMS = problems(200)
 P0, R0 = 2, 3
@@ -118,6 +120,33 @@ def test_no_prompt_is_lost_or_trained_twice_when_rounds_run_ahead():
     assert len(trained) == len(set(trained)) == 12 * P0
     queued = {q.problem_id for q in pipe.tail.queue}
     assert set(pipe.carried) == queued and not queued & set(trained)  # every queued prompt keeps its draws
+
+
+@pytest.mark.parametrize("continue_deferred", [False, True])
+def test_the_waste_of_kept_prompts_beyond_r0_is_counted_apart_from_the_deferred_prompts(continue_deferred):
+    """R = 3 launched for R0 = 2 kept: a kept prompt's third response is waste either way; a deferred prompt's
+    responses are all waste today, only its third with the setting (its first two are continued)."""
+    settings = TailSettings(prompts_per_step=P0, responses_kept=2, prompt_ratio=2.0, responses_launched=3,
+                            steps_per_poll=1, continue_deferred=continue_deferred)
+    pipe = RolloutPipeline(LengthEngine(short_lengths), settings, 0.0, True, PROBLEMS, make_requests)
+    pipe.start(TailState())
+    taken = run(pipe, range(1))[0]
+    result, traced = taken.result, trace_of(taken, 10_000).prompts
+    lengths = {(p.problem_id, r.index): r.length for p in traced for r in p.responses}
+    kept = {c.problem_id for _, cs in result.completed for c in cs}
+    assert result.wasted_completed_tokens == sum(n for (p, k), n in lengths.items() if p in kept and
+                                                 (p, k) not in {(c.problem_id, c.index) for _, cs in result.completed
+                                                                for c in cs}) > 0
+    deferred_waste = sum(n for (p, k), n in lengths.items() if p not in kept and (k >= 2 or not continue_deferred))
+    assert result.wasted_tokens - result.wasted_completed_tokens == deferred_waste
+    row = tail_metrics(SimpleNamespace(taken=taken, tail=pipe.tail,
+                                       scored=SimpleNamespace(stats=SimpleNamespace(unused_reward_sum=0.0,
+                                                                                    num_unused=0))))
+    assert (row["tail/wasted_tokens_completed"], row["tail/wasted_tokens_deferred"]) == (
+        result.wasted_completed_tokens, deferred_waste)
+    assert row["tail/deferred_length_mean"] == pytest.approx(fmean(
+        n for (p, _), n in lengths.items() if p not in kept))
+    assert row["tail/deferred_length_mean"] > row["tail/kept_length_mean"]  # the round kept the short prompts
 
 
 def test_an_on_policy_loss_is_refused_with_the_setting_and_the_fix_named():

@@ -4,7 +4,8 @@ RollPacker's short round (arXiv 2509.21009): a prompt *completes* when R0 of its
 responses have finished (EOS, STOP or LENGTH); its other responses are aborted
 at once and the first R0 to finish are kept. When P0 prompts have completed,
 every other in-flight request is aborted and those prompts are deferred to the
-long-prompt queue. Partial responses are discarded.
+long-prompt queue. Partial responses are discarded (by default; see
+`carries_deferred` below).
 
 This is not on-policy sampling. A completed prompt keeps the first R0 of its R
 launched responses to finish, i.e. its shortest, and loses its longest R - R0:
@@ -22,17 +23,20 @@ prompts whose whole group finished first, i.e. whose draws happened to be
 short, and by default a deferred prompt's draws are discarded and its long
 round draws again, so the trained sample stays shorter than the policy's
 (issue 39: 69.4 tokens against 75.2 in a simulation where every prompt has the
-same LogNormal length). With `carries_deferred` (`tail.continue_deferred`) the
+same LogNormal length; tests/test_tail_continue.py: 69.7 against 75.3). With `carries_deferred` (`tail.continue_deferred`) the
 rule instead hands each deferred prompt's first R0 responses by launch index
 (finished or partial) to its long round (`RoundResult.carried`, carry.py),
-which continues them: every launched prompt then trains its first R0 draws,
-and only the within-prompt selection of R > R0 remains.
+which continues them: every launched prompt then trains its first R0 draws
+(the same test: 75.3). What remains is the within-prompt selection of R > R0,
+and when each prompt trains: a deferred one later, from tokens older weights
+sampled (the off-policy loss corrects them per token).
 
 Completions are processed strictly in the order given (the engine's finish
 order), so the outcome is deterministic even when several prompts complete in
 one engine step: the prompt that completes P0-th ends the round, and anything
 after it, even in the same batch, counts as aborted. A completion for a request
-already aborted (a race with another worker) is ignored and counted as waste.
+already aborted (a race with another worker) is ignored and counted as waste,
+unless `carries_deferred` carries it on (it finished: its deferred prompt keeps it).
 """
 from __future__ import annotations
 
