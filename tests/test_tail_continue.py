@@ -79,6 +79,8 @@ def test_a_deferred_prompt_continues_its_first_draws_in_its_long_round():
             assert (trained.weight_version, trained.token_weight_versions) == (0, ())
         assert long_.continued[trained.request_id] == n
     assert long_.staleness == {1: 2 * R0}
+    # ids of their own: the short round may still be live, its scorer waiting on the reward pool by request id
+    assert not {r.request_id for r in long_.requests} & {r.request_id for r in short.requests}
     traced = {(p.problem_id, r.index): r.continued for p in trace_of(long_, 10_000).prompts for r in p.responses}
     assert traced == {key: len(c.token_ids) for key, c in carried.items()}
 

@@ -57,11 +57,13 @@ class CarriedResponse(BaseModel):
         return request.completion(tuple(self.token_ids), tuple(self.logprobs), self.finish_reason,
                                   self.weight_version, tuple(self.token_weight_versions))
 
-    def request(self, fresh: Request) -> Request:
-        """`fresh` (the continuing round's request for this index) with this response's seed and tokens."""
+    def request(self, fresh: Request, deferred_iteration: int) -> Request:
+        """`fresh` (the continuing round's request for this index) with this response's seed and tokens, under an
+        id of its own (`<fresh id>@<deferred iteration>`): the round that deferred it may still be live, its
+        scorer still waiting for a response of the fresh id (the reward pool keys outcomes by request id)."""
         params = replace(fresh.params, seed=self.seed)
         prefix = self.completion(fresh).as_prefix() if self.token_ids and not self.is_finished else None
-        return replace(fresh, params=params, prefix=prefix)
+        return replace(fresh, request_id=f"{fresh.request_id}@{deferred_iteration}", params=params, prefix=prefix)
 
 
 class CarriedGroup(BaseModel):
@@ -78,6 +80,12 @@ class CarriedGroup(BaseModel):
     def by_index(self) -> dict[int, CarriedResponse]:
         return {response.index: response for response in self.responses}
 
+    def continues(self, request: Request) -> CarriedResponse | None:
+        """The carried response `request` continues (a request of the continuing round), if any."""
+        if request.problem_id != self.problem_id:
+            return None
+        return self.by_index().get(request.index)
+
 
 def carried_groups(carried: Mapping[str, Sequence[Completion]], requests: Iterable[Request], responses_kept: int,
                    iteration: int) -> list[CarriedGroup]:
@@ -91,9 +99,9 @@ def carried_groups(carried: Mapping[str, Sequence[Completion]], requests: Iterab
         came_back = {c.request_id: c for c in carried[request.problem_id]}.get(request.request_id)
         response = CarriedResponse(index=request.index, seed=request.params.seed)
         if came_back is not None:
-            response = CarriedResponse(index=request.index, seed=request.params.seed, token_ids=list(came_back.token_ids),
-                                       logprobs=list(came_back.logprobs), finish_reason=came_back.finish_reason,
-                                       weight_version=came_back.weight_version,
+            response = CarriedResponse(index=request.index, seed=request.params.seed,
+                                       token_ids=list(came_back.token_ids), logprobs=list(came_back.logprobs),
+                                       finish_reason=came_back.finish_reason, weight_version=came_back.weight_version,
                                        token_weight_versions=list(came_back.token_weight_versions))
         groups.setdefault(request.problem_id, []).append(response)
     return [CarriedGroup(problem_id=problem_id, deferred_iteration=iteration,
@@ -103,24 +111,34 @@ def carried_groups(carried: Mapping[str, Sequence[Completion]], requests: Iterab
 
 def continued_requests(requests: Sequence[Request], groups: Sequence[CarriedGroup]) -> list[Request]:
     """A long round's fresh requests, those of a carried prompt replaced by its responses' continuations (same
-    id, index and prompt; the carried seed and tokens). An index the group lacks stays fresh."""
-    carried = {group.problem_id: group.by_index() for group in groups}
-    return [carried[r.problem_id][r.index].request(r)
-            if r.index in carried.get(r.problem_id, {}) else r for r in requests]
+    index and prompt, an id of their own, the carried seed and tokens). An index the group lacks stays fresh."""
+    carried = {group.problem_id: group for group in groups}
+    continued = []
+    for request in requests:
+        group = carried.get(request.problem_id)
+        response = group.continues(request) if group is not None else None
+        continued.append(response.request(request, group.deferred_iteration) if response is not None else request)
+    return continued
+
+
+def carried_response_of(request: Request, groups: Sequence[CarriedGroup]) -> CarriedResponse | None:
+    """What a continuing round's request carries (None: it started in this round)."""
+    for group in groups:
+        response = group.continues(request)
+        if response is not None:
+            return response
+    return None
 
 
 def finished_carried(requests: Mapping[str, Request], groups: Sequence[CarriedGroup]) -> list[Completion]:
     """The carried responses that had finished, as completions of the continuing round's requests (launch
     order): its rule is shown them at once, nothing is submitted for them."""
-    carried = {group.problem_id: group.by_index() for group in groups}
-    return [carried[r.problem_id][r.index].completion(r) for r in requests.values()
-            if r.index in carried.get(r.problem_id, {}) and carried[r.problem_id][r.index].is_finished]
+    carried = [(request, carried_response_of(request, groups)) for request in requests.values()]
+    return [response.completion(request) for request, response in carried if response and response.is_finished]
 
 
 def continued_lengths(requests: Mapping[str, Request], groups: Sequence[CarriedGroup]) -> dict[str, int]:
     """Request id -> the tokens it carried from the round that deferred its prompt (those with none left out):
     what `rollout_trace.jsonl` marks as continued."""
-    carried = {group.problem_id: group.by_index() for group in groups}
-    lengths = {rid: len(carried[r.problem_id][r.index].token_ids) for rid, r in requests.items()
-               if r.index in carried.get(r.problem_id, {})}
-    return {rid: n for rid, n in lengths.items() if n}
+    carried = {rid: carried_response_of(request, groups) for rid, request in requests.items()}
+    return {rid: len(response.token_ids) for rid, response in carried.items() if response and response.token_ids}

@@ -22,14 +22,15 @@ whole prompts are deferred, but that is still a selection: the round keeps the
 prompts whose whole group finished first, i.e. whose draws happened to be
 short, and by default a deferred prompt's draws are discarded and its long
 round draws again, so the trained sample stays shorter than the policy's
-(issue 39: 69.4 tokens against 75.2 in a simulation where every prompt has the
-same LogNormal length; tests/test_tail_continue.py: 69.7 against 75.3). With `carries_deferred` (`tail.continue_deferred`) the
-rule instead hands each deferred prompt's first R0 responses by launch index
-(finished or partial) to its long round (`RoundResult.carried`, carry.py),
-which continues them: every launched prompt then trains its first R0 draws
-(the same test: 75.3). What remains is the within-prompt selection of R > R0,
-and when each prompt trains: a deferred one later, from tokens older weights
-sampled (the off-policy loss corrects them per token).
+(issue 39: 69.4 tokens against 75.2 in a simulation where every prompt has
+the same LogNormal length; tests/test_tail_continue.py: 69.7 against 75.3).
+With `carries_deferred` (`tail.continue_deferred`) the rule instead hands
+each deferred prompt's first R0 responses by launch index (finished or
+partial) to its long round (`RoundResult.carried`, carry.py), which continues
+them: every launched prompt then trains its first R0 draws (the same test:
+75.3). What remains is the within-prompt selection of R > R0, and when each
+prompt trains: a deferred one later, from tokens older weights sampled (the
+off-policy loss corrects them per token).
 
 Completions are processed strictly in the order given (the engine's finish
 order), so the outcome is deterministic even when several prompts complete in
