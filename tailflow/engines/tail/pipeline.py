@@ -352,8 +352,6 @@ class RolloutPipeline:
         done = finished_carried(live.requests, carried) if carried else []
         if done:  # the carried responses that had finished: shown to the new rule as finishing now
             self._observe(planned.plan.iteration, done)
-            for completion in done:  # an engine step of the round that deferred it, not of this one
-                live.finish_steps.pop(completion.request_id, None)
             live.show(done)
             self._settle()
 
