@@ -187,7 +187,9 @@ class RolloutPipeline:
 
     def restore(self, saved: PipelineState, tail: TailState, iteration: int, version: int) -> None:
         """Set up the live rounds of the commit before `iteration` and resubmit its requests in flight. Anything
-        this pipeline still had in the engines (an iteration that failed after the commit) is aborted first."""
+        this pipeline still had in the engines (an iteration that failed after the commit) is aborted first. The
+        commit's carried groups are kept only with `continue_deferred` (a run resumed with it off draws their
+        queued prompts again, as it would have; a live round's own carried groups are always rebuilt)."""
         in_flight_before = self._in_flight_ids()
         if in_flight_before:
             self.rollout.abort(in_flight_before)
