@@ -94,6 +94,7 @@ def test_without_the_setting_a_deferred_prompt_is_drawn_again():
         assert trained.token_ids == tuple(token_at(seed, i) for i in range(short_lengths(seed)))
     assert long_.continued == {} and all(r.continued == 0 for p in trace_of(long_, 10_000).prompts
                                          for r in p.responses)
+    assert '"continued"' not in trace_of(long_, 10_000).to_line()  # the trace rows of runs without it unchanged
 
 
 @pytest.mark.parametrize("alpha", [0.0, 1.0])
