@@ -24,7 +24,9 @@ Between prompts, a fourth mean, present when the round deferred any:
   they are (the long round draws again), and the waste they leave is
   `tail/wasted_tokens_deferred`; with `tail.continue_deferred` the long round
   continues them (`tail/continued_tokens`), so every launched prompt trains
-  its first R0 draws and the selection only decides when. With R = R0 the
+  its first R0 draws and the selection only decides when; the long round's
+  `token/response_length/mean` is then the deferred draws' final lengths, the
+  part of the policy's sample the short rounds' kept means left out. With R = R0 the
   kept and completed means are equal by construction, so only this one can
   show the between-prompt selection; a run-level check is the trained mean
   over many rounds against the policy's (tests/test_tail_continue.py does it
