@@ -309,11 +309,25 @@ class TailConfig(Section):
     """Short rounds launch ceil(prompt_ratio * P0) prompts."""
     responses_launched: int | None = Field(None, ge=1)
     """R: responses launched per prompt in short rounds; None: R0 + ceil(R0 / 4). R > R0 biases the trained
-    sample: a completed prompt keeps its first R0 responses to finish, its shortest, and drops its longest R - R0
-    (RollPacker's design; metrics `tail/kept_length_mean` vs `tail/completed_length_mean` and
-    `tail/launched_length_mean` show by how much). R = rollout.n is the unbiased option: a completed prompt keeps
-    every response it launched, only whole prompts are deferred (to a long round that trains all their
-    responses), at the cost of speculating on prompts only (bench/tail_batching.py measures both)."""
+    sample within a prompt: a completed prompt keeps its first R0 responses to finish, its shortest, and drops its
+    longest R - R0 (RollPacker's design; `tail/kept_length_mean` vs `tail/completed_length_mean` shows by how
+    much). R = rollout.n removes that selection but not the one between prompts: a short round keeps the prompts
+    whose whole group finished first, so a kept group is one whose own draws happened to be short, and without
+    tail.continue_deferred a deferred prompt's draws are discarded and drawn again in its long round: the trained
+    sample is still shorter than the policy's (a simulation with one LogNormal length for every prompt: 69.4
+    tokens against 75.2; `tail/deferred_length_mean` vs `tail/kept_length_mean` shows the selection). R =
+    rollout.n with tail.continue_deferred trains every launched prompt's first R0 draws: what remains is when
+    each is trained (deferred ones later, by older weights, corrected per token by the off-policy loss)."""
+    continue_deferred: bool = False
+    """A deferred prompt keeps its first R0 responses by launch index (finished ones whole, the others with the
+    tokens they had, each token with its behaviour log-prob and weight version), and its long round continues
+    them to completion instead of drawing new ones (partial rollout, as asynchronous rounds continue requests
+    across a weight sync). Nothing of a deferred prompt's first R0 draws is discarded and none is drawn again;
+    what the short round launched beyond R0 is still discarded (`tail/wasted_tokens_deferred`, apart from
+    `tail/wasted_tokens_completed` of the kept prompts). Their older tokens make the long round off-policy, by
+    as many versions as the prompt waited: needs an importance-corrected train.loss, and the trainer's
+    weight-version bound does not apply to continued responses. The kept responses are committed with the run
+    (`RunState.pipeline.carried`), so a resumed run continues them."""
     steps_per_poll: int = Field(2, ge=1)
     """Engine steps between looks at what finished: aborts land at most this many steps late."""
 
@@ -427,6 +441,11 @@ class RunConfig(Section):
             raise ValueError(f"rollout.async_ratio {rollout.async_ratio} trains on responses sampled by older weights, "
                              f"which train.loss {loss!r} treats as on-policy: use an importance-corrected train.loss "
                              f"({', '.join(OFF_POLICY_LOSSES)})")
+        if self.tail.continue_deferred and loss not in OFF_POLICY_LOSSES:
+            raise ValueError(f"tail.continue_deferred trains deferred prompts' responses continued from tokens that "
+                             f"older weights sampled, which train.loss {loss!r} treats as on-policy: use an "
+                             f"importance-corrected train.loss ({', '.join(OFF_POLICY_LOSSES)}), or set "
+                             f"tail.continue_deferred false")
         if 0 < rollout.async_ratio < 1:
             raise ValueError(f"rollout.async_ratio {rollout.async_ratio}: use 0 (synchronous) or >= 1; below 1 no "
                              "round could be launched ahead of training")

@@ -21,6 +21,7 @@ from engine_contract import one_thread  # noqa: F401 (autouse fixture)
 from test_native_engine import tiny_qwen2
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout import NativeEngine, Request, SamplingParams
+from tailflow.engines.rollout.protocol import FinishReason
 from tailflow.engines.rollout.requests import request_seed
 from tailflow.engines.tail.launch import launch_order
 from tailflow.engines.tail.pipeline import RolloutPipeline, Unobserved
@@ -86,10 +87,11 @@ def make_requests(planned):
 
 
 def pipeline(alpha: float, partial: bool = True, tail: bool = True, prompt_ratio: float = 1.5,
-             steps_per_poll: int = 2, observe=None) -> RolloutPipeline:
+             steps_per_poll: int = 2, observe=None, continue_deferred: bool = False) -> RolloutPipeline:
     engine = NativeEngine(tiny_qwen2(), num_slots=8, max_seq_len=32, eos_token_ids=(1,))
     tail_settings = TailSettings(prompts_per_step=P0, responses_kept=R0, prompt_ratio=prompt_ratio,
-                                 responses_launched=3, enabled=tail, data_seed=0, steps_per_poll=steps_per_poll)
+                                 responses_launched=3, enabled=tail, data_seed=0, steps_per_poll=steps_per_poll,
+                                 continue_deferred=continue_deferred)
     return RolloutPipeline(OneEngine(engine), tail_settings, alpha, partial, PROBLEMS, make_requests, observe)
 
 
@@ -193,6 +195,36 @@ def test_a_pipeline_restored_from_its_snapshot_continues_exactly(partial):
         assert got.result.deferred_problem_ids == expected.result.deferred_problem_ids
     assert second.tail == uninterrupted.tail
     assert second.snapshot() == uninterrupted.snapshot()
+
+
+@pytest.mark.parametrize("alpha", [0, 1])
+def test_continued_deferred_responses_keep_their_tokens_and_resume_exactly(alpha):
+    """tail.continue_deferred on the native engine: a long round's response of a deferred prompt starts with the
+    tokens and log-probs its short round left (each token with the version that sampled it), and a pipeline
+    restored from a snapshot holding carried responses continues exactly as the uninterrupted one."""
+    whole, _ = run(fresh(alpha, continue_deferred=True), range(6))
+    carried = {(c.problem_id, c.index): c for t in whole for cs in t.result.carried.values() for c in cs}
+    continued = [c for t in whole for c in t.completions if c.request_id in t.continued]
+    assert continued
+    for completion in continued:
+        began = carried[(completion.problem_id, completion.index)]
+        n = len(began.token_ids)
+        assert completion.token_ids[:n] == began.token_ids and completion.logprobs[:n] == began.logprobs
+        assert completion.as_prefix().weight_versions[:n] == began.as_prefix().weight_versions
+        if began.finish_reason is not FinishReason.ABORT:  # finished in its short round: trained as it was
+            assert completion.token_ids == began.token_ids
+
+    first = fresh(alpha, continue_deferred=True)
+    before, snapshots = run(first, range(2))
+    saved = PipelineState.model_validate_json(snapshots[-1].model_dump_json())
+    assert saved.carried or any(r.carried for r in saved.rounds)
+    second = pipeline(alpha, continue_deferred=True)
+    second.rollout.engine.load_weights(weights(2), 2)
+    second.restore(saved, TailState.model_validate_json(first.tail.model_dump_json()), 2, 2)
+    after, _ = run(second, range(2, 6))
+    for expected, got in zip(whole, before + after):
+        assert [c.token_ids for c in got.completions] == [c.token_ids for c in expected.completions]
+        assert got.continued == expected.continued
 
 
 def test_a_snapshot_whose_rules_and_requests_disagree_is_refused():

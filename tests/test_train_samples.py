@@ -61,7 +61,8 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
     train = SimpleNamespace(advantage="grpo", skips_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0,
                             stream=False)
     config = SimpleNamespace(train=train, cluster=SimpleNamespace(device="gpu", placement="colocated"),
-                             rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0))
+                             rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0),
+                             tail=SimpleNamespace(continue_deferred=False))
     ctx = SimpleNamespace(config=config, sampling=SimpleNamespace(temperature=1.0),
                           rollout=SimpleNamespace(sleep=lambda: calls.append("sleep")),
                           trainer=SimpleNamespace(start_train_step=lambda samples, **options: (
@@ -99,3 +100,12 @@ def test_max_staleness_admits_responses_up_to_k_versions_old_and_none_from_the_f
         samples_from_groups([fresh], "grpo", weight_version=4, max_staleness=3)
     with pytest.raises(ValueError, match="b#0 \\(versions 3..5\\)"):  # staleness 0: one version only
         samples_from_groups([old], "grpo", weight_version=5)
+
+
+def test_no_staleness_bound_admits_any_older_version_and_still_none_from_the_future():
+    """tail.continue_deferred: a continued response is as old as its prompt's wait in the queue (max_staleness
+    None), but a version newer than the trained weights is still a disagreement between trainer and rollout."""
+    assert len(samples_from_groups([group("a", [1.0, 0.0], [0, 9])], "grpo", weight_version=9,
+                                   max_staleness=None)) == 2
+    with pytest.raises(ValueError, match=r"a#1 \(version 10\)"):
+        samples_from_groups([group("a", [1.0, 0.0], [0, 10])], "grpo", weight_version=9, max_staleness=None)

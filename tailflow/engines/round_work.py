@@ -69,5 +69,6 @@ class RoundWorkFactory:
         train = self.config.train
         stream = StreamedStep(self.trainer, scorer, train.advantage, weight_version=launched_version,
                               skip_zero_advantage=train.skips_zero_advantage,
-                              rollout_temperature=self.config.rollout.temperature) if train.stream else None
+                              rollout_temperature=self.config.rollout.temperature,
+                              max_staleness=None if self.config.tail.continue_deferred else 0) if train.stream else None
         return RoundWork(scorer, stream)

@@ -78,7 +78,9 @@ class RunState(BaseModel):
     last_eval_accuracy: float | None = None
     pipeline: PipelineState | None = None
     """Asynchronous runs (`rollout.async_ratio` > 0): the rounds launched ahead of training and the requests in
-    flight, with every token they have (engines/tail/pipeline_state.py); None in synchronous runs."""
+    flight, with every token they have (engines/tail/pipeline_state.py); with `tail.continue_deferred` also the
+    deferred prompts' responses their long round will continue (synchronous runs too); None when it holds
+    nothing."""
     rollout_workers_added: int = 0
     """Rollout workers added at runtime minus those removed (`tailflow workers add/remove`), as of this commit: a
     resumed run starts `rollout.num_workers` plus these (`RolloutGroup.keep_added`)."""

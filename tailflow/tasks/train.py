@@ -29,18 +29,21 @@ class TrainedStep:
 def train_policy(ctx: RunContext, scored: ScoredRound, work: RoundWork, iteration: int,
                  weight_version: int) -> TrainedStep:
     """One step on the round's groups. `weight_version`: the weights the trainer holds (the responses may be at
-    most the pipeline's `max_staleness` versions older). Streamed (`work.stream`): the groups sent during rollout
+    most the pipeline's `max_staleness` versions older; with tail.continue_deferred no bound: a continued response
+    is as old as its prompt's wait in the queue). Streamed (`work.stream`): the groups sent during rollout
     are trained already, only the rest is sent. Asynchronous: the rollout runs on meanwhile, as long as the
     step takes or exactly `rollout.async_steps_per_train` engine steps (the deterministic mode)."""
     ctx.fault_point("train", iteration)
     if work.stream is not None:
         return TrainedStep(work.stream.finish(scored), OverlapStats())
-    pending = start_step(ctx, scored, weight_version, max_staleness=ctx.pipeline.max_staleness)
+    bound = None if ctx.config.tail.continue_deferred else ctx.pipeline.max_staleness  # continued: as old as their wait
+    pending = start_step(ctx, scored, weight_version, max_staleness=bound)
     overlap = ctx.pipeline.roll_while(pending.ready, ctx.config.rollout.async_steps_per_train)
     return TrainedStep(pending.result(), overlap)
 
 
-def start_step(ctx: RunContext, scored: ScoredRound, weight_version: int, max_staleness: int = 0) -> PendingTrainStep:
+def start_step(ctx: RunContext, scored: ScoredRound, weight_version: int,
+               max_staleness: int | None = 0) -> PendingTrainStep:
     """The step on `scored`'s groups as `train.*` configures it, issued on the ranks without waiting."""
     train = ctx.config.train
     samples = samples_from_groups(scored.groups, train.advantage, weight_version=weight_version,

@@ -4,7 +4,8 @@ RollPacker's short round (arXiv 2509.21009): a prompt *completes* when R0 of its
 responses have finished (EOS, STOP or LENGTH); its other responses are aborted
 at once and the first R0 to finish are kept. When P0 prompts have completed,
 every other in-flight request is aborted and those prompts are deferred to the
-long-prompt queue. Partial responses are discarded.
+long-prompt queue. Partial responses are discarded (by default; see
+`carries_deferred` below).
 
 This is not on-policy sampling. A completed prompt keeps the first R0 of its R
 launched responses to finish, i.e. its shortest, and loses its longest R - R0:
@@ -16,16 +17,27 @@ Fig. 8 shows accuracy held), not a correction. `RoundResult.unkept_lengths`
 lets `engines/track/tail_bias.py` measure it every round
 (`tail/kept_length_mean` against `tail/completed_length_mean` and
 `tail/launched_length_mean`). With R = R0 (`tail.responses_launched` =
-`rollout.n`) a completed prompt keeps every response it launched: only whole
-prompts are deferred (to a long round that trains all their responses), so
-each trained group is an unbiased sample of the policy for its prompt; what
-remains is the order prompts are trained in (short ones first).
+`rollout.n`) a completed prompt keeps every response it launched and only
+whole prompts are deferred, but that is still a selection: the round keeps the
+prompts whose whole group finished first, i.e. whose draws happened to be
+short, and by default a deferred prompt's draws are discarded and its long
+round draws again, so the trained sample stays shorter than the policy's
+(issue 39: 69.4 tokens against 75.2 in a simulation where every prompt has
+the same LogNormal length; tests/test_tail_continue.py: 69.7 against 75.3).
+With `carries_deferred` (`tail.continue_deferred`) the rule instead hands
+each deferred prompt's first R0 responses by launch index (finished or
+partial) to its long round (`RoundResult.carried`, carry.py), which continues
+them: every launched prompt then trains its first R0 draws (the same test:
+75.3). What remains is the within-prompt selection of R > R0, and when each
+prompt trains: a deferred one later, from tokens older weights sampled (the
+off-policy loss corrects them per token).
 
 Completions are processed strictly in the order given (the engine's finish
 order), so the outcome is deterministic even when several prompts complete in
 one engine step: the prompt that completes P0-th ends the round, and anything
 after it, even in the same batch, counts as aborted. A completion for a request
-already aborted (a race with another worker) is ignored and counted as waste.
+already aborted (a race with another worker) is ignored and counted as waste,
+unless `carries_deferred` carries it on (it finished: its deferred prompt keeps it).
 """
 from __future__ import annotations
 
@@ -51,6 +63,13 @@ class RoundResult:
     """Problem id -> the lengths of its launched responses that were not kept, in launch order: a finished one's
     length, an aborted one's tokens so far (a lower bound of the length it would have reached). Every launched
     prompt is here; a completed one with its R - R0 aborted siblings (none when R = R0)."""
+    carried: dict[str, tuple[Completion, ...]] = field(default_factory=dict)
+    """Deferred problem id -> its first R0 responses by launch index that have tokens (finished, or the partial
+    the abort returned), for its long round to continue (`carries_deferred` only; their tokens are not in
+    `wasted_tokens`, but their lengths are in `unkept_lengths`: this round did not train them)."""
+    wasted_completed_tokens: int = 0
+    """The part of `wasted_tokens` from completed prompts (their responses beyond R0); the rest is deferred
+    prompts' (`tail/wasted_tokens_completed` and `tail/wasted_tokens_deferred`)."""
 
     def trained_in_launch_order(self, launched: Sequence[Problem]) -> tuple[list[Problem], list[Completion]]:
         """The completed problems in launch order and all their kept completions.
@@ -66,7 +85,8 @@ class RoundResult:
 class CompletionRule:
     """One round's completion state; `observe` each batch of finished requests, abort what it returns."""
 
-    def __init__(self, requests: Sequence[Request], responses_kept: int, prompts_to_complete: int) -> None:
+    def __init__(self, requests: Sequence[Request], responses_kept: int, prompts_to_complete: int,
+                 carries_deferred: bool = False) -> None:
         if responses_kept < 1 or prompts_to_complete < 1:
             raise ValueError(f"R0={responses_kept} and P0={prompts_to_complete} must both be >= 1")
         request_ids = [r.request_id for r in requests]
@@ -74,6 +94,8 @@ class CompletionRule:
             raise ValueError("request ids of one round must be unique")
         self.responses_kept = responses_kept
         self.prompts_to_complete = prompts_to_complete
+        self.carries_deferred = carries_deferred
+        """Deferred prompts hand their first R0 responses on (`RoundResult.carried`) instead of wasting them."""
         self._requests_of: dict[str, list[str]] = {}
         """problem id -> its request ids; dict order is launch order."""
         for request in requests:
@@ -91,6 +113,9 @@ class CompletionRule:
         self._aborted: list[str] = []
         self._wasted: dict[str, int] = {}
         """request id -> tokens thrown away (one entry per request, so no double counting)."""
+        self._late: dict[str, Completion] = {}
+        """request id -> what came back after the rule had aborted it (it finished in the same poll as the abort,
+        or raced it on another worker): carried on with `carries_deferred`."""
 
     @property
     def is_done(self) -> bool:
@@ -118,6 +143,7 @@ class CompletionRule:
                 if request_id not in self._wasted:
                     raise KeyError(f"request {request_id!r} is not in flight (never launched here, or finished twice)")
                 self._wasted[request_id] = max(self._wasted[request_id], len(completion.token_ids))
+                self._late[request_id] = completion
                 continue  # aborted earlier: it raced the abort, and is discarded
             del self._in_flight[request_id]
             if completion.finish_reason is FinishReason.ABORT:  # aborted by someone else: lost
@@ -164,8 +190,27 @@ class CompletionRule:
         completed = [(p, tuple(self.kept(p))) for p in self._completed]
         unkept = {problem_id: tuple(wasted[r] for r in request_ids if r in wasted)
                   for problem_id, request_ids in self._requests_of.items()}
+        carried = self._carried(aborted_partials) if self.carries_deferred else {}
+        for completions in carried.values():
+            for completion in completions:
+                wasted.pop(completion.request_id, None)
+        of_completed = {r for p in self._completed for r in self._requests_of[p]}
         return RoundResult(completed, self.unfinished_problem_ids(), list(self._aborted), sum(wasted.values()),
-                           unkept)
+                           unkept, carried, sum(n for r, n in wasted.items() if r in of_completed))
+
+    def _carried(self, aborted_partials: Sequence[Completion]) -> dict[str, tuple[Completion, ...]]:
+        """Each deferred prompt's first R0 requests in launch order (response index order, `launch.py`) that came
+        back: the finished response (one that finished in the same poll as the abort too), else the partial the
+        abort returned (maybe empty). By index, never by finish order:
+        the finished ones first would be the short ones, the selection this exists to avoid."""
+        came_back = {c.request_id: c for c in aborted_partials}
+        came_back.update((r, c) for r, c in self._late.items() if c.finish_reason is not FinishReason.ABORT)
+        carried = {}
+        for problem_id in self.unfinished_problem_ids():
+            came_back.update((c.request_id, c) for c in self._finished[problem_id])
+            first = self._requests_of[problem_id][: self.responses_kept]
+            carried[problem_id] = tuple(came_back[r] for r in first if r in came_back)
+        return carried
 
 
 class WaitForAllRule(CompletionRule):
@@ -176,16 +221,16 @@ class WaitForAllRule(CompletionRule):
     the rule did not order) leaves its prompt unfinished: the caller defers it.
     """
 
-    def __init__(self, requests: Sequence[Request], responses_kept: int) -> None:
+    def __init__(self, requests: Sequence[Request], responses_kept: int, carries_deferred: bool = False) -> None:
         num_prompts = len({r.problem_id for r in requests})
-        super().__init__(requests, responses_kept, num_prompts)
+        super().__init__(requests, responses_kept, num_prompts, carries_deferred)
         extra = [p for p, ids in self._requests_of.items() if len(ids) != responses_kept]
         if extra:
             raise ValueError(f"prompts {extra} were not launched with exactly responses_kept={responses_kept} requests")
 
 
-def rule_for(plan: RoundPlan, requests: Sequence[Request]) -> CompletionRule:
+def rule_for(plan: RoundPlan, requests: Sequence[Request], carries_deferred: bool = False) -> CompletionRule:
     """The rule that drives `plan`'s round: speculative for SHORT, wait-for-all otherwise."""
     if plan.kind is RoundKind.SHORT:
-        return CompletionRule(requests, plan.responses_kept, plan.prompts_to_complete)
-    return WaitForAllRule(requests, plan.responses_kept)
+        return CompletionRule(requests, plan.responses_kept, plan.prompts_to_complete, carries_deferred)
+    return WaitForAllRule(requests, plan.responses_kept, carries_deferred)

@@ -40,6 +40,8 @@ from typing import AbstractSet, Callable, Protocol, Sequence
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 from tailflow.engines.rollout.rollout_stats import summarize_rollout
+from tailflow.engines.tail.carry import CarriedGroup, carried_groups, continued_lengths, continued_requests, \
+    finished_carried
 from tailflow.engines.tail.completion import CompletionRule, WaitForAllRule, rule_for
 from tailflow.engines.tail.pipeline_state import PipelineState, SavedCompletion, SavedRound
 from tailflow.engines.tail.round import PlannedRound, begin_round, settle_round
@@ -106,6 +108,13 @@ class LiveRound:
     num_completed_shown: int = 0
     """Completed prompts already handed to the observer's `on_completed`."""
     settled: bool = False
+    carried: list[CarriedGroup] = field(default_factory=list)
+    """The deferred prompts' responses this round continues (tail.continue_deferred; long rounds only)."""
+
+    def pending(self) -> list[Request]:
+        """The requests an engine must run: all but the carried responses that had finished already."""
+        done = {c.request_id for c in finished_carried(self.requests, self.carried)} if self.carried else set()
+        return [request for rid, request in self.requests.items() if rid not in done]
 
     def show(self, completions: Sequence[Completion]) -> None:
         """The observer sees what finished (less what the rule aborted) and the prompts that completed."""
@@ -149,6 +158,9 @@ class RolloutPipeline:
         """What the last `resume` resubmitted (the commit's `in_flight`); None once the engines stepped again."""
         self.paused: list[Completion] | None = None
         self.stats_mark: list[EngineStats] | None = None
+        self.carried: dict[str, CarriedGroup] = {}
+        """Deferred prompts' first R0 responses, waiting for the long round that continues them, by problem id
+        (`settings.continue_deferred`: carry.py); committed in `PipelineState.carried`."""
 
     @property
     def is_async(self) -> bool:
@@ -175,12 +187,15 @@ class RolloutPipeline:
 
     def restore(self, saved: PipelineState, tail: TailState, iteration: int, version: int) -> None:
         """Set up the live rounds of the commit before `iteration` and resubmit its requests in flight. Anything
-        this pipeline still had in the engines (an iteration that failed after the commit) is aborted first."""
+        this pipeline still had in the engines (an iteration that failed after the commit) is aborted first. The
+        commit's carried groups are kept only with `continue_deferred` (a run resumed with it off draws their
+        queued prompts again, as it would have; a live round's own carried groups are always rebuilt)."""
         in_flight_before = self._in_flight_ids()
         if in_flight_before:
             self.rollout.abort(in_flight_before)
         self.rounds, self.round_of, self.tail = {}, {}, tail
         self.position, self.version, self.paused = iteration, version, None
+        self.carried = {g.problem_id: g for g in saved.carried} if self.settings.continue_deferred else {}
         for saved_round in saved.rounds:
             self._replay(saved_round)
         in_flight = self._in_flight_ids()
@@ -194,7 +209,7 @@ class RolloutPipeline:
     def _replay(self, saved: SavedRound) -> None:
         """Rebuild a live round by showing its rule (and its observer) what it had seen, in that order."""
         planned = PlannedRound(saved.plan, [self.problems_by_id[pid] for pid in saved.problem_ids], self.tail)
-        live = self._add_round(planned, saved.launched_version)
+        live = self._add_round(planned, saved.launched_version, saved.carried)
         live.observed = [c.completion(live.requests[c.request_id]) for c in saved.observed]
         live.rule.observe(live.observed)
         live.aborted = [c.completion(live.requests[c.request_id]) for c in saved.aborted]
@@ -208,9 +223,10 @@ class RolloutPipeline:
         rounds = [SavedRound(plan=live.planned.plan, problem_ids=[p.problem_id for p in live.planned.problems],
                              launched_version=live.launched_version,
                              observed=[SavedCompletion.of(c) for c in live.observed],
-                             aborted=[SavedCompletion.of(c) for c in live.aborted])
+                             aborted=[SavedCompletion.of(c) for c in live.aborted], carried=live.carried)
                   for _, live in sorted(self.rounds.items())]
-        return PipelineState(rounds=rounds, in_flight=[SavedCompletion.of(c) for c in self.resubmitted])
+        return PipelineState(rounds=rounds, in_flight=[SavedCompletion.of(c) for c in self.resubmitted],
+                             carried=list(self.carried.values()))
 
     # ---- driving -------------------------------------------------------------------------------
 
@@ -241,12 +257,12 @@ class RolloutPipeline:
             summarize_rollout(completions, before, self.rollout.stats(), seconds), problems, completions,
             list(live.observed), list(live.aborted), dict(live.finish_steps), live.observer,
             staleness_of(completions, self.version), sum(1 for c in completions if c.token_weight_versions),
-            len(self.rounds), self.prompts_in_flight())
+            len(self.rounds), self.prompts_in_flight(), continued_lengths(live.requests, live.carried))
 
     def _generate(self, live: LiveRound) -> None:
         """A batch round: every request to completion in one call, shown to the rule in request order (a
         wait-for-all rule aborts nothing)."""
-        self._observe(live.planned.plan.iteration, self.rollout.generate(list(live.requests.values())))
+        self._observe(live.planned.plan.iteration, self.rollout.generate(live.pending()))
         self._settle()
 
     def roll_while(self, busy: Callable[[], bool], fixed_steps: int = 0) -> OverlapStats:
@@ -302,10 +318,15 @@ class RolloutPipeline:
         return to_abort
 
     def _settle(self) -> None:
+        """Queue the deferred prompts of every round whose rule is done (and keep their responses, carry.py)."""
         for live in self.rounds.values():
             if live.rule.is_done and not live.settled:
-                self.tail = settle_round(live.planned, live.rule.result(live.aborted), self.tail)
+                result = live.rule.result(live.aborted)
+                self.tail = settle_round(live.planned, result, self.tail)
                 live.settled = True
+                groups = carried_groups(result.carried, live.requests.values(), live.rule.responses_kept,
+                                        live.planned.plan.iteration)
+                self.carried.update((group.problem_id, group) for group in groups)
 
     def _launch(self) -> None:
         while True:
@@ -323,18 +344,30 @@ class RolloutPipeline:
         return begin_round(tail, j, self.settings, self.problems, self.problems_by_id, live_problems)
 
     def _start(self, planned: PlannedRound) -> None:
-        live = self._add_round(planned, self.version)
+        carried = [self.carried.pop(p.problem_id) for p in planned.problems if p.problem_id in self.carried]
+        live = self._add_round(planned, self.version, carried)
         live.is_batch = (not self.is_async and isinstance(live.rule, WaitForAllRule)
                          and not live.observer.watches_each_response)
         self.tail = planned.tail
         if not live.is_batch:
-            self.rollout.submit(list(live.requests.values()))
+            self.rollout.submit(live.pending())
+        done = finished_carried(live.requests, carried) if carried else []
+        if done:  # the carried responses that had finished: shown to the new rule as finishing now
+            self._observe(planned.plan.iteration, done)
+            live.show(done)
+            self._settle()
 
-    def _add_round(self, planned: PlannedRound, launched_version: int) -> LiveRound:
-        """A live round for `planned`: its seeded requests, its rule and its observer (launched or replayed)."""
+    def _add_round(self, planned: PlannedRound, launched_version: int,
+                   carried: list[CarriedGroup] | None = None) -> LiveRound:
+        """A live round for `planned`: its seeded requests (continuing `carried`), its rule and its observer
+        (launched or replayed)."""
+        carried = carried or []
         requests = self.make_requests(planned)
-        live = LiveRound(planned, {r.request_id: r for r in requests}, rule_for(planned.plan, requests),
-                         launched_version, self.observe(planned, launched_version))
+        if carried:
+            requests = continued_requests(requests, carried)
+        live = LiveRound(planned, {r.request_id: r for r in requests},
+                         rule_for(planned.plan, requests, self.settings.continue_deferred),
+                         launched_version, self.observe(planned, launched_version), carried=carried)
         self.rounds[planned.plan.iteration] = live
         self.round_of.update((r.request_id, planned.plan.iteration) for r in requests)
         return live

@@ -10,15 +10,19 @@ was not interrupted, so the rest of the run is the same too. Nothing that was
 generated is lost: finished responses of rounds not yet trained are here, and
 so are the partial ones (tokens, log-probs, weight versions).
 
+With `tail.continue_deferred` it also holds the deferred prompts' responses
+that their long round will continue (`carried`), in synchronous runs too.
+
 Plain JSON (no pickle): states are read back from a shared store. Size: every
-token of every response of the live rounds (two or three rounds at most),
-about 30 bytes per token.
+token of every response of the live rounds (two or three rounds at most), and
+of the carried groups (fewer than P0 prompts x R0), about 30 bytes per token.
 """
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
+from tailflow.engines.tail.carry import CarriedGroup
 from tailflow.engines.tail.planner import RoundPlan
 
 
@@ -56,6 +60,9 @@ class SavedRound(BaseModel):
     """Every finished response the rule was shown, in that order (replaying them rebuilds the rule)."""
     aborted: list[SavedCompletion]
     """Partial responses the rule had aborted (what they wasted counts in `tail/wasted_tokens`)."""
+    carried: list[CarriedGroup] = []
+    """The deferred prompts' responses this round continues (tail.continue_deferred): replaying it rebuilds the
+    same continued requests."""
 
     @model_validator(mode="before")
     @classmethod
@@ -77,8 +84,12 @@ class PipelineState(BaseModel):
     in_flight: list[SavedCompletion] = []
     """The requests in flight at the commit, with the tokens they had (finish reason `abort`), in the order they
     were resubmitted."""
+    carried: list[CarriedGroup] = []
+    """Deferred prompts' first R0 responses waiting in the long-prompt queue for the long round that continues
+    them (tail.continue_deferred, engines/tail/carry.py), in the order they were deferred."""
 
     @property
     def is_empty(self) -> bool:
-        """Nothing running ahead and nothing in flight (always so in a synchronous run)."""
-        return not self.rounds and not self.in_flight
+        """Nothing running ahead, nothing in flight and nothing carried (always so in a synchronous run without
+        tail.continue_deferred)."""
+        return not self.rounds and not self.in_flight and not self.carried

@@ -52,6 +52,8 @@ class TailSettings:
     """The seeded order fresh prompts are drawn in."""
     steps_per_poll: int = 2
     """Engine steps between looks at what finished (the round driver's granularity)."""
+    continue_deferred: bool = False
+    """A deferred prompt keeps its first R0 responses and its long round continues them (carry.py)."""
 
     def __post_init__(self) -> None:
         if self.responses_launched is None:
@@ -61,7 +63,8 @@ class TailSettings:
     def from_config(cls, config) -> "TailSettings":
         return cls(prompts_per_step=config.data.prompts_per_step, responses_kept=config.rollout.n,
                    prompt_ratio=config.tail.prompt_ratio, responses_launched=config.responses_launched,
-                   enabled=config.tail.enabled, data_seed=config.data.seed, steps_per_poll=config.tail.steps_per_poll)
+                   enabled=config.tail.enabled, data_seed=config.data.seed, steps_per_poll=config.tail.steps_per_poll,
+                   continue_deferred=config.tail.continue_deferred)
 
 
 def in_flight_cap(alpha: float, prompts_per_step: int) -> int:

@@ -7,7 +7,7 @@ one may have rounds running ahead and responses sampled by older weights.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from tailflow.engines.data.problem import Problem
@@ -46,6 +46,9 @@ class TakenRound:
     rounds_ahead: int
     """Rounds launched beyond this one when it was taken (0 when synchronous)."""
     prompts_in_flight: int
+    continued: dict[str, int] = field(default_factory=dict)
+    """Request id -> tokens it carried from the round that deferred its prompt (tail.continue_deferred); a
+    request that started here is not in it."""
 
     @property
     def iteration(self) -> int:

@@ -6,6 +6,11 @@
                   "responses": [{"index": 0, "length": 17, "finish": "eos", "step": 22, "worker": 0,
                                  "outcome": "kept"}, ...]}, ...]}
 
+A response a long round continued from where the round that deferred its
+prompt left it (`tail.continue_deferred`) has `"continued": n`, the tokens it
+carried over (its `length` counts them; a carried response that had finished
+has `step` null); a response that started in its own round has no such key.
+
 `outcome` is `kept` (trained on), `finished` (ended by itself but not trained:
 its prompt was deferred, or it finished after its prompt had R0) or `aborted`
 (discarded by the rule). An aborted response with `finish` `abort` was stopped
@@ -26,7 +31,7 @@ past its commit, as the metrics log does.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -52,6 +57,15 @@ class TraceResponse:
     step: int | None
     worker: int | None
     outcome: str
+    continued: int = 0
+    """Tokens carried from the round that deferred its prompt (tail.continue_deferred); 0: started here."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: `continued` only where it is not 0 (rows of runs without it stay as they were)."""
+        row = asdict(self)
+        if not self.continued:
+            del row["continued"]
+        return row
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,9 @@ class TraceRound:
     prompts: tuple[TracePrompt, ...]
 
     def to_line(self) -> str:
-        return json.dumps({"format": FORMAT, **asdict(self)}, separators=(",", ":"))
+        row = {"format": FORMAT, **asdict(self)}
+        row["prompts"] = [{**asdict(p), "responses": [r.to_dict() for r in p.responses]} for p in self.prompts]
+        return json.dumps(row, separators=(",", ":"))
 
 
 def write_trace(path: str | Path, rounds: Iterable[TraceRound]) -> None:
@@ -117,7 +133,8 @@ def parse_round(line: str, where: str) -> TraceRound:
 def parse_prompt(data: dict[str, Any]) -> TracePrompt:
     responses = tuple(TraceResponse(int(r["index"]), int(r["length"]), str(r["finish"]),
                                     None if r.get("step") is None else int(r["step"]),
-                                    None if r.get("worker") is None else int(r["worker"]), str(r["outcome"]))
+                                    None if r.get("worker") is None else int(r["worker"]), str(r["outcome"]),
+                                    int(r.get("continued", 0)))
                       for r in data["responses"])
     for response in responses:
         if response.outcome not in OUTCOMES:
@@ -165,6 +182,8 @@ def trace_of(taken: TakenRound, max_new_tokens: int) -> TraceRound:
         outcome = "aborted" if rid in aborted else "kept" if rid in kept else "finished"
         response = traced_response(request.index, finished.get(rid), partials.get(rid), outcome,
                                    taken.finish_steps.get(rid, (None, None)))
+        if rid in taken.continued:
+            response = replace(response, continued=taken.continued[rid])
         prompts.setdefault(request.problem_id, []).append(response)
     return TraceRound(taken.iteration, taken.planned.plan.kind.value, max_new_tokens, taken.stats.seconds,
                       tuple(TracePrompt(p, prompt_tokens[p], tuple(r)) for p, r in prompts.items()))

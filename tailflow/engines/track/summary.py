@@ -11,7 +11,7 @@ from tailflow.engines.train.samples import num_zero_signal_groups
 
 def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) -> dict[str, Any]:
     """`initial_eval_accuracy` goes into row 0 only (the run's starting point on the same plots)."""
-    scored, taken, plan = outcome.scored, outcome.taken, outcome.taken.planned.plan
+    scored, taken = outcome.scored, outcome.taken
     responses = [response for group in scored.groups for response in group.responses]
     lengths = [len(response.completion.token_ids) for response in responses]
     row: dict[str, Any] = {
@@ -32,14 +32,7 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
     }
     if outcome.evaluated is not None:
         row["eval/accuracy"] = outcome.evaluated.accuracy
-    row.update({
-        "tail/round": plan.round_metric,
-        "tail/long_queue_size": len(outcome.tail.queue),
-        "tail/aborted_requests": len(taken.result.aborted_request_ids),
-        "tail/wasted_tokens": taken.result.wasted_tokens,
-        "tail/fresh_prompts": plan.fresh_prompts,
-        **tail_bias(taken.result, scored.stats.unused_reward_sum, scored.stats.num_unused).metrics(),
-    })
+    row.update(tail_metrics(outcome))
     row.update(scored.stats.metrics())
     if outcome.reports_anchor:
         row["time/reward_timeout_anchor_s"] = outcome.anchors.task_s
@@ -49,6 +42,24 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
     if outcome.is_async:
         row.update(async_metrics(taken, outcome.overlap, outcome.stopped_at_sync))
     return row
+
+
+def tail_metrics(outcome: IterationOutcome) -> dict[str, Any]:
+    """Tail batching's keys: the round, the queue, what aborts wasted (the kept prompts' responses beyond R0
+    apart from the deferred prompts'), what was continued (tail.continue_deferred), and the length bias."""
+    taken, plan, stats = outcome.taken, outcome.taken.planned.plan, outcome.scored.stats
+    return {
+        "tail/round": plan.round_metric,
+        "tail/long_queue_size": len(outcome.tail.queue),
+        "tail/aborted_requests": len(taken.result.aborted_request_ids),
+        "tail/wasted_tokens": taken.result.wasted_tokens,
+        "tail/wasted_tokens_completed": taken.result.wasted_completed_tokens,
+        "tail/wasted_tokens_deferred": taken.result.wasted_tokens - taken.result.wasted_completed_tokens,
+        "tail/continued_responses": len(taken.continued),
+        "tail/continued_tokens": sum(taken.continued.values()),
+        "tail/fresh_prompts": plan.fresh_prompts,
+        **tail_bias(taken.result, stats.unused_reward_sum, stats.num_unused).metrics(),
+    }
 
 
 def async_metrics(taken: TakenRound, overlap: OverlapStats, stopped_at_sync: int) -> dict[str, Any]:

@@ -15,6 +15,24 @@ on the same prompts. Three means over one round say by how much:
   prompts included. Aborted responses count their tokens so far, so this is a
   lower bound of the policy's mean length on the round's prompts.
 
+Between prompts, a fourth mean, present when the round deferred any:
+
+- `tail/deferred_length_mean`: every response of the deferred prompts, at the
+  tokens it had (a lower bound). Far above the kept mean, it shows the round
+  kept the prompts whose draws happened to be short. That selection biases
+  the trained sample only if those draws are then thrown away: by default
+  they are (the long round draws again), and the waste they leave is
+  `tail/wasted_tokens_deferred`; with `tail.continue_deferred` the long round
+  continues them (`tail/continued_tokens`), so every launched prompt trains
+  its first R0 draws and the selection only decides when; the long round's
+  `token/response_length/mean` is then the deferred draws' final lengths, the
+  part of the policy's sample the short rounds' kept means left out. With R = R0 the
+  kept and completed means are equal by construction, so only this one can
+  show the between-prompt selection; a run-level check is the trained mean
+  over many rounds against the policy's (tests/test_tail_continue.py does it
+  on a simulated LogNormal: continuing trains the policy's mean, discarding
+  trains a shorter one).
+
 Reward, where known: the finished responses the round did not keep were scored
 only if scoring streamed (`reward.streaming`, the default, scores each response
 as it finishes); `tail/unkept_reward_mean` is their mean reward (absent when none
@@ -42,11 +60,15 @@ class TailBias:
     launched_length_mean: float
     unkept_reward_mean: float | None
     """Mean reward of the finished responses scored but not kept; None: none were scored."""
+    deferred_length_mean: float | None = None
+    """Mean tokens (so far) of the deferred prompts' responses; None: the round deferred none."""
 
     def metrics(self) -> dict[str, float]:
         row = {"tail/kept_length_mean": self.kept_length_mean,
                "tail/completed_length_mean": self.completed_length_mean,
                "tail/launched_length_mean": self.launched_length_mean}
+        if self.deferred_length_mean is not None:
+            row["tail/deferred_length_mean"] = self.deferred_length_mean
         if self.unkept_reward_mean is not None:
             row["tail/unkept_reward_mean"] = self.unkept_reward_mean
         return row
@@ -63,4 +85,5 @@ def tail_bias(result: RoundResult, unkept_reward_sum: float = 0.0, num_unkept_sc
         completed_length_mean=fmean(kept + siblings) if kept + siblings else 0.0,
         launched_length_mean=fmean(kept + siblings + deferred) if kept + siblings + deferred else 0.0,
         unkept_reward_mean=unkept_reward_sum / num_unkept_scored if num_unkept_scored > 0 else None,
+        deferred_length_mean=fmean(deferred) if deferred else None,
     )

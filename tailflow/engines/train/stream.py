@@ -46,11 +46,14 @@ class StreamedStep:
     """One iteration's optimizer step, fed group by group during rollout; build one per iteration."""
 
     def __init__(self, trainer: StreamTrainer, scores: GroupScores, estimator: str, *, weight_version: int,
-                 skip_zero_advantage: bool, rollout_temperature: float | None = None) -> None:
-        """`rollout_temperature`: the round's sampling temperature (`samples_from_groups`)."""
+                 skip_zero_advantage: bool, rollout_temperature: float | None = None,
+                 max_staleness: int | None = 0) -> None:
+        """`rollout_temperature`: the round's sampling temperature; `max_staleness`: how many versions older than
+        `weight_version` a token may be (None: no bound, tail.continue_deferred) (both `samples_from_groups`)."""
         self.trainer, self.scores, self.estimator = trainer, scores, estimator
         self.weight_version, self.skip_zero_advantage = weight_version, skip_zero_advantage
         self.rollout_temperature = rollout_temperature
+        self.max_staleness = max_staleness
         self._waiting: dict[str, tuple[Completion, ...]] = {}
         """Completed prompts whose responses are not all scored yet, in completion order."""
         self.sent: dict[str, ScoredGroup] = {}
@@ -94,7 +97,7 @@ class StreamedStep:
 
     def _samples(self, groups: Sequence[ScoredGroup]) -> list[TrainSample]:
         return samples_from_groups(groups, self.estimator, weight_version=self.weight_version,
-                                   rollout_temperature=self.rollout_temperature)
+                                   max_staleness=self.max_staleness, rollout_temperature=self.rollout_temperature)
 
     def _send(self, samples: list[TrainSample]) -> None:
         if samples:
