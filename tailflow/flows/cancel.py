@@ -30,7 +30,7 @@ from datetime import datetime
 from typing import Iterator
 
 from tailflow.engines.runs.commit import read_committed_state
-from tailflow.flows.run_log import say
+from tailflow.flows.run_log import flow_run_run_id, say
 from tailflow.tasks.cancellable import RunCancelled, cancel_requested, exits_on_sigterm, hold_off_termination
 
 
@@ -111,23 +111,38 @@ def cancel_unfinished_subflows(since: datetime, line: str) -> None:
     subflow's engine reports the signal as a crash when it lands outside the iteration's own code; one it hit
     while starting still has its generated name, not `iter-NNNN`). Subflows of earlier attempts keep their
     states (a killed attempt's Crashed one says what replaced it)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
-                                                FlowRunFilterStateType)
+    from prefect.client.schemas.filters import FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
     from prefect.runtime import flow_run
-    from prefect.states import Cancelled
 
     if not flow_run.id:
         return
     # the server leaves out completed and cancelled ones: a long run has a finished subflow per iteration, more
     # than a page of results
-    unfinished = FlowRunFilterState(type=FlowRunFilterStateType(not_any_=[StateType.COMPLETED, StateType.CANCELLED]))
-    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]), state=unfinished)
+    unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED, StateType.CANCELLED]))
+    set_cancelled([subflow for subflow in unfinished if subflow.created is not None and subflow.created >= since],
+                  line)
+
+
+def subflows_of(parent_flow_run_id, states) -> list:
+    """The subflow runs of `parent_flow_run_id` whose state type `states` (a `FlowRunFilterStateType`) admits."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState
+
+    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_flow_run_id]),
+                                state=FlowRunFilterState(type=states))
     with get_client(sync_client=True) as client:
-        for subflow in client.read_flow_runs(flow_run_filter=runs_filter):
-            if subflow.created is not None and subflow.created >= since:
-                client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)
+        return client.read_flow_runs(flow_run_filter=runs_filter)
+
+
+def set_cancelled(flow_runs: list, line: str) -> None:
+    """Force each of `flow_runs` Cancelled, with the run's line as the state's message."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Cancelled
+
+    with get_client(sync_client=True) as client:
+        for run in flow_runs:
+            client.set_flow_run_state(run.id, Cancelled(message=line), force=True)
 
 
 def end_left_subflows(flow, flow_run, state) -> None:
@@ -138,22 +153,13 @@ def end_left_subflows(flow, flow_run, state) -> None:
     Pending or Running, one the process could not end, is set Cancelled with it. Crashed ones are left: an
     earlier attempt's, ended by the resume that replaced it. Where the run ended itself (the usual case) there is
     nothing to do."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
-                                                FlowRunFilterStateType)
+    from prefect.client.schemas.filters import FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
-    from prefect.states import Cancelled
 
-    left = FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))
-    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]), state=left)
-    with get_client(sync_client=True) as client:
-        subflows = client.read_flow_runs(flow_run_filter=runs_filter)
+    subflows = subflows_of(flow_run.id, FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))
     iterations = [int(subflow.name[len("iter-"):]) for subflow in subflows
                   if (subflow.name or "").startswith("iter-") and subflow.name[len("iter-"):].isdigit()]
-    line = said_or_say(flow_run, min(iterations) if iterations else None)
-    with get_client(sync_client=True) as client:
-        for subflow in subflows:
-            client.set_flow_run_state(subflow.id, Cancelled(message=line), force=True)
+    set_cancelled(subflows, said_or_say(flow_run, min(iterations) if iterations else None))
 
 
 def said_or_say(flow_run, iteration: int | None) -> str:
@@ -168,7 +174,7 @@ def said_or_say(flow_run, iteration: int | None) -> str:
     from tailflow.engines.store import open_store
 
     params = flow_run.parameters
-    run_id = params.get("run_id") or f"run-{str(flow_run.id)[:8]}"  # training.default_run_id, outside the run
+    run_id = params.get("run_id") or flow_run_run_id(flow_run.id)
     with get_client(sync_client=True) as client:
         records = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])),
                                    sort=LogSort.TIMESTAMP_DESC)  # the newest page: the line ends the run's logs

@@ -92,6 +92,12 @@ def warnings_in_run_logs(flow_run_id: str | None) -> Iterator[None]:
             logging.getLogger(name).removeHandler(handler)
 
 
+def flow_run_run_id(flow_run_id: UUID | str) -> str:
+    """The run id of a flow run started without one: `run-` and the first 8 characters of the flow run's id, the
+    same on every retry of that flow run (the flow names its run so; the Cancel hook finds the run by it)."""
+    return f"run-{str(flow_run_id)[:8]}"
+
+
 def say(line: str, flow_run_id: UUID | str | None = None, level: int = logging.INFO) -> None:
     """One progress line to the terminal and to the current flow run's logs (or `flow_run_id`'s only)."""
     extra: dict[str, Any] = {"flow_run_id": str(flow_run_id), "api_only": True} if flow_run_id else {}

@@ -27,7 +27,7 @@ from tailflow.flows.resume import (check_config_for_resume, commit_initial_state
                                    restore_weights)
 from tailflow.flows.retry_policy import no_retry_on_user_error
 from tailflow.flows.run_hooks import after_iteration, publish_report
-from tailflow.flows.run_log import print_resume, print_start, say
+from tailflow.flows.run_log import flow_run_run_id, print_resume, print_start, say
 from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_workers
 from tailflow.flows.writer import run_writer
 from tailflow.tasks.cancellable import cancel_requested
@@ -36,7 +36,7 @@ from tailflow.tasks.evaluate import evaluate_policy
 
 def default_run_id() -> str:
     """The flow run's own id when the caller gave none: the same on every retry of that flow run."""
-    return f"run-{str(flow_run.id)[:8]}" if flow_run.id else new_run_id()
+    return flow_run_run_id(flow_run.id) if flow_run.id else new_run_id()
 
 
 def run_name() -> str:
