@@ -1,0 +1,2 @@
+"""Training and eval data: the embedded arithmetic task and its character tokenizer, the code task, JSONL / Parquet
+datasets, the `Problem` record every dataset yields, and the cursor that says where a run is in its data."""
