@@ -331,6 +331,12 @@ class TailConfig(Section):
     steps_per_poll: int = Field(2, ge=1)
     """Engine steps between looks at what finished: aborts land at most this many steps late."""
 
+    def trained_token_age_bound(self, rounds_ahead: int) -> int | None:
+        """How many weight versions older than the weights training it a trained token may be: `rounds_ahead` (how
+        far rounds run ahead of the weights: the pipeline's floor(alpha), 0 for a streamed step), or no bound
+        (None) with continue_deferred, whose continued tokens are as old as their prompt's wait in the queue."""
+        return None if self.continue_deferred else rounds_ahead
+
 
 class ClusterConfig(Section):
     address: str | None = None

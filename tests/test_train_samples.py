@@ -3,6 +3,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from tailflow.config import TailConfig
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.reward.scoring import ScoredGroup, ScoredResponse
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
@@ -62,7 +63,7 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
                             stream=False)
     config = SimpleNamespace(train=train, cluster=SimpleNamespace(device="gpu", placement="colocated"),
                              rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0),
-                             tail=SimpleNamespace(continue_deferred=False))
+                             tail=TailConfig())
     ctx = SimpleNamespace(config=config, sampling=SimpleNamespace(temperature=1.0),
                           rollout=SimpleNamespace(sleep=lambda: calls.append("sleep")),
                           trainer=SimpleNamespace(start_train_step=lambda samples, **options: (

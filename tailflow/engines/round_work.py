@@ -70,5 +70,5 @@ class RoundWorkFactory:
         stream = StreamedStep(self.trainer, scorer, train.advantage, weight_version=launched_version,
                               skip_zero_advantage=train.skips_zero_advantage,
                               rollout_temperature=self.config.rollout.temperature,
-                              max_staleness=None if self.config.tail.continue_deferred else 0) if train.stream else None
+                              max_staleness=self.config.tail.trained_token_age_bound(0)) if train.stream else None
         return RoundWork(scorer, stream)

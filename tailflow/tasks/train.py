@@ -36,7 +36,7 @@ def train_policy(ctx: RunContext, scored: ScoredRound, work: RoundWork, iteratio
     ctx.fault_point("train", iteration)
     if work.stream is not None:
         return TrainedStep(work.stream.finish(scored), OverlapStats())
-    bound = None if ctx.config.tail.continue_deferred else ctx.pipeline.max_staleness  # continued: as old as their wait
+    bound = ctx.config.tail.trained_token_age_bound(ctx.pipeline.max_staleness)
     pending = start_step(ctx, scored, weight_version, max_staleness=bound)
     overlap = ctx.pipeline.roll_while(pending.ready, ctx.config.rollout.async_steps_per_train)
     return TrainedStep(pending.result(), overlap)
