@@ -15,9 +15,9 @@ leaves the next a clean device); after every stage the work folder (printouts, J
 files) is tarred again into `--out`, so a call killed from outside still returns what finished. What did not
 fit, or timed out, is printed as the next call's `--stages`.
 
-Expected seconds: "measured" ones are the `[stage] N s` lines of the H200 run (2026-11-27); the rest are
-estimates (none of the new stages has run on a GPU), and so is `PROCESS_START_S`, the cost of each stage's
-process start (Python, torch with CUDA, transformers) that the `[stage]` lines do not include.
+Expected seconds: the `[stage] N s` lines of the second H200 session (2026-11-28, every stage in one call), and
+`PROCESS_START_S`, each stage's process start (Python, torch with CUDA, transformers) that those lines do not
+include, from the same session.
 """
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ CALL_LIMIT_S = 600
 """The most one device call may run."""
 CALL_MARGIN_S = 30
 """Kept free in a call: the wheels' install, the tar, the transfer back."""
-PROCESS_START_S = 15
-"""One stage's process start (estimate)."""
+PROCESS_START_S = 20
+"""One stage's process start: the stage's whole process less its `[stage] N s`, 14-22 s on the H200
+(2026-11-28)."""
 GRACE_S = 10
 """After SIGINT at a stage's timeout, how long before SIGKILL."""
 
@@ -74,20 +75,22 @@ class PlannedStage:
 
 
 PLAN = (
-    PlannedStage("rope", 45, "estimate: 4 long prompts to 32k, three forwards each", "the rope fix has never run "
-                 "on a GPU; cheap"),
-    PlannedStage("trainer", 150, "estimate: two 0.5B trainers, 3 steps of ~14k tokens, 3 weight gathers",
-                 "nothing of the trainer side has run on a GPU"),
-    PlannedStage("graphs", 45, "estimate: one engine, 5 traces of 16 x 64, a trainer's step and offload",
-                 "the one unexplained GPU result"),
-    PlannedStage("offload", 60, "estimate: 4 round trips of ~6 GB, raw copies of 1 GiB",
-                 "the 0.5 GB/s offload against the staged one"),
-    PlannedStage("contract", 30, "measured: 29.5 s (H200)", "the engine contract after the rope fix and the "
-                 "contract's reference fix"),
-    PlannedStage("throughput", 90, "bounded: a 75 s budget and the model build", "never finished; now bounded"),
-    PlannedStage("turns", 30, "measured: 29.4 s (H200)", "the colocated turn, now with the staged offload"),
-    PlannedStage("calibrate", 30, "measured: 30.1 s (H200)", "measured once already; kernels unchanged since"),
-    PlannedStage("rounds", 97, "measured: 97.3 s (H200)", "measured once already (1.67x)"),
+    PlannedStage("contract", 37, "measured: 37.1 s (H200, 2026-11-28)", "the engine contract: the check of every "
+                 "engine change since the last GPU session"),
+    PlannedStage("trainer", 58, "measured: 58.2 s (H200, 2026-11-28)", "FSDP2 vs Megatron-core on CUDA, the "
+                 "stream trainer, the weight sync: run once"),
+    PlannedStage("rope", 34, "measured: 34.1 s (H200, 2026-11-28; the chunked fp32 reference)", "ran once; its "
+                 "error floor on this shape is high (docs/gpu.md)"),
+    PlannedStage("turns", 23, "measured: 23.4 s (H200, 2026-11-28)", "the colocated turn with the staged offload"),
+    PlannedStage("rounds", 102, "measured: 101.5 s (H200, 2026-11-28)", "tail batching on a GPU engine: 1.67x "
+                 "and 1.70x in two sessions"),
+    PlannedStage("graphs", 20, "measured: 20.1 s (H200, 2026-11-28)", "the sleep/wake difference: not reproduced "
+                 "once"),
+    PlannedStage("offload", 24, "measured: 23.9 s (H200, 2026-11-28)", "the staged offload against the blocking "
+                 "one: measured once"),
+    PlannedStage("calibrate", 34, "measured: 34.1 s (H200, 2026-11-28)", "measured twice; kernels unchanged"),
+    PlannedStage("throughput", 82, "measured: 81.9 s (H200, 2026-11-28; a 75 s budget and the model build)",
+                 "measured once (8.8x generate(), cut)"),
 )
 
 
@@ -118,7 +121,7 @@ def describe_plan(plan: Sequence[PlannedStage], session_s: float = SESSION_S) ->
     """The calls a session's time allows, each with its stages, expected seconds and timeouts."""
     lines = [f"session {session_s} s of device time; machine start {MACHINE_START_S} s; one call at most "
              f"{CALL_LIMIT_S} s, {CALL_MARGIN_S} s of it kept for wheels, tar and transfer; "
-             f"{PROCESS_START_S} s per stage process (estimate)"]
+             f"{PROCESS_START_S} s per stage process (measured)"]
     left_s, remaining, call = session_s - MACHINE_START_S, list(plan), 1
     while remaining and left_s > CALL_MARGIN_S:
         budget = min(CALL_LIMIT_S, left_s) - CALL_MARGIN_S

@@ -154,11 +154,33 @@ def rounded_reference(model, dtype: torch.dtype, device: str):
     return reference.to(device).eval()
 
 
+REFERENCE_CHUNK = 2048
+"""Tokens per forward of the reference: an fp32 forward has no flash kernel, and SDPA's math path over 32k
+positions in one forward materialises [heads, 32k, 32k] scores (about 60 GB each, twice: the H200 ran out at
+121 GB). Chunks through a KV cache bound that to [heads, 2048, 32k]."""
+
+
 def reference_logits(model, prompt: list[int], tokens: list[int]) -> torch.Tensor:
-    """[len(tokens), vocab] logits predicting each of `tokens` after `prompt` (one forward, the last positions)."""
-    ids = torch.tensor([prompt + tokens[:-1]], device=next(model.parameters()).device)
+    """[len(tokens), vocab] logits predicting each of `tokens` after `prompt`: the sequence fed in chunks of
+    `REFERENCE_CHUNK` through a KV cache, the logits of the last len(tokens) positions kept."""
+    from transformers import DynamicCache
+
+    sequence = prompt + tokens[:-1]
+    device = next(model.parameters()).device
+    first_kept = len(sequence) - len(tokens)
+    cache = DynamicCache()
+    kept = []
     with torch.inference_mode():
-        return model(input_ids=ids, logits_to_keep=len(tokens)).logits[0].float()
+        for start in range(0, len(sequence), REFERENCE_CHUNK):
+            chunk = sequence[start:start + REFERENCE_CHUNK]
+            ids = torch.tensor([chunk], device=device)
+            positions = torch.arange(start, start + len(chunk), device=device)
+            keep = max(0, start + len(chunk) - first_kept)
+            output = model(input_ids=ids, past_key_values=cache, use_cache=True, cache_position=positions,
+                           logits_to_keep=min(keep, len(chunk)) if keep else 1)
+            if keep:
+                kept.append(output.logits[0, -min(keep, len(chunk)):].float())
+    return torch.cat(kept)
 
 
 def leading_equal(a: list[int], b: list[int]) -> int:
