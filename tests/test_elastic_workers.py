@@ -89,14 +89,19 @@ def kept_tokens(result) -> dict[str, tuple[int, ...]]:
     return {c.request_id: c.token_ids for _, kept in result.completed for c in kept}
 
 
-@pytest.mark.parametrize("kind", ["short", "long"])
-@pytest.mark.parametrize("engine", ["native", pytest.param("vllm", marks=[pytest.mark.vllm, pytest.mark.slow])])
+VLLM_SLOW = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.mark.parametrize("engine, kind", [pytest.param("native", "short", marks=pytest.mark.slow), ("native", "long"),
+                                          pytest.param("vllm", "short", marks=VLLM_SLOW),
+                                          pytest.param("vllm", "long", marks=VLLM_SLOW)])
 def test_a_worker_sigkilled_mid_round_is_migrated_not_restarted(request, engine, kind):
     """On either engine: the requests of a worker killed without notice continue on the others from the tokens
     it had reported, drawing what they would have drawn (the vLLM engine's sampler takes the prefix's draws).
     Costs ~33 s (native, short round) and ~9 s (native, long) here; the vLLM cases ~100 s and ~30 s, most of it
-    the module's three vLLM engines starting (`vllm_group3`), so those two are marked slow: the fast subset keeps
-    the native cases, the whole suite runs all four. Each kill needs its worker in a process of its own."""
+    the module's three vLLM engines starting (`vllm_group3`), so those two are marked slow, and so is the native
+    short round (its kill lands while the round streams: ~24-51 s): the fast subset keeps the native long round,
+    the whole suite runs all four. Each kill needs its worker in a process of its own."""
     group3 = request.getfixturevalue("group3" if engine == "native" else "vllm_group3")
     requests = round_requests(num_prompts=6, per_prompt=3, max_new_tokens=30)
     round_kind = RoundKind.SHORT if kind == "short" else RoundKind.LONG
@@ -123,8 +128,12 @@ def test_a_worker_sigkilled_mid_round_is_migrated_not_restarted(request, engine,
     assert all(c.finish_reason != FinishReason.ABORT for _, kept in result.completed for c in kept)
 
 
+@pytest.mark.slow
 def test_a_resumed_group_keeps_the_workers_added_or_removed_at_runtime(group3):
-    """`keep_added(k)`: what a resumed or restarted run does with the committed `rollout_workers_added`."""
+    """`keep_added(k)`: what a resumed or restarted run does with the committed `rollout_workers_added`.
+
+    Costs ~27-29 s here: two workers started one after another (each a process with its engine); a resume path,
+    in the whole suite, not the fast subset."""
     group3.wait_for_joins()  # a replacement for a worker an earlier test killed
     group3.take_membership()
     assert (len(group3.membership.workers), group3.workers_added()) == (3, 0)

@@ -2,6 +2,8 @@
 progress artifact moving within a round (through a real Prefect API)."""
 from __future__ import annotations
 
+import pytest
+
 from tailflow.config import config_from_dict
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
@@ -40,7 +42,11 @@ def test_off_a_terminal_the_round_line_is_a_plain_line(tmp_path, monkeypatch, ca
     assert line.endswith("long queue 0")
 
 
+@pytest.mark.slow
 def test_the_progress_artifact_moves_within_a_round(tmp_path, prefect_api):
+    """Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
+    ~1 s."""
     from prefect import flow
     from prefect.client.orchestration import get_client
 
@@ -65,7 +71,11 @@ def test_the_progress_artifact_moves_within_a_round(tmp_path, prefect_api):
     assert "iteration 0 of 4 in progress" in artifact.description
 
 
+@pytest.mark.slow
 def test_actor_warnings_and_errors_reach_the_flow_runs_logs(tmp_path, prefect_api, ray_session):
+    """Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
+    ~7-12 s (it also starts Ray)."""
     import time
 
     import ray

@@ -60,8 +60,13 @@ def finished_run(storage, run_id: str, iterations: int) -> RunConfig:
     return config
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_returns_before_anything_starts(prefect_api, tmp_path, monkeypatch):
-    """A scheduled resume of a run that has ended: no preflight, no Ray, no workers; the summary of the run."""
+    """A scheduled resume of a run that has ended: no preflight, no Ray, no workers; the summary of the run.
+
+    Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
+    ~2 s."""
     import tailflow.flows.training as training
     from tailflow.flows.training import rl_training
 
@@ -83,8 +88,13 @@ def test_resuming_a_finished_run_returns_before_anything_starts(prefect_api, tmp
                     allow_change=["train.iterations"])
 
 
+@pytest.mark.slow
 def test_lease_and_store_warnings_reach_the_flow_runs_logs(prefect_api, tmp_path):
-    """They are logged off the flow's thread (the lease heartbeat), where Prefect's run logger cannot file them."""
+    """They are logged off the flow's thread (the lease heartbeat), where Prefect's run logger cannot file them.
+
+    Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
+    ~1.5 s."""
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
@@ -112,9 +122,14 @@ def test_lease_and_store_warnings_reach_the_flow_runs_logs(prefect_api, tmp_path
     assert not any("below WARNING" in message for message in messages)
 
 
+@pytest.mark.slow
 def test_a_local_run_gets_paths_to_copy_not_file_links(prefect_api, tmp_path):
     """A browser does not open file:// links from the UI: a local store's report and checkpoint artifacts show
-    the path instead."""
+    the path instead.
+
+    Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
+    ~1.5 s."""
     from prefect import flow
     from prefect.client.orchestration import get_client
 
@@ -269,11 +284,16 @@ def test_a_fault_with_a_record_fires_once_across_processes(monkeypatch, tmp_path
     assert sorted(p.name for p in (tmp_path / "fired").iterdir()) == ["crash-train@2"]
 
 
+@pytest.mark.slow
 def test_a_task_a_cancel_stops_ends_completed_and_its_caller_gets_run_cancelled(prefect_api, monkeypatch):
     """Prefect logs every end of a task run but Completed as an error, and a Cancel's signal most often lands in a
     task's body (inside Ray's C code it arrives as a SystemError): such a task ends Completed and calling it
     raises RunCancelled, which the iteration turns into Cancelled states. Without a Cancel the same error fails
-    the task and reaches its caller as before."""
+    the task and reaches its caller as before.
+
+    Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
+    ~3 s."""
     from prefect import flow
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId

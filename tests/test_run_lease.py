@@ -121,7 +121,11 @@ def store_uri(store) -> str:
     return f"s3://{store.bucket}/{store.prefix}" if isinstance(store, S3Store) else str(store.root)
 
 
+@pytest.mark.slow
 def test_the_flow_refuses_a_second_writer_before_writing_anything(store, prefect_api):
+    """Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
+    ~2 s."""
     from tailflow.flows.setup import shipped_warmstart_dir
     from tailflow.flows.training import rl_training
 

@@ -95,7 +95,11 @@ def test_bad_plan_input_is_one_line(tmp_path, capsys, args, message):
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_plan_flow_publishes_a_markdown_artifact(prefect_api, tmp_path):
+    """Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
+    ~2-3 s."""
     from prefect.client.orchestration import get_client
 
     from tailflow.flows.plan import plan_tail_batching

@@ -8,7 +8,11 @@ from tailflow.engines.store import LocalStore
 from tailflow.flows.setup import resolve_model_path, shipped_warmstart_dir
 
 
+@pytest.mark.slow
 def test_warm_start_is_cached_and_reused(prefect_api, tmp_path):
+    """Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
+    ~3 s."""
     from tailflow.flows.warmstart import warm_start
 
     overrides = [f"storage.uri={tmp_path}", "warmstart.steps=3", "warmstart.batch_size=4", "data.num_train=64"]
