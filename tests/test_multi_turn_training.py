@@ -29,6 +29,7 @@ from tailflow.engines.train.losses import (
 )
 from tailflow.engines.train.samples import sample_of_trajectory
 from tailflow.engines.train.trainer import MicroBatchInputs, PolicyTrainer
+from tailflow.engines.train.updates import plan_updates
 
 torch.set_num_threads(1)
 
@@ -217,14 +218,16 @@ def test_step_stats_skip_environment_tokens(model_path):
     assert stats.entropy == pytest.approx(sum(expected_entropy) / len(expected_entropy), rel=1e-5)
 
 
-def test_environment_tokens_are_context_but_their_log_prob_slots_are_never_read(model_path):
-    """tis reads the behaviour log-probs: garbage in an observation's slot must change nothing (bit for bit),
-    while other observation TOKENS must change the step (the later actions are predicted from them)."""
+@pytest.mark.parametrize("loss, ppo_epochs", [("tis", 1), ("decoupled_ppo", 2)])
+def test_environment_tokens_are_context_but_their_log_prob_slots_are_never_read(model_path, loss, ppo_epochs):
+    """Both losses read the behaviour log-probs (decoupled_ppo over 2 updates also the proximal pass): garbage in
+    an observation's slot must change nothing (bit for bit), while other observation TOKENS must change the
+    step (the later actions are predicted from them)."""
     base = multi_turn_batch(seed=4)
 
     def weights_after(samples):
-        trainer = PolicyTrainer(model_path, TrainConfig(loss="tis", lr=1e-3))
-        trainer.train_step(samples, count_response_tokens(samples), len(samples))
+        trainer = PolicyTrainer(model_path, TrainConfig(loss=loss, lr=1e-3))
+        trainer.train_updates(samples, plan_updates([samples], [], ppo_epochs)[0], count_response_tokens(samples))
         return trainer.full_state_dict()
 
     garbage = [replace(s, rollout_logprobs=tuple(x if m else -50.0 for x, m in zip(s.rollout_logprobs,
@@ -255,6 +258,27 @@ def test_streamed_masked_pieces_equal_the_whole_step(model_path, loss_agg):
     assert stats.num_tokens == whole_stats.num_tokens == sum(sum(s.response_mask) for s in samples)
     whole_weights, streamed_weights = whole.full_state_dict(), streamed.full_state_dict()
     assert max((whole_weights[k] - v).abs().max().item() for k, v in streamed_weights.items()) < 1e-6
+
+
+@pytest.mark.slow
+def test_megatron_matches_fsdp2_on_multi_turn_samples():
+    """test_megatron_alignment's check (its tolerances, 3 steps, decoupled_ppo: the loss reads the model's
+    log-probs) on multi-turn batches, Megatron TP=2 against FSDP2 on 2 ranks: the mask reaches both backends
+    through the same collate and losses. Costs ~10 s here: two gloo rank processes, each importing torch and
+    megatron-core (~4 s of it), then 3 steps per backend; two ranks are the fewest where tensor parallelism
+    splits the logits' computation."""
+    pytest.importorskip("megatron.core", reason="megatron-core (the `megatron` extra) is not installed")
+    from importlib import resources
+
+    from megatron_ranks import aligned_steps, run_gloo_ranks
+    from test_megatron_alignment import KWARGS, misalignments
+
+    warmstart_dir = str(resources.files("tailflow") / "assets" / "warmstart")
+    batches = [multi_turn_batch(seed, count=12) for seed in (101, 102, 103)]
+    runs = run_gloo_ranks(aligned_steps, 2, warmstart_dir, dict(KWARGS, loss="decoupled_ppo"), batches,
+                          ("fsdp2", "megatron_tp2"))
+    assert all(step["grad_norm"] > 0 for step in runs["fsdp2"]["steps"])
+    assert misalignments(runs["fsdp2"], runs["megatron_tp2"], KWARGS["lr"]) == []
 
 
 # ---- trajectory -> sample --------------------------------------------------------------------------
