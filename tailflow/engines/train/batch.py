@@ -33,6 +33,11 @@ class TrainSample:
     top-k / top-p, filtered and renormalised) distribution (`Completion.logprobs`). None: not known. An
     off-policy loss compares them with the trainer's log-probs at its own temperature, so `PolicyTrainer`
     refuses samples whose temperature is not its own."""
+    response_mask: tuple[bool, ...] | None = None
+    """One flag per response token: True where the model sampled it (trained), False where the environment wrote
+    it (a multi-turn observation, `Trajectory.response_mask`). A False token stays in the input (the model reads
+    it as context) but has no policy loss, KL or entropy and is not counted by any per-token divisor. None:
+    every response token is the model's (single-turn), the same tensors bit for bit as an all-True mask."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -42,6 +47,13 @@ class TrainSample:
                 f"rollout_logprobs has {len(self.rollout_logprobs)} entries for "
                 f"{len(self.response_token_ids)} response tokens"
             )
+        if self.response_mask is not None:
+            if len(self.response_mask) != len(self.response_token_ids):
+                raise ValueError(f"response_mask has {len(self.response_mask)} flags for "
+                                 f"{len(self.response_token_ids)} response tokens")
+            if not any(self.response_mask):
+                raise ValueError("response_mask marks no model token: a sample of environment tokens alone has "
+                                 "nothing to train (and would count 0 in the token-mean divisor)")
 
     @property
     def num_tokens(self) -> int:
@@ -50,6 +62,11 @@ class TrainSample:
     @property
     def num_response_tokens(self) -> int:
         return len(self.response_token_ids)
+
+    @property
+    def num_model_tokens(self) -> int:
+        """The response tokens the model sampled (those the loss reads): all of them without a `response_mask`."""
+        return self.num_response_tokens if self.response_mask is None else sum(self.response_mask)
 
     @property
     def response_positions(self) -> slice:
@@ -66,14 +83,17 @@ class MicroBatch(NamedTuple):
     attention_mask: torch.Tensor
     """[B, T] long, 1 on real tokens."""
     response_mask: torch.Tensor
-    """[B, T] float, 1 where position t predicts a response token (t+1 is in the response)."""
+    """[B, T] float, 1 where position t predicts a response token the model sampled (t+1 is in the response and
+    not an environment token): every loss, KL and entropy reads only these positions."""
     advantages: torch.Tensor
     """[B] float."""
 
 
 def count_response_tokens(samples: list[TrainSample]) -> int:
-    """The token-level loss denominator: response tokens in the whole step's batch."""
-    return sum(sample.num_response_tokens for sample in samples)
+    """The token-level loss denominator: the model's response tokens in the whole step's batch (a multi-turn
+    sample's environment tokens are context, not actions, and are not counted; single-turn: every response
+    token)."""
+    return sum(sample.num_model_tokens for sample in samples)
 
 
 def pack_longest_first(lengths: Sequence[int], max_tokens_per_micro_batch: int) -> list[list[int]]:
@@ -100,13 +120,16 @@ def pack_longest_first(lengths: Sequence[int], max_tokens_per_micro_batch: int) 
 
 
 def split_by_token_budget(samples: list[TrainSample], max_tokens_per_micro_batch: int) -> list[list[TrainSample]]:
-    """Micro-batches of samples, cut by `pack_longest_first` on their token counts."""
+    """Micro-batches of samples, cut by `pack_longest_first` on their token counts: ALL their tokens, a
+    multi-turn sample's environment tokens included (they carry no loss but cost the same forward and backward
+    compute and memory as the model's)."""
     groups = pack_longest_first([sample.num_tokens for sample in samples], max_tokens_per_micro_batch)
     return [[samples[i] for i in group] for group in groups]
 
 
 def shard_across_ranks(samples: list[TrainSample], world_size: int) -> list[list[TrainSample]]:
-    """Greedy longest-first balancing: each sample goes to the rank with the fewest tokens so far.
+    """Greedy longest-first balancing: each sample goes to the rank with the fewest tokens so far (all tokens,
+    environment tokens included: they cost compute).
 
     Deterministic (ties go to the lowest rank). With at least `world_size`
     samples every rank gets one; with fewer, some ranks get [] and must still
@@ -129,7 +152,8 @@ def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
 
     For a row with prompt length P and response length L, response_mask is 1
     at positions P-1 .. P+L-2: those positions' next-token predictions are
-    the response tokens.
+    the response tokens; a sample's own `response_mask` then zeroes the
+    positions predicting environment tokens (they stay in input_ids).
     """
     width = max(sample.num_tokens for sample in samples)
     input_ids = torch.full((len(samples), width), pad_id, dtype=torch.long)
@@ -139,18 +163,27 @@ def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
         tokens = sample.prompt_token_ids + sample.response_token_ids
         input_ids[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
         attention_mask[row, : len(tokens)] = 1
-        response_mask[row, sample.response_positions] = 1.0
+        response_mask[row, sample.response_positions] = model_token_flags(sample)
     advantages = torch.tensor([sample.advantage for sample in samples], dtype=torch.float32)
     return MicroBatch(input_ids, attention_mask, response_mask, advantages)
 
 
 def rollout_logprobs_matrix(samples: list[TrainSample], width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rollout log-probs aligned like `collate`'s response_mask: ([B, T] values, [B, T] has-value mask)."""
+    """Rollout log-probs aligned like `collate`'s response_mask: ([B, T] values, [B, T] has-value mask). An
+    environment token's slot holds no behaviour log-prob (the model did not sample it): has-value is 0 there."""
     values = torch.zeros((len(samples), width), dtype=torch.float32)
     present = torch.zeros((len(samples), width), dtype=torch.float32)
     for row, sample in enumerate(samples):
         if sample.rollout_logprobs is None:
             continue
         values[row, sample.response_positions] = torch.tensor(sample.rollout_logprobs)
-        present[row, sample.response_positions] = 1.0
+        present[row, sample.response_positions] = model_token_flags(sample)
     return values, present
+
+
+def model_token_flags(sample: TrainSample) -> torch.Tensor | float:
+    """[L] float: 1.0 on the model's response tokens, 0.0 on the environment's; the scalar 1.0 without a mask
+    (so a single-turn row is filled exactly as before)."""
+    if sample.response_mask is None:
+        return 1.0
+    return torch.tensor(sample.response_mask, dtype=torch.float32)

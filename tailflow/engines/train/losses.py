@@ -1,7 +1,11 @@
 """Policy-gradient losses, token-level (DAPO, Yu et al. 2025, sec. 3.3).
 
 Shapes: B rows (responses), T positions. `mask[b, t] = 1` where position t
-predicts a response token, so `logprobs[b, t]` is log pi(token t+1 | <= t).
+predicts a response token the model sampled, so `logprobs[b, t]` is
+log pi(token t+1 | <= t). In a multi-turn sample the environment's tokens
+(observations) are in the rows as context but their positions have mask 0
+(`TrainSample.response_mask`): every term below multiplies by the mask, so
+they get no loss, KL or entropy and exactly zero gradient at their logits.
 
 Token-level aggregation: every per-token term is summed and divided by the
 number of response tokens in the WHOLE global batch (`num_tokens_total`, all
@@ -19,6 +23,11 @@ their global token sum by another global count, `loss_denominator`
 (`loss_denominator()` says which); the metrics (clip fraction, approx KL,
 entropy) stay token means. Any such divisor is a count over the whole batch,
 so micro-batches and ranks still add up exactly.
+
+Every count above is of the model's tokens (`count_response_tokens`): with
+multi-turn samples token_mean divides by the model tokens only,
+seq_mean_token_sum sums each sample's model tokens and divides by samples,
+and constant's sum is over model tokens too (its constant is the caller's).
 """
 from __future__ import annotations
 

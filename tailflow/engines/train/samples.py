@@ -12,6 +12,7 @@ from typing import Sequence
 
 import torch
 
+from tailflow.engines.env.trajectory import Trajectory, TrainingRule
 from tailflow.engines.reward.scoring import ScoredGroup
 from tailflow.engines.rollout.protocol import Completion
 from tailflow.engines.train.advantages import compute_advantages, has_equal_rewards
@@ -49,6 +50,29 @@ def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight
                 )
             )
     return samples
+
+
+def sample_of_trajectory(trajectory: Trajectory, advantage: float, temperature: float | None) -> TrainSample:
+    """One multi-turn trajectory as one TrainSample: the prompt, then every action and observation token, with
+    the trajectory's mask (True on the model's tokens) so the environment's tokens are read as context and never
+    trained. `advantage` comes from its group's rewards (the caller's estimator, over the group's TRAINED
+    trajectories only); `temperature` is the one its actions were sampled at (their log-probs are of it).
+
+    A DROPPED trajectory (`TRAINING_RULE`: the environment or an outside stop decided its outcome) is refused:
+    training it would credit the model with the environment's failure. One with no model token is refused by
+    `TrainSample` itself."""
+    if trajectory.rule is not TrainingRule.TRAINED:
+        raise ValueError(f"trajectory {trajectory.problem_id}#{trajectory.index} stopped by "
+                         f"{trajectory.stop_reason.value}, which TRAINING_RULE drops: it must not be trained")
+    return TrainSample(
+        prompt_token_ids=trajectory.prompt_token_ids,
+        response_token_ids=trajectory.response_token_ids,
+        advantage=float(advantage),
+        rollout_logprobs=trajectory.rollout_logprobs,
+        reward=float(trajectory.reward),
+        rollout_temperature=temperature,
+        response_mask=trajectory.response_mask,
+    )
 
 
 def samples_with_signal(samples: list[TrainSample], skip_zero_advantage: bool) -> list[TrainSample]:

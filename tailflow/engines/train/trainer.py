@@ -20,6 +20,9 @@ accumulated gradients by the loss denominator before clipping and the
 optimizer step. The gradient is linear in the loss, so this is the
 non-streamed step's gradient up to float summation order.
 
+Multi-turn samples (`TrainSample.response_mask`) need nothing here: `collate` zeroes their environment tokens'
+response-mask positions, and every loss, KL, entropy and rollout-diff term reads that mask, on either backend.
+
 Colocated placement (one GPU shared by a rollout engine and this rank, the phases taking turns): `offload`.
 With world_size == 1 and FSDP2: plain single-process training (`fsdp_model.py`).
 Plain Python: Ray wraps it in `engines/cluster/trainer_group.py`.
@@ -78,7 +81,8 @@ class TrainStepStats:
     approx_kl: float
     """k3 KL(old || new) of the PPO ratio."""
     num_tokens: int
-    """Response tokens in the global batch (the loss denominator)."""
+    """The model's response tokens in the global batch (the token_mean denominator; environment tokens of a
+    multi-turn sample are not counted)."""
     num_samples: int
     logprob_diff_vs_rollout: float | None = None
     """Mean |log pi - log mu| over the response tokens sampled at the trainer's temperature: pi the trainer's

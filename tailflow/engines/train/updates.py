@@ -31,7 +31,8 @@ class Update:
     indices: tuple[int, ...]
     """The rank's samples (indices into its shard) this update trains."""
     num_tokens: int
-    """Response tokens of the update's whole mini-batch, all ranks, skipped samples included."""
+    """The model's response tokens (`count_response_tokens`: environment tokens excluded) of the update's whole
+    mini-batch, all ranks, skipped samples included."""
     num_sequences: int
     """Samples of the update's whole mini-batch, all ranks, skipped samples included."""
     num_metric_tokens: int
