@@ -193,3 +193,37 @@ def test_an_environment_error_fails_its_trajectory_and_an_invalid_action_is_answ
     assert failed.stop_reason is StopReason.ENV_ERROR and len(failed.turns) == 1
     assert refused.turns[0].reward == -1.0 and refused.turns[0].observation_token_ids == tuple(TOKENIZER.encode("no"))
     assert refused.stop_reason is StopReason.MAX_TURNS and environments[0].closed and environments[1].closed
+
+
+class BrokenReset(Counter):
+    def reset(self, seed: int) -> str:
+        raise OSError("no sandbox")
+
+
+class AbortingEngine(RecordingEngine):
+    """Aborts one request once it runs (what tail batching's abort does to a turn in flight)."""
+
+    def __init__(self, engine: NativeEngine, victim: str) -> None:
+        super().__init__(engine)
+        self.victim = victim
+
+    def step(self):
+        running = {seq.request_id for seq in self.engine.scheduler.running}
+        if self.victim in running:
+            return self.engine.abort([self.victim])
+        return super().step()
+
+
+def test_a_failed_reset_and_an_aborted_turn_end_their_trajectories_only():
+    environments = {0: BrokenReset()}
+    limits = TurnLimits(max_turns=3, turn_max_tokens=16, trajectory_max_tokens=100, context_length=128)
+    engine = AbortingEngine(NativeEngine(tiny_model(), num_slots=4, max_seq_len=128, eos_token_ids=(EOS,)),
+                            victim="p#1/turn1")
+    starts = [TrajectoryStart("p", i, tuple(TOKENIZER.encode("12ab ")), env_seed=i) for i in range(3)]
+    broken, aborted, whole = run_trajectories(engine, starts, lambda s: environments.setdefault(s.index, Counter()),
+                                              PlainTextTurns(TOKENIZER), limits,
+                                              SamplingParams(temperature=1.0, seed=7, stop_token_ids=STOPS))
+    assert broken.stop_reason is StopReason.ENV_ERROR and broken.turns == () and environments[0].closed
+    assert aborted.stop_reason is StopReason.ABORT and len(aborted.turns) == 2
+    assert whole.stop_reason is StopReason.MAX_TURNS and len(whole.turns) == 3
+    assert engine.engine.stats().num_kept == 0  # nothing stays kept after the trajectories end
