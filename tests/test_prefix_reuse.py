@@ -112,6 +112,7 @@ def test_a_kept_slot_from_older_weights_is_prefilled_again_with_the_new_ones():
     (first,) = engine.generate([Request("t0", (3, 4, 5), params(0.0, 1, 4), keep_slot=True)])
     new_weights = {name: tensor + 0.05 for name, tensor in tiny_qwen2(seed=1).state_dict().items()}
     engine.load_weights(new_weights, version=1)
+    assert engine.stats().num_kept == 0
     conversation = first.prompt_token_ids + first.token_ids + (9, 10)
     prefilled = engine.stats().prefill_tokens
     (second,) = engine.generate([Request("t1", conversation, params(0.0, 2), continues="t0")])

@@ -14,9 +14,10 @@ moves the model there. Logprobs are always computed in fp32 from the logits.
 Multi-turn prefix reuse: a request with `keep_slot` leaves its keys and values in its slot when it finishes
 (`kept_slots.py`); a request that `continues` it prefills only the tokens its prompt appends to that conversation.
 A kept slot is occupied (`EngineStats.num_kept`) until continued, released (`release_kept`), or given back, oldest
-first, when waiting requests need the room or more than `max_kept_slots` would be kept. A kept slot whose weights
-were replaced since (`load_weights`) is not reused: the continuing request prefills its whole prompt again with the
-current weights, as it does when the slot is gone; `sleep()` gives every kept slot back (the cache is freed).
+first, when waiting requests need the room or more than `max_kept_slots` would be kept. Keys and values computed by
+other weights are never reused: `load_weights` gives every kept slot back, and the continuing request prefills its
+whole prompt with the current weights, as it does whenever the slot is gone; `sleep()` gives them back too (the
+cache is freed).
 
 Sleep mode, for a GPU shared with a trainer rank (vLLM's level-1 sleep): `sleep()`, `wake_up()`; asleep,
 the engine only takes new weights (into the host copy) and answers `stats()`.
@@ -298,13 +299,16 @@ class NativeEngine:
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace all weights (a tied lm_head may be absent); refused while requests are in flight.
 
-        Asleep, they load into the host copy (a colocated sync lands before the wake) and are fused at wake."""
+        Asleep, they load into the host copy (a colocated sync lands before the wake) and are fused at wake.
+        Kept slots are given back: their keys and values came from the old weights, so a request continuing one
+        prefills its whole prompt with the new weights (slower, never stale)."""
         refuse_in_flight(f"load_weights(version={version})", len(self.scheduler.running), len(self.scheduler.waiting),
                          "would mix weight versions")
         own = {name: tuple(tensor.shape) for name, tensor in self.runner.model.state_dict().items()}
         tied = getattr(self.runner.model.config, "tie_word_embeddings", False)
         check_weight_names(own, state_dict, tied, version)
         self.runner.model.load_state_dict(dict(state_dict), strict=False)
+        self.kept.clear()  # computed by the old weights: never reused (a continuation prefills all again)
         if not self.is_asleep:
             self.runner.refresh_weights()
         self.weight_version = version
