@@ -218,3 +218,25 @@ def test_an_engine_starts_in_a_process_that_imported_flask(pool, qwen2_dir):
 
     engine = pool.another(qwen2_dir, num_slots=1, max_seq_len=64)
     assert len(run_all(engine, [Request("f", (3, 4), greedy(3))])["f"].token_ids) == 3
+
+
+def test_a_multi_turn_conversation_with_continuation_hints_samples_what_one_shot_requests_do(pool, qwen2_dir):
+    """Multi-turn: `keep_slot` / `continues` are hints this engine ignores (vLLM's prefix cache finds the shared
+    prefix by its tokens), so each turn, whose prompt is the whole conversation, samples exactly what a request
+    without the hints does with the same seed; there is no kept slot to count or release."""
+    (prompt,) = prompts([5], seed=11)
+    engine = pool.make(qwen2_dir, 2, 64)
+    conversation, turns = prompt, []
+    for turn in range(3):
+        request = Request(f"t{turn}", conversation, sampled(6, seed=40 + turn), keep_slot=turn < 2,
+                          continues=f"t{turn - 1}" if turn else None)
+        done = run_all(engine, [request])[request.request_id]
+        turns.append(done)
+        conversation = done.prompt_token_ids + done.token_ids + (7, 8, 9)
+    assert engine.stats().num_kept == 0
+    engine.release_kept(["t0", "t1"])
+    plain = pool.make(qwen2_dir, 2, 64)
+    for turn, done in enumerate(turns):
+        alone = run_all(plain, [Request("alone", done.prompt_token_ids, sampled(6, seed=40 + turn))])["alone"]
+        assert done.token_ids == alone.token_ids
+        assert torch.allclose(torch.tensor(done.logprobs), torch.tensor(alone.logprobs), atol=1e-4)

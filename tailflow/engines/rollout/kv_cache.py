@@ -48,3 +48,14 @@ class SlotKVCache:
         """Copy a row's first `length` positions (all layers) into another slot, to keep rows packed."""
         self.k[:, dst_row, :, :length] = self.k[:, src_row, :, :length]
         self.v[:, dst_row, :, :length] = self.v[:, src_row, :, :length]
+
+    def read_row(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A copy of a row's first `length` positions (all layers): a kept slot changing rows while the rows
+        around it move (`native.py`); allocates one row's worth, unlike everything else here."""
+        return self.k[:, row, :, :length].clone(), self.v[:, row, :, :length].clone()
+
+    def write_row(self, row: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Put back what `read_row` copied, into (maybe another) row."""
+        length = k.shape[2]
+        self.k[:, row, :, :length] = k
+        self.v[:, row, :, :length] = v

@@ -245,6 +245,25 @@ class ModelRunner:
         self._layers(F.embedding(token_ids, self.embed), self.cos[:length], self.sin[:length], attend)
 
     @torch.inference_mode()
+    def extend(self, token_ids: torch.Tensor, row: int, start: int) -> None:
+        """Write keys/values of `token_ids` [T] at positions start..start+T-1 of `row`, attending to the
+        positions 0..start-1 already cached there: a continued request's appended tokens (multi-turn), so the
+        conversation before them is never computed again. One row per call (rows' starts differ)."""
+        token_ids = token_ids.to(self.device)[None]
+        length = token_ids.shape[1]
+        end = start + length
+        # query i (position start + i) sees keys 0..start + i
+        visible = self.positions[:end][None] <= self.positions[start:end][:, None]
+
+        def attend(layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+            self.cache.k[layer, row, :, start:end] = k[0]
+            self.cache.v[layer, row, :, start:end] = v[0]
+            keys, values = self.cache.k[layer, row:row + 1, :, :end], self.cache.v[layer, row:row + 1, :, :end]
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=visible, enable_gqa=True)
+
+        self._layers(F.embedding(token_ids, self.embed), self.cos[start:end], self.sin[start:end], attend)
+
+    @torch.inference_mode()
     def decode(self, token_ids: torch.Tensor, positions: torch.Tensor, max_len: int) -> torch.Tensor:
         """Logits [B, vocab] (fp32) for one token per running row 0..B-1, each at its own position.
 

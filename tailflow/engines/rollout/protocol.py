@@ -82,6 +82,15 @@ class Request:
     Empty: the request is a group of its own (its id is used)."""
     index: int = 0
     """Which of its prompt's responses this is (0, 1, ...): the group's order."""
+    keep_slot: bool = False
+    """Multi-turn: once finished (not aborted), the engine keeps this request's keys and values so that a request
+    that `continues` it computes only what it appends. A kept slot is occupied until continued or released
+    (`release_kept`); an engine keeps a bounded number and gives the oldest back first when it needs the room."""
+    continues: str | None = None
+    """Multi-turn: the id of a finished `keep_slot` request this one continues. The prompt is the whole
+    conversation (that request's prompt and response, then the appended tokens), so an engine that ignores the
+    hint (vLLM, whose prefix cache finds the shared prefix itself) or lost the kept slot (released, given back,
+    stale weights) gives the same result by prefilling it all. It is a hint, never a change of meaning."""
 
     def __post_init__(self) -> None:
         if not self.problem_id:
@@ -167,6 +176,12 @@ class EngineStats:
     busy_slot_steps: int
     """Sum over steps of the rows that decoded: 1 - busy/(steps*num_slots) is the bubble ratio."""
     tokens_generated: int
+    num_kept: int = 0
+    """Finished requests' slots kept for a continuation (`Request.keep_slot`): occupied, not decoding."""
+    prefill_tokens: int = 0
+    """Tokens whose keys and values were computed by a prefill (a decode's own token is not counted)."""
+    reused_prefix_tokens: int = 0
+    """Tokens a continued request took from a kept slot instead of prefilling them again."""
 
 
 class RolloutEngine(Protocol):
@@ -179,6 +194,9 @@ class RolloutEngine(Protocol):
         """Stop these requests now, freeing their slots; return their partial completions."""
 
     def has_unfinished(self) -> bool: ...
+
+    def release_kept(self, request_ids: Sequence[str]) -> None:
+        """Give back the kept slots of these finished requests (`Request.keep_slot`); unknown ids ignored."""
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Replace the weights; refused while any request is in flight."""

@@ -65,18 +65,21 @@ class Scheduler:
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
 
-    def admit(self) -> list[Sequence]:
+    def admit(self, num_usable_slots: int | None = None) -> list[Sequence]:
         """Move waiting sequences (FIFO) into free slots; they take rows len(running).. onwards.
 
+        `num_usable_slots` (default: all) leaves out the slots kept for continuations (`kept_slots.py`).
         Within one admission the rows are ordered by context length (prompt and any prefix), so that
-        prefill chunks of neighbouring rows pad little (see `prefill_chunks`).
+        prefill chunks of neighbouring rows pad little (see `prefill_chunks`); sequences continuing a kept slot
+        come last (they are not prefilled in chunks).
         """
+        limit = self.num_slots if num_usable_slots is None else num_usable_slots
         admitted = []
-        while self.waiting and len(self.running) + len(admitted) < self.num_slots:
+        while self.waiting and len(self.running) + len(admitted) < limit:
             seq = self.waiting.popleft()
             seq.status = SequenceStatus.RUNNING
             admitted.append(seq)
-        admitted.sort(key=lambda seq: seq.num_prompt_tokens + len(seq.token_ids))
+        admitted.sort(key=lambda seq: (seq.kept_kv is not None, seq.num_prompt_tokens + len(seq.token_ids)))
         self.running.extend(admitted)
         return admitted
 

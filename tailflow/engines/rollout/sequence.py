@@ -100,6 +100,8 @@ class Sequence(ResponseSoFar):
         self.params = request.params
         self.status = SequenceStatus.WAITING
         self.num_cached = 0
+        self.kept_kv: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        """(positions, keys, values) taken from the kept slot this request continues, until its prefill."""
         self.generator = torch.Generator().manual_seed(self.seed)
         if self.params.temperature > 0:  # the draws the prefix's tokens took (sampler.make_batch: one per token)
             for _ in self.token_ids:

@@ -220,6 +220,12 @@ class VllmEngine:
     def has_unfinished(self) -> bool:
         return bool(self.running or self.waiting)
 
+    def release_kept(self, request_ids: Seq[str]) -> None:
+        """Nothing to give back: this engine keeps no slot. A multi-turn request's `keep_slot` and `continues`
+        are hints it ignores: its prompt is the whole conversation and vLLM's prefix cache (on, `engine_kwargs`)
+        finds the blocks a previous turn computed by their tokens, whole blocks only (128 tokens on the CPU
+        backend), dropped when `load_weights` resets the cache."""
+
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         """Load Hugging Face-named weights as `version` through vLLM's layerwise reload (`vllm_weights.py`);
         refused while requests are in flight or when the names do not match the checkpoint. The prefix cache
@@ -264,6 +270,7 @@ class VllmEngine:
             raise RuntimeError(f"{what} refused: the engine is asleep (colocated offload); wake_up() first")
 
     def stats(self) -> EngineStats:
+        """num_kept is 0 (`release_kept`); prefill_tokens and reused_prefix_tokens are not measured here (0)."""
         return EngineStats(num_slots=self.num_slots, num_running=len(self.running), num_waiting=len(self.waiting),
                            weight_version=self.weight_version, steps=self.num_steps,
                            busy_slot_steps=self.num_busy_slot_steps, tokens_generated=self.num_tokens_generated)
