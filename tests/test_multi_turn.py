@@ -1,4 +1,4 @@
-"""The multi-turn loop (`rollout/multi_turn.py`) on the native engine: a real in-process `Environment`, a real BPE
+"""The multi-turn loop (`rollout/trajectory_engine.py`, run by `rollout/multi_turn.py`) on the native engine: a real in-process `Environment`, a real BPE
 tokenizer whose decode/encode round trip changes some token sequences, a random tiny Qwen2 over its vocabulary.
 
 What must hold: the trajectory's model tokens are the sampled ones (never re-encoded); their recorded log-probs are a
@@ -99,6 +99,9 @@ class RecordingEngine:
 
     def release_kept(self, request_ids):
         self.engine.release_kept(request_ids)
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
 
 
 STOPS = (TOKENIZER.convert_tokens_to_ids("12"),)

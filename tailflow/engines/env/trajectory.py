@@ -118,3 +118,26 @@ class Trajectory:
     @property
     def model_token_count(self) -> int:
         return sum(len(turn.action_token_ids) for turn in self.turns)
+
+
+@dataclass(frozen=True)
+class TrajectoryOutcome:
+    """What a finished trajectory's `Completion` carries beside its tokens: how it ended and what the environment
+    paid, turn by turn (the reward, the trace and the metrics read it; the trainer reads the tokens and the mask)."""
+
+    stop_reason: StopReason
+    turn_rewards: tuple[float, ...] = ()
+    env_step_s: tuple[float, ...] = ()
+    """Seconds of each environment step (the reset's first)."""
+
+    @property
+    def reward(self) -> float:
+        return sum(self.turn_rewards)
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turn_rewards)
+
+    @property
+    def rule(self) -> TrainingRule:
+        return TRAINING_RULE[self.stop_reason]

@@ -13,6 +13,8 @@ from typing import Mapping, Protocol, Sequence
 
 import torch
 
+from tailflow.engines.env.trajectory import TrajectoryOutcome
+
 
 class FinishReason(str, Enum):
     EOS = "eos"          # the model emitted its end-of-sequence token (kept in token_ids)
@@ -137,10 +139,18 @@ class Completion:
     """The request's `problem_id` (empty: the request id)."""
     index: int = 0
     """The request's `index` within its prompt's group."""
+    response_mask: tuple[bool, ...] = ()
+    """A multi-turn trajectory's: True on the tokens the model sampled, False on the environment's observations
+    (whose `logprobs` slots hold 0.0, never read). Empty: every token is the model's (single-turn)."""
+    outcome: TrajectoryOutcome | None = None
+    """A multi-turn trajectory's stop reason and turn rewards (`rollout/trajectory_engine.py`); None: single-turn."""
 
     def __post_init__(self) -> None:
         if not self.problem_id:
             object.__setattr__(self, "problem_id", self.request_id)
+        if self.response_mask and len(self.response_mask) != len(self.token_ids):
+            raise ValueError(f"completion {self.request_id!r}: response_mask has {len(self.response_mask)} flags "
+                             f"for {len(self.token_ids)} tokens")
 
     @property
     def oldest_weight_version(self) -> int:
@@ -148,7 +158,11 @@ class Completion:
         return min(self.token_weight_versions, default=self.weight_version)
 
     def as_prefix(self) -> ResponsePrefix:
-        """This (partial) response as a prefix to continue from."""
+        """This (partial) response as a prefix to continue from (single-turn only: a trajectory's environment
+        state is not in its tokens)."""
+        if self.outcome is not None or self.response_mask:
+            raise ValueError(f"completion {self.request_id!r} is a multi-turn trajectory: it cannot be continued "
+                             "from its tokens (its environment's state is not in them)")
         versions = self.token_weight_versions or (self.weight_version,) * len(self.token_ids)
         return ResponsePrefix(self.token_ids, self.logprobs, versions)
 

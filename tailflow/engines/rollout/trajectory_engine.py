@@ -1,0 +1,415 @@
+"""Multi-turn trajectories behind the rollout engine protocol: one request in, one trajectory's completion out.
+
+`TrajectoryEngine` wraps an engine. A request submitted to it is a trajectory's start: its environment is reset,
+the first observation follows the prompt, and each model turn is a request of the inner engine continuing the
+previous one (`Request.continues`: the native engine prefills only the observation, vLLM's prefix cache finds the
+rest), all trajectories sharing the inner engine's continuous batch. The wrapper's `step` returns a `Completion`
+only when a trajectory ends: its tokens are every model turn and observation after the prompt, with
+`response_mask` True on the model's tokens and `outcome` saying how it ended and what the environment paid. So
+the rollout worker, its group, the tail-batching pipeline, the completion rule and the reward stream see requests
+and completions as they do for single-turn answers, and a mode stays a parameter.
+
+Tokens in, tokens out: the model's turn is decoded once, for the environment to read; the observation is encoded
+once (`TurnCodec`); the tokens recorded and trained are the ones the inner engine sampled, never re-encoded.
+
+Stop rules (`trajectory.StopReason`), checked in this order:
+- a model turn cut by its length: TURN_TOKEN_LIMIT when it reached `turn_max_tokens` (kept, never shown to the
+  environment), else TRAJECTORY_TOKEN_LIMIT when the trajectory's tokens reached `trajectory_max_tokens`, else
+  CONTEXT_OVERFLOW (it filled the context);
+- after the environment's reply: its failure (ENV_ERROR, TIMEOUT: the environment host's verdict); DONE;
+  MAX_TURNS after `max_turns` turns; then, for the next observation, TRAJECTORY_TOKEN_LIMIT when it and one more
+  model token would exceed `trajectory_max_tokens`, CONTEXT_OVERFLOW when they would not fit `context_length`; the
+  observation is then not appended. An `InvalidAction` is answered with its message as the observation and
+  `invalid_action_reward`, and the trajectory goes on;
+- `abort` (tail batching's, a cancelled round): ABORT, with the turns so far.
+
+Lockstep (the one schedule built so far): the environment calls issued while the inner engine ran step s are all
+answered before it runs step s + 1, and their answers are applied in the trajectories' arrival order. The inner
+engine's schedule is then a function of the seeds alone, not of how long environments take, so a seeded run
+repeats bit for bit and a resumed one ends where the uninterrupted one does. The price: a slow environment step
+holds every trajectory's next decode step for its duration (bounded by the host's step timeout). A free-running
+schedule (each trajectory on its own, no engine-wide wait) is issue 41's environment-level asynchrony.
+"""
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, replace
+from typing import Collection, Protocol, Sequence
+
+from tailflow.engines.env.trajectory import StopReason, Trajectory, TrajectoryOutcome, Turn
+from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
+
+
+@dataclass(frozen=True)
+class EnvReply:
+    """An environment's answer to a reset or a step, as the wrapper applies it."""
+
+    key: str
+    """The trajectory (its first request's id)."""
+    observation: str = ""
+    reward: float = 0.0
+    done: bool = False
+    failure: StopReason | None = None
+    """ENV_ERROR or TIMEOUT: the environment failed (raised, died, hung); the trajectory ends, dropped."""
+    invalid: bool = False
+    """The step raised `InvalidAction`: `observation` is its message; the turn is penalised and the trajectory
+    goes on."""
+    seconds: float = 0.0
+
+
+class EnvConnector(Protocol):
+    """Where a trajectory's environment lives: in this process (`LocalEnvironments`) or on an environment worker.
+    Calls are issued, then answered by `wait`, so many environments work while the engine decodes."""
+
+    def reset(self, key: str, seed: int) -> None:
+        """Open `key`'s environment and reset it from `seed`."""
+
+    def step(self, key: str, action: str) -> None:
+        """Send `key`'s environment the model's turn."""
+
+    def wait(self, keys: Collection[str]) -> list[EnvReply]:
+        """Block until every one of `keys` has its pending call answered; their replies (any order)."""
+
+    def close(self, key: str) -> None:
+        """The trajectory is over: release its environment (a reply still pending is discarded)."""
+
+
+class TurnCodec(Protocol):
+    """Text <-> tokens at the turn boundaries (`tailflow/engines/data/chat_turns.py`: plain text, chat templates)."""
+
+    def first_observation_tokens(self, text: str) -> list[int]:
+        """What follows the task's prompt for the environment's first observation."""
+
+    def observation_tokens(self, action_token_ids: Sequence[int], text: str) -> list[int]:
+        """What follows a model turn for the observation `text` (a chat template's boundary tokens included)."""
+
+    def action_text(self, action_token_ids: Sequence[int]) -> str:
+        """The model's turn as the environment reads it."""
+
+
+@dataclass(frozen=True)
+class TurnLimits:
+    max_turns: int
+    """Model turns a trajectory may take."""
+    turn_max_tokens: int
+    """Tokens one model turn may take (its request's max_new_tokens, or less near the other limits)."""
+    trajectory_max_tokens: int
+    """The model's and the environment's tokens after the prompt, together."""
+    context_length: int
+    """Tokens the model sees at most (prompt included); at most the engine's max_seq_len."""
+    invalid_action_reward: float = 0.0
+    """The reward of a turn the environment refused with `InvalidAction`."""
+
+    def __post_init__(self) -> None:
+        if min(self.max_turns, self.turn_max_tokens, self.trajectory_max_tokens, self.context_length) < 1:
+            raise ValueError(f"every turn limit must be >= 1, got {self}")
+
+
+def turn_seed(base_seed: int | None, problem_id: str, index: int, turn: int) -> int | None:
+    """Each turn's sampler seed, from the trajectory's request seed and the turn's identity (no arrival order): a
+    turn samples what a one-shot request over the same conversation with this seed samples. None leaves it to the
+    engine."""
+    if base_seed is None:
+        return None
+    return (base_seed * 1_000_003 + zlib.crc32(f"{problem_id}#{index}#{turn}".encode())) % (2**63 - 1)
+
+
+def group_env_seed(request: Request) -> int:
+    """The environment seed of a request's trajectory: one per prompt (`problem_id`), so a GRPO group's
+    trajectories all start from the same task."""
+    return zlib.crc32(request.problem_id.encode())
+
+
+FINISH_OF_STOP = {
+    StopReason.DONE: FinishReason.STOP, StopReason.MAX_TURNS: FinishReason.STOP,
+    StopReason.TURN_TOKEN_LIMIT: FinishReason.LENGTH, StopReason.TRAJECTORY_TOKEN_LIMIT: FinishReason.LENGTH,
+    StopReason.CONTEXT_OVERFLOW: FinishReason.LENGTH, StopReason.ENV_ERROR: FinishReason.STOP,
+    StopReason.TIMEOUT: FinishReason.STOP, StopReason.ABORT: FinishReason.ABORT,
+}
+"""A trajectory's stop as the round sees it: ended (counted finished, its `outcome` decides training) or aborted."""
+
+
+@dataclass(frozen=True)
+class InFlightTrajectory:
+    """What `in_flight()` reports of a trajectory not yet ended (the worker's progress stream)."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float]
+    weight_versions: list[int]
+
+
+class Episode:
+    """One trajectory between its reset and its stop: its request, its conversation so far, its turns."""
+
+    def __init__(self, request: Request, arrival: int, env_seed: int) -> None:
+        self.request = request
+        self.arrival = arrival
+        self.env_seed = env_seed
+        self.prompt_token_ids: tuple[int, ...] = request.prompt_token_ids
+        self.conversation: tuple[int, ...] = request.prompt_token_ids
+        self.turns: list[Turn] = []
+        self.reset_s = 0.0
+        self.pending_action: tuple[tuple[int, ...], tuple[float, ...], tuple[int, ...]] | None = None
+        """The model turn the environment is answering (tokens, log-probs, versions)."""
+
+    @property
+    def key(self) -> str:
+        return self.request.request_id
+
+    @property
+    def num_response_tokens(self) -> int:
+        return len(self.conversation) - len(self.prompt_token_ids)
+
+    def turn_request_id(self, turn: int) -> str:
+        return f"{self.key}/turn{turn}"
+
+    def trajectory(self, reason: StopReason) -> Trajectory:
+        return Trajectory(self.request.problem_id, self.request.index, self.env_seed, self.prompt_token_ids,
+                          tuple(self.turns), reason)
+
+
+class TrajectoryEngine:
+    """A `RolloutEngine` whose requests are trajectories (module docstring). `env_seed_of` names each request's
+    environment seed (default: one per prompt)."""
+
+    def __init__(self, engine, environments: EnvConnector, codec: TurnCodec, limits: TurnLimits,
+                 env_seed_of=group_env_seed) -> None:
+        if limits.context_length > getattr(engine, "max_seq_len", limits.context_length):
+            raise ValueError(f"the turn limits' context_length {limits.context_length} exceeds the engine's "
+                             f"max_seq_len {engine.max_seq_len}")
+        self.engine, self.environments, self.codec, self.limits = engine, environments, codec, limits
+        self.env_seed_of = env_seed_of
+        self.episodes: dict[str, Episode] = {}
+        """Trajectories not yet ended, by key."""
+        self.turn_of: dict[str, str] = {}
+        """Inner request id -> the key of the trajectory whose turn it is."""
+        self.awaiting: set[str] = set()
+        """Keys whose environment call is unanswered."""
+        self.ended: list[Completion] = []
+        self.trajectories: dict[str, Trajectory] = {}
+        """Every ended trajectory, whole, by key (in-process callers read them; `take_trajectories`)."""
+        self.num_arrived = 0
+
+    # ---- the protocol ------------------------------------------------------------------------
+
+    def submit(self, requests: Sequence[Request]) -> None:
+        """Each request starts a trajectory: its environment is reset (answered at the next `step`)."""
+        for request in requests:
+            if request.prefix is not None:
+                raise ValueError(f"request {request.request_id!r}: a multi-turn trajectory cannot be continued from "
+                                 "a ResponsePrefix (its environment's state is not in its tokens)")
+            if request.request_id in self.episodes or request.request_id in self.trajectories:
+                raise ValueError(f"request {request.request_id!r} is already a trajectory of this engine")
+        for request in requests:
+            episode = Episode(request, self.num_arrived, self.env_seed_of(request))
+            self.num_arrived += 1
+            self.episodes[episode.key] = episode
+            self.environments.reset(episode.key, episode.env_seed)
+            self.awaiting.add(episode.key)
+
+    def step(self) -> list[Completion]:
+        """Apply the environments' answers (lockstep: all of them), run one inner step, end what ended."""
+        if self.awaiting:
+            replies = sorted(self.environments.wait(set(self.awaiting)),
+                             key=lambda reply: self.episodes[reply.key].arrival)
+            for reply in replies:
+                self.awaiting.discard(reply.key)
+                self._after_reply(self.episodes[reply.key], reply)
+        if self.engine.has_unfinished():
+            for completion in self.engine.step():
+                self._after_turn(self.episodes[self.turn_of.pop(completion.request_id)], completion)
+        ended, self.ended = self.ended, []
+        return ended
+
+    def has_unfinished(self) -> bool:
+        return bool(self.awaiting) or self.engine.has_unfinished()
+
+    def abort(self, request_ids: Sequence[str]) -> list[Completion]:
+        """End these trajectories (unknown or ended ones ignored) with the turns they finished and the part of the
+        running turn sampled so far."""
+        keys = [key for key in dict.fromkeys(request_ids) if key in self.episodes]
+        running = {inner: key for inner, key in self.turn_of.items() if key in keys}
+        partial = {running[c.request_id]: c for c in self.engine.abort(list(running))}
+        for inner in running:
+            self.turn_of.pop(inner, None)
+        for key in keys:
+            episode = self.episodes[key]
+            self.awaiting.discard(key)
+            if episode.pending_action is not None:
+                episode.turns.append(Turn(*episode.pending_action, ()))
+                episode.pending_action = None
+            elif key in partial and partial[key].token_ids:
+                completion = partial[key]
+                episode.turns.append(Turn(completion.token_ids, completion.logprobs, versions_of(completion), ()))
+            self._end(episode, StopReason.ABORT)
+        ended = [c for c in self.ended if c.request_id in keys]
+        self.ended = [c for c in self.ended if c.request_id not in keys]
+        return ended
+
+    def in_flight(self) -> list[InFlightTrajectory]:
+        """Each trajectory not yet ended, with its tokens after the prompt so far (the running turn's included)."""
+        running = {seq.request_id: seq for seq in self.engine.in_flight()}
+        reported = []
+        for episode in self.episodes.values():
+            tokens = list(episode.conversation[len(episode.prompt_token_ids):])
+            logprobs = [x for turn in episode.turns for x in turn.action_logprobs + (0.0,) * len(turn.observation_token_ids)]
+            versions = [v for turn in episode.turns for v in observation_versions(turn)]
+            current = running.get(episode.turn_request_id(len(episode.turns)))
+            if current is not None:
+                tokens += list(current.token_ids)
+                logprobs += list(current.logprobs)
+                versions += list(current.weight_versions)
+            reported.append(InFlightTrajectory(episode.key, tokens, logprobs, versions))
+        return reported
+
+    def load_weights(self, state_dict, version: int) -> None:
+        """Refused while a trajectory is in flight, even between its turns (its next turn would be another
+        policy's)."""
+        if self.episodes:
+            raise RuntimeError(f"load_weights(version={version}) refused: {len(self.episodes)} trajectories in "
+                               "flight would mix weight versions")
+        self.engine.load_weights(state_dict, version)
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()
+
+    def release_kept(self, request_ids: Sequence[str]) -> None:
+        self.engine.release_kept(request_ids)
+
+    def take_trajectories(self, keys: Sequence[str]) -> list[Trajectory]:
+        """The ended trajectories of `keys`, whole, in that order (forgotten here once taken)."""
+        return [self.trajectories.pop(key) for key in keys]
+
+    @property
+    def num_steps(self) -> int:
+        return self.engine.num_steps
+
+    @property
+    def weight_version(self) -> int:
+        return self.engine.weight_version
+
+    def __getattr__(self, name: str):
+        """Everything else (sleep, wake_up, max_seq_len, ...) is the inner engine's."""
+        if name == "engine":
+            raise AttributeError(name)
+        return getattr(self.engine, name)
+
+    # ---- turns -----------------------------------------------------------------------------
+
+    def _after_reply(self, episode: Episode, reply: EnvReply) -> None:
+        if episode.pending_action is None:  # the reset's answer
+            self._after_reset(episode, reply)
+            return
+        action, logprobs, versions = episode.pending_action
+        episode.pending_action = None
+        if reply.failure is not None:
+            episode.turns.append(Turn(action, logprobs, versions, (), 0.0, reply.seconds))
+            self._end(episode, reply.failure)
+            return
+        reward = self.limits.invalid_action_reward if reply.invalid else reply.reward
+        reason, observation = self._next(episode, action, reply)
+        episode.turns.append(Turn(action, logprobs, versions, observation, reward, reply.seconds))
+        episode.conversation += observation
+        if reason is not None:
+            self._end(episode, reason)
+        else:
+            self._submit_turn(episode)
+
+    def _after_reset(self, episode: Episode, reply: EnvReply) -> None:
+        episode.reset_s = reply.seconds
+        if reply.failure is not None:
+            self._end(episode, reply.failure)
+            return
+        first = tuple(self.codec.first_observation_tokens(reply.observation))
+        episode.prompt_token_ids = episode.conversation = (*episode.request.prompt_token_ids, *first)
+        if not episode.prompt_token_ids:
+            raise ValueError(f"trajectory {episode.key!r}: an empty prompt and an empty first observation leave the "
+                             "model nothing to continue")
+        if len(episode.conversation) + 1 > self.limits.context_length:
+            self._end(episode, StopReason.CONTEXT_OVERFLOW)
+            return
+        self._submit_turn(episode)
+
+    def _submit_turn(self, episode: Episode) -> None:
+        turn = len(episode.turns)
+        limits = self.limits
+        max_new_tokens = min(limits.turn_max_tokens, limits.trajectory_max_tokens - episode.num_response_tokens,
+                             limits.context_length - len(episode.conversation))
+        request = episode.request
+        params = replace(request.params, max_new_tokens=max_new_tokens,
+                         seed=turn_seed(request.params.seed, request.problem_id, request.index, turn))
+        inner_id = episode.turn_request_id(turn)
+        self.turn_of[inner_id] = episode.key
+        self.engine.submit([Request(inner_id, episode.conversation, params, problem_id=request.problem_id,
+                                    index=request.index, keep_slot=turn + 1 < limits.max_turns,
+                                    continues=episode.turn_request_id(turn - 1) if turn else None)])
+
+    def _after_turn(self, episode: Episode, completion: Completion) -> None:
+        action, logprobs, versions = completion.token_ids, completion.logprobs, versions_of(completion)
+        episode.conversation += action
+        if completion.finish_reason is FinishReason.ABORT:  # aborted inside the inner engine (not by us)
+            episode.turns.append(Turn(action, logprobs, versions, ()))
+            self._end(episode, StopReason.ABORT)
+            return
+        if completion.finish_reason is FinishReason.LENGTH:
+            episode.turns.append(Turn(action, logprobs, versions, ()))
+            self._end(episode, self._cut_reason(episode, len(action)))
+            return
+        episode.pending_action = (action, logprobs, versions)
+        self.environments.step(episode.key, self.codec.action_text(action))
+        self.awaiting.add(episode.key)
+
+    def _cut_reason(self, episode: Episode, num_action_tokens: int) -> StopReason:
+        if num_action_tokens >= self.limits.turn_max_tokens:
+            return StopReason.TURN_TOKEN_LIMIT
+        if episode.num_response_tokens >= self.limits.trajectory_max_tokens:
+            return StopReason.TRAJECTORY_TOKEN_LIMIT
+        return StopReason.CONTEXT_OVERFLOW
+
+    def _next(self, episode: Episode, action: tuple[int, ...],
+              reply: EnvReply) -> tuple[StopReason | None, tuple[int, ...]]:
+        """(why the trajectory stops here, or None; the observation tokens to append, () when it stops)."""
+        if reply.done:
+            return StopReason.DONE, ()
+        if len(episode.turns) + 1 >= self.limits.max_turns:
+            return StopReason.MAX_TURNS, ()
+        observation = tuple(self.codec.observation_tokens(action, reply.observation))
+        if episode.num_response_tokens + len(observation) + 1 > self.limits.trajectory_max_tokens:
+            return StopReason.TRAJECTORY_TOKEN_LIMIT, ()
+        if len(episode.conversation) + len(observation) + 1 > self.limits.context_length:
+            return StopReason.CONTEXT_OVERFLOW, ()
+        return None, observation
+
+    def _end(self, episode: Episode, reason: StopReason) -> None:
+        if episode.turns:
+            self.engine.release_kept([episode.turn_request_id(len(episode.turns) - 1)])
+        self.environments.close(episode.key)
+        del self.episodes[episode.key]
+        trajectory = episode.trajectory(reason)
+        self.trajectories[episode.key] = trajectory
+        self.ended.append(trajectory_completion(episode.request, trajectory, episode.reset_s,
+                                                self.engine.weight_version))
+
+
+def versions_of(completion: Completion) -> tuple[int, ...]:
+    return completion.token_weight_versions or (completion.weight_version,) * len(completion.token_ids)
+
+
+def observation_versions(turn: Turn) -> tuple[int, ...]:
+    """A turn's per-token weight versions with its observation's tokens given its action's last version (they
+    were sampled by no policy; masked, never read; the staleness of a trajectory is its actions')."""
+    last = turn.action_weight_versions[-1] if turn.action_weight_versions else 0
+    return turn.action_weight_versions + (last,) * len(turn.observation_token_ids)
+
+
+def trajectory_completion(request: Request, trajectory: Trajectory, reset_s: float, weight_version: int) -> Completion:
+    """An ended trajectory as its request's completion: the prompt it was sampled after (the task's and the first
+    observation), every token after it, the mask, per-token versions, and the outcome."""
+    versions = tuple(v for turn in trajectory.turns for v in observation_versions(turn))
+    outcome = TrajectoryOutcome(trajectory.stop_reason, tuple(turn.reward for turn in trajectory.turns),
+                                (reset_s, *(turn.env_step_s for turn in trajectory.turns)))
+    return Completion(request.request_id, trajectory.prompt_token_ids, trajectory.response_token_ids,
+                      trajectory.rollout_logprobs, FINISH_OF_STOP[trajectory.stop_reason],
+                      weight_version, versions, request.problem_id, request.index,
+                      response_mask=trajectory.response_mask, outcome=outcome)
