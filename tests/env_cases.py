@@ -54,9 +54,13 @@ class Scripted(Environment):
         return EnvStep(action + ".")
 
 
-def step_intervals(log_dir: str | Path) -> list[tuple[float, float]]:
-    """The (start, end) of every logged `slow:` step (time.monotonic is one clock for the whole machine)."""
-    return [tuple(json.loads(path.read_text())) for path in Path(log_dir).glob("step-*")]
+def logged_steps(log_dir: str | Path) -> list[tuple[int, float, float]]:
+    """(environment pid, start, end) of every logged `slow:` step (time.monotonic is one clock for the machine)."""
+    steps = []
+    for path in Path(log_dir).glob("step-*"):
+        start, end = json.loads(path.read_text())
+        steps.append((int(path.name.split("-")[1]), start, end))
+    return steps
 
 
 def max_overlap(intervals: list[tuple[float, float]]) -> int:
