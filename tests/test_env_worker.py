@@ -157,3 +157,42 @@ def test_a_killed_worker_takes_its_environments_with_it(ray_with_test_envs, tmp_
     assert all(not is_gone(o.env_pid, within_s=0) for o in trajectories)
     ray.kill(doomed.workers[0])
     assert all(is_gone(o.env_pid) for o in trajectories)
+
+
+# ---- the worker in this process (the same class the actors run) ---------------------------------------------
+
+def test_a_killed_launcher_takes_its_environments_and_the_worker_starts_another(tmp_path):
+    from tailflow.engines.env.worker import EnvironmentWorker
+
+    worker = EnvironmentWorker(config(tmp_path))
+    try:
+        before = worker.reset("before", 0)
+        os.kill(worker.launcher.process.pid, signal.SIGKILL)
+        assert is_gone(before.env_pid)  # PDEATHSIG: the launcher was its parent
+        assert worker.step("before", "x").failure.reason == StopReason.ENV_ERROR
+        after = worker.reset("after", 0)
+        assert after.failure is None and worker.step("after", "x").observation == "x."
+    finally:
+        worker.close_all()
+        worker.launcher.close()
+
+
+def test_close_all_kills_an_environment_in_the_middle_of_a_step_at_once(tmp_path):
+    import threading
+
+    from tailflow.engines.env.worker import EnvironmentWorker
+
+    worker = EnvironmentWorker(config(tmp_path, step_timeout_s=60.0))
+    try:
+        hung = worker.reset("hung", 0)
+        outcomes = []
+        stepping = threading.Thread(target=lambda: outcomes.append(worker.step("hung", "hang")))
+        stepping.start()
+        time.sleep(0.2)
+        started = time.monotonic()
+        assert worker.close_all() == 1
+        stepping.join(timeout=5)
+        assert time.monotonic() - started < 1.0 and is_gone(hung.env_pid)
+        assert outcomes[0].failure.reason == StopReason.ENV_ERROR
+    finally:
+        worker.launcher.close()

@@ -49,14 +49,22 @@ class EnvLauncher:
         import pickle
 
         host_end, environment_end = socket.socketpair()
-        with self.lock:
-            socket.send_fds(self.control, [pickle.dumps((class_path, settings))], [environment_end.fileno()])
-            reply = self.control.recv(PID.size)
-        environment_end.close()
+        try:
+            with self.lock:
+                socket.send_fds(self.control, [pickle.dumps((class_path, settings))], [environment_end.fileno()])
+                reply = self.control.recv(PID.size)
+        except OSError:
+            reply = b""
+        finally:
+            environment_end.close()
         if len(reply) != PID.size:
             raise RuntimeError(f"the environment launcher (pid {self.process.pid}) is gone "
                                f"(exit code {self.process.poll()})")
         return PID.unpack(reply)[0], Connection(host_end.detach())
+
+    @property
+    def is_alive(self) -> bool:
+        return self.process.poll() is None
 
     def close(self) -> None:
         """Stop the launcher; the environment processes it started go with it."""
@@ -167,11 +175,12 @@ class EnvHost:
         self.has_exited(5.0)
 
     def close(self) -> None:
-        """Let the environment close itself (at most CLOSE_TIMEOUT_S), then make sure the process is gone. Once;
-        later calls do nothing."""
+        """Let the environment close itself (at most CLOSE_TIMEOUT_S), then make sure the process is gone. With a
+        call in flight (an abort, `close_all`) the process is killed at once: that call then fails (ENV_ERROR).
+        Once; later calls do nothing."""
         if self.connection.closed:
             return
-        if self.lock.acquire(timeout=CLOSE_TIMEOUT_S):
+        if self.lock.acquire(blocking=False):
             try:
                 self.connection.send(("close", None))
                 if self.connection.poll(CLOSE_TIMEOUT_S):
@@ -180,7 +189,7 @@ class EnvHost:
                 pass
             finally:
                 self.lock.release()
-        if not self.has_exited(CLOSE_TIMEOUT_S):
+        if not self.has_exited(CLOSE_TIMEOUT_S if not self.lock.locked() else 0.0):
             self.kill()
         self.connection.close()
         os.close(self.pidfd)

@@ -101,8 +101,14 @@ class EnvironmentWorker:
     def reset(self, trajectory_id: str, seed: int) -> EnvResetOutcome:
         """Start the trajectory's environment (retried in fresh processes, see env.reset_retries)."""
         config = self.config
+        with self.lock:
+            if trajectory_id in self.hosts:
+                raise ValueError(f"trajectory {trajectory_id!r} already has an environment on this worker")
+            if not self.launcher.is_alive:  # killed from outside (the OOM killer): its environments went with it
+                self.launcher = EnvLauncher()
+            launcher = self.launcher
         with self.call_slot():
-            host, result = start_and_reset(self.launcher, config.class_path, dict(config.settings), seed, config.reset_timeout_s,
+            host, result = start_and_reset(launcher, config.class_path, dict(config.settings), seed, config.reset_timeout_s,
                                            config.reset_retries, config.reset_backoff_s)
         with self.lock:
             if host is not None:
