@@ -13,6 +13,7 @@ system has reused since can never be signalled by mistake.
 from __future__ import annotations
 
 import os
+import pickle
 import select
 import signal
 import socket
@@ -46,8 +47,6 @@ class EnvLauncher:
 
     def launch(self, class_path: str, settings: dict) -> tuple[int, Connection]:
         """A new environment process for `class_path(**settings)`: its pid and the host's end of its pipe."""
-        import pickle
-
         host_end, environment_end = socket.socketpair()
         try:
             with self.lock:
@@ -58,6 +57,7 @@ class EnvLauncher:
         finally:
             environment_end.close()
         if len(reply) != PID.size:
+            host_end.close()
             raise RuntimeError(f"the environment launcher (pid {self.process.pid}) is gone "
                                f"(exit code {self.process.poll()})")
         return PID.unpack(reply)[0], Connection(host_end.detach())
