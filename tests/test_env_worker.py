@@ -196,3 +196,18 @@ def test_close_all_kills_an_environment_in_the_middle_of_a_step_at_once(tmp_path
         assert outcomes[0].failure.reason == StopReason.ENV_ERROR
     finally:
         worker.launcher.close()
+
+
+def test_a_worker_retries_a_failing_reset_and_counts_it(tmp_path):
+    from tailflow.engines.env.worker import EnvironmentWorker
+
+    worker = EnvironmentWorker(config(tmp_path, settings={"log_dir": str(tmp_path), "fail_resets": 99},
+                                      reset_retries=1, reset_backoff_s=0.05))
+    try:
+        outcome = worker.reset("flaky", 0)
+        assert (outcome.failure.reason, outcome.attempts) == (StopReason.ENV_ERROR, 2)
+        counters = worker.counters()
+        assert (counters.resets, counters.reset_retries, counters.failures) == (1, 1, {"env_error": 1})
+        assert counters.active_environments == 0 and is_gone(outcome.env_pid)
+    finally:
+        worker.launcher.close()

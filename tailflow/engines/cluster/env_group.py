@@ -5,6 +5,9 @@ episodes do not pile up on one worker; every later call of that trajectory goes 
 whose process holds its environment (sticky placement). A trajectory leaves its worker when it is done, fails
 or is closed. Calls come in batches (`reset_many`, `step_many`): the batch's calls run at once across the
 workers (each worker caps its own at env.max_concurrent_steps) and the group hands back plain records.
+
+The actors ask Ray for no CPU: they mostly wait on their environment processes, which Ray does not see anyway, and
+a worker holding a logical CPU could keep a rollout or trainer actor from being placed on a small machine.
 """
 from __future__ import annotations
 

@@ -38,6 +38,7 @@ class EnvStepOutcome:
     """What follows the model's turn: the environment's (cut) answer, or the invalid-action text."""
     reward: float
     done: bool
+    """The environment said the task is over (never set with a failure: that ends the trajectory by itself)."""
     seconds: float
     invalid_action: bool = False
     """The environment rejected the action: `reward` is env.invalid_action_reward, the trajectory goes on."""
@@ -137,7 +138,7 @@ class EnvironmentWorker:
                      seconds: float) -> EnvStepOutcome:
         config = self.config
         if failure is not None:
-            outcome = EnvStepOutcome(trajectory_id, "", 0.0, True, seconds, failure=failure)
+            outcome = EnvStepOutcome(trajectory_id, "", 0.0, False, seconds, failure=failure)
         elif invalid_action:
             outcome = EnvStepOutcome(trajectory_id, config.invalid_action_observation, config.invalid_action_reward,
                                      False, seconds, invalid_action=True, info={"invalid_action": invalid_action})
