@@ -409,6 +409,69 @@ class WarmStartConfig(Section):
     seed: int = 0
 
 
+PlainValue = str | int | float | bool | None | list[str | int | float | bool | None]
+"""A value `env.settings` may hold: what YAML writes and a pipe carries to an environment process unchanged."""
+
+
+class EnvConfig(Section):
+    """Multi-turn rollouts: the model acts in an environment (engines/env). Absent (None): single-turn."""
+
+    class_path: str
+    """The environment, `package.module:Class` (a subclass of tailflow.engines.env.Environment), e.g.
+    `tailflow.engines.env.builtin.calculator:Calculator`. Imported when the config is loaded, so a typo fails
+    before any work starts."""
+    settings: dict[str, PlainValue] = {}
+    """Keyword arguments of the class's constructor, plain values only: each environment process builds its own
+    instance from them."""
+    max_turns: int = Field(8, ge=1)
+    """Most model turns in one trajectory; the last one ends it with stop reason `max_turns` (trained)."""
+    turn_max_tokens: int = Field(64, ge=1)
+    """Longest model turn; a turn that reaches it ends the trajectory (`turn_token_limit`, trained), unseen by the
+    environment: one rule in every mode, so no mode hands the environment a half-written action."""
+    trajectory_max_tokens: int = Field(1024, ge=1)
+    """The model's and the environment's tokens after the prompt, together; reaching it ends the trajectory
+    (`trajectory_token_limit`, trained)."""
+    observation_max_tokens: int = Field(64, ge=1)
+    """Longest observation. The environment worker cuts an observation's text to this many UTF-8 bytes (at a
+    character boundary) and counts the cut: a token covers at least one byte, so the cut text never tokenizes to
+    more than this many tokens, without the worker holding a tokenizer (exact for the embedded character
+    tokenizer; for a BPE tokenizer, whose tokens average ~4 bytes, it cuts earlier than it must)."""
+    step_timeout_s: float = Field(10.0, gt=0.0)
+    """A step that takes longer fails its trajectory (`timeout`, dropped) and its environment process is killed:
+    a hung environment costs one trajectory and this many seconds, never the round."""
+    reset_timeout_s: float = Field(30.0, gt=0.0)
+    """The same for starting a task (reset may build a sandbox, so it gets its own, longer limit)."""
+    reset_retries: int = Field(2, ge=0)
+    """A reset that raises, hangs or dies is tried again this many times, each in a fresh process (a flaky
+    sandbox start should not cost a trajectory); then the trajectory fails with the last attempt's reason."""
+    reset_backoff_s: float = Field(0.5, ge=0.0)
+    """Seconds before the first retry, doubled before each next one (a struggling backend gets room)."""
+    num_workers: int = Field(1, ge=1)
+    """Environment workers (Ray actors), each hosting many environments, each environment in its own process."""
+    max_concurrent_steps: int = Field(16, ge=1)
+    """Per worker: resets and steps running at once; others wait their turn (the environment processes share the
+    worker's CPUs, and an environment may be heavy)."""
+    invalid_action_reward: float = Field(0.0, le=0.0)
+    """The reward of a turn whose action the environment rejects (`InvalidAction`): a penalty (<= 0) added to the
+    trajectory's reward. The trajectory goes on: the model sees invalid_action_observation and may try again."""
+    invalid_action_observation: str = "?\n"
+    """What the model sees after an invalid action, the same text for every environment. The default uses only
+    the embedded model's characters (digits + - * = # : ? space newline)."""
+
+    @model_validator(mode="after")
+    def _check_class_and_limits(self) -> "EnvConfig":
+        from tailflow.engines.env.environment import environment_class
+
+        environment_class(self.class_path)  # its ValueError names env.class_path
+        if self.turn_max_tokens > self.trajectory_max_tokens:
+            raise ValueError(f"env.turn_max_tokens ({self.turn_max_tokens}) must be <= env.trajectory_max_tokens "
+                             f"({self.trajectory_max_tokens})")
+        if self.observation_max_tokens > self.trajectory_max_tokens:
+            raise ValueError(f"env.observation_max_tokens ({self.observation_max_tokens}) must be <= "
+                             f"env.trajectory_max_tokens ({self.trajectory_max_tokens})")
+        return self
+
+
 class RunConfig(Section):
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -420,6 +483,8 @@ class RunConfig(Section):
     storage: StorageConfig = StorageConfig()
     tracking: TrackingConfig = TrackingConfig()
     warmstart: WarmStartConfig = WarmStartConfig()
+    env: EnvConfig | None = None
+    """Multi-turn environment rollouts (section `env`); None: single-turn responses, scored by `reward`."""
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "RunConfig":
@@ -577,15 +642,25 @@ def config_to_yaml(config: RunConfig) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
 
 
+def config_sections() -> dict[str, type[Section]]:
+    """Each section's name and model; an optional section (`env`) by its model, not `Model | None`."""
+    sections = {}
+    for name, field in RunConfig.model_fields.items():
+        members = getattr(field.annotation, "__args__", (field.annotation,))
+        sections[name] = next(member for member in members if isinstance(member, type) and issubclass(member, Section))
+    return sections
+
+
 def config_reference_markdown() -> str:
     """docs/configuration.md, generated from the field docstrings (`tailflow config --reference`)."""
     lines = ["# Configuration reference", "",
              "Generated by `tailflow config --reference` from the docstrings in `tailflow/config.py`.",
              "Set values in a YAML file (`-c run.yaml`) or with `--set section.key=value`.", ""]
-    for section_name, section_field in RunConfig.model_fields.items():
+    for section_name, section in config_sections().items():
         lines += [f"## `{section_name}`", "", "| key | default | meaning |", "| --- | --- | --- |"]
-        for name, field in section_field.annotation.model_fields.items():
+        for name, field in section.model_fields.items():
             meaning = " ".join((field.description or "").split()).replace("|", "\\|")
-            lines.append(f"| `{section_name}.{name}` | `{field.default!r}` | {meaning} |")
+            default = "(required)" if field.is_required() else f"`{field.default!r}`"
+            lines.append(f"| `{section_name}.{name}` | {default} | {meaning} |")
         lines.append("")
     return "\n".join(lines)

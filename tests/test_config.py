@@ -1,6 +1,6 @@
 import pytest
 
-from tailflow.config import ConfigError, RunConfig, apply_override, load_config
+from tailflow.config import ConfigError, apply_override, config_sections, load_config
 
 
 def test_defaults_and_overrides_parse_yaml_values(tmp_path):
@@ -57,8 +57,8 @@ def test_custom_data_needs_eval_and_model():
 
 def test_every_field_is_documented():
     """Docstrings become CLI/UI help: a field without one is a bug."""
-    for section_name, section in RunConfig.model_fields.items():
-        for name, field in section.annotation.model_fields.items():
+    for section_name, section in config_sections().items():
+        for name, field in section.model_fields.items():
             if name in {"temperature", "top_p", "lr", "weight_decay", "max_grad_norm", "clip_low", "clip_high",
                         "batch_size", "seed", "wandb_project"}:
                 continue  # self-explanatory to anyone who trains models
@@ -91,3 +91,37 @@ def test_async_training_needs_an_importance_corrected_loss_and_a_ratio_of_at_lea
     assert config.rollout.async_ratio == 2 and config.rollout.partial and config.rollout.async_steps_per_train == 0
     with pytest.raises(ConfigError, match="train.stream streams a synchronous round"):
         load_config(None, ["rollout.async_ratio=1", "train.loss=tis", "train.stream=true"])
+
+
+CALCULATOR = "tailflow.engines.env.builtin.calculator:Calculator"
+
+
+def test_the_env_section_is_absent_by_default_and_parses_when_given():
+    assert load_config(None, []).env is None
+    env = load_config(None, [f"env.class_path={CALCULATOR}", "env.max_turns=3", "env.settings={max_terms: 4}"]).env
+    assert (env.max_turns, env.settings, env.invalid_action_observation) == (3, {"max_terms": 4}, "?\n")
+
+
+@pytest.mark.parametrize(
+    "override, named",
+    [
+        ("env.class_path=tailflow.engines.env.builtin.calculater:Calculator", "env.class_path: cannot import"),
+        ("env.class_path=tailflow.config:RunConfig", "env.class_path: .* is not a subclass"),
+        ("env.max_turns=0", "env.max_turns"),
+        ("env.step_timeout_s=0", "env.step_timeout_s"),
+        ("env.reset_retries=-1", "env.reset_retries"),
+        ("env.invalid_action_reward=0.5", "env.invalid_action_reward"),
+        ("env.turn_max_tokens=2000", r"env.turn_max_tokens \(2000\) must be <= env.trajectory_max_tokens"),
+        ("env.settings={a: {b: 1}}", "env.settings.a"),
+        ("env.max_turn=3", "env.max_turn: unknown key"),
+    ],
+)
+def test_bad_env_values_name_the_field(override, named):
+    overrides = [override] if override.startswith("env.class_path") else [f"env.class_path={CALCULATOR}", override]
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.").replace(r"\.*", ".*")):
+        load_config(None, overrides)
+
+
+def test_an_env_section_without_a_class_path_names_it():
+    with pytest.raises(ConfigError, match=r"env\.class_path: Field required"):
+        load_config(None, ["env.max_turns=3"])
