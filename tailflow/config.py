@@ -454,6 +454,9 @@ class EnvConfig(Section):
     invalid_action_reward: float = Field(0.0, le=0.0)
     """The reward of a turn whose action the environment rejects (`InvalidAction`): a penalty (<= 0) added to the
     trajectory's reward. The trajectory goes on: the model sees invalid_action_observation and may try again."""
+    turn_stop_texts: list[str] = []
+    """Texts that end a model turn besides the model's end-of-sequence (kept in the turn, as a stop sequence:
+    the calculator's turns end at "="). Each is tokenized once by the rollout workers."""
     invalid_action_observation: str = "?\n"
     """What the model sees after an invalid action, the same text for every environment. The default uses only
     the embedded model's characters (digits + - * = # : ? space newline)."""
@@ -499,7 +502,22 @@ class RunConfig(Section):
             raise ValueError(
                 f"tail.responses_launched ({self.tail.responses_launched}) must be >= rollout.n ({self.rollout.n})"
             )
+        if self.env is not None:
+            self._check_multi_turn_modes()
         return self
+
+    def _check_multi_turn_modes(self) -> None:
+        """What multi-turn trajectories cannot do yet: continue from their tokens (an environment's state is not in
+        them), which partial async rollouts, tail.continue_deferred and an elastic group's migration all do."""
+        refused = [(self.rollout.async_ratio > 0 and self.rollout.partial, "rollout.partial",
+                    "set rollout.partial false (in-flight trajectories then start over at a weight sync)"),
+                   (self.tail.continue_deferred, "tail.continue_deferred", "set tail.continue_deferred false"),
+                   (self.rollout.elastic, "rollout.elastic",
+                    "set rollout.elastic false (a lost rollout worker then restarts the iteration)")]
+        for is_set, key, fix in refused:
+            if is_set:
+                raise ValueError(f"{key} continues requests from their tokens, which a multi-turn trajectory (env) "
+                                 f"cannot do: its environment's state is not in its tokens; {fix}")
 
     @model_validator(mode="after")
     def _check_importance_correction(self) -> "RunConfig":

@@ -98,7 +98,8 @@ CALCULATOR = "tailflow.engines.env.builtin.calculator:Calculator"
 
 def test_the_env_section_is_absent_by_default_and_parses_when_given():
     assert load_config(None, []).env is None
-    env = load_config(None, [f"env.class_path={CALCULATOR}", "env.max_turns=3", "env.settings={max_terms: 4}"]).env
+    env = load_config(None, [f"env.class_path={CALCULATOR}", "env.max_turns=3", "env.settings={max_terms: 4}",
+                             "rollout.elastic=false"]).env
     assert (env.max_turns, env.settings, env.invalid_action_observation) == (3, {"max_terms": 4}, "?\n")
 
 
@@ -118,6 +119,7 @@ def test_the_env_section_is_absent_by_default_and_parses_when_given():
 )
 def test_bad_env_values_name_the_field(override, named):
     overrides = [override] if override.startswith("env.class_path") else [f"env.class_path={CALCULATOR}", override]
+    overrides.append("rollout.elastic=false")
     with pytest.raises(ConfigError, match=named.replace(".", r"\.").replace(r"\.*", ".*")):
         load_config(None, overrides)
 
@@ -125,3 +127,18 @@ def test_bad_env_values_name_the_field(override, named):
 def test_an_env_section_without_a_class_path_names_it():
     with pytest.raises(ConfigError, match=r"env\.class_path: Field required"):
         load_config(None, ["env.max_turns=3"])
+
+
+@pytest.mark.parametrize("overrides, named", [
+    ([], "rollout.elastic"),
+    (["rollout.elastic=false", "tail.continue_deferred=true", "train.loss=decoupled_ppo"], "tail.continue_deferred"),
+    (["rollout.elastic=false", "rollout.async_ratio=1", "train.loss=decoupled_ppo"], "rollout.partial"),
+])
+def test_modes_that_continue_requests_from_their_tokens_are_refused_with_env(overrides, named):
+    """A trajectory's environment state is not in its tokens: every mode that continues a request from them is
+    refused by name, with the fix."""
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.") + " continues requests from their tokens"):
+        load_config(None, [f"env.class_path={CALCULATOR}", *overrides])
+    fixed = {"rollout.elastic": "rollout.elastic=false", "tail.continue_deferred": "tail.continue_deferred=false",
+             "rollout.partial": "rollout.partial=false"}[named]
+    assert load_config(None, [f"env.class_path={CALCULATOR}", *overrides, fixed]).env is not None

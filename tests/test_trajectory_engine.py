@@ -20,7 +20,7 @@ PROMPT = tuple(TOKENIZER.encode("12ab "))
 def engine_with(environments: dict, limits: TurnLimits | None = None) -> TrajectoryEngine:
     inner = NativeEngine(tiny_model(), num_slots=4, max_seq_len=128, eos_token_ids=(EOS,))
     return TrajectoryEngine(inner, LocalEnvironments(lambda key: environments.setdefault(key, Counter())),
-                            PlainTextTurns(TOKENIZER), limits or TurnLimits(3, 16, 100, 128))
+                            PlainTextTurns(TOKENIZER), limits or TurnLimits(3, 16, 100, 128), keep_trajectories=True)
 
 
 def requests(n: int, problem_id: str = "p") -> list[Request]:
@@ -83,6 +83,8 @@ def test_an_abort_between_or_within_turns_ends_the_trajectory_with_its_turns_so_
         engine.step()
     in_flight = {t.request_id: t for t in engine.in_flight()}
     assert set(in_flight) == {"p#0", "p#1"}
+    for reported in in_flight.values():  # one log-prob and one version per token, a turn awaiting its answer too
+        assert len(reported.token_ids) == len(reported.logprobs) == len(reported.weight_versions) > 0
     episode = engine.episodes["p#0"]
     assert in_flight["p#0"].token_ids[:episode.num_response_tokens] == list(
         episode.conversation[len(episode.prompt_token_ids):])

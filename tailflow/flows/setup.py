@@ -10,6 +10,7 @@ import secrets
 import sys
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 from importlib import resources
 from pathlib import Path
 
@@ -39,6 +40,8 @@ from tailflow.engines.reward.spec import RewardSpec, reward_spec
 from tailflow.engines.reward.timeouts import TimeoutPolicy
 from tailflow.engines.rollout.protocol import Request, SamplingParams
 from tailflow.engines.rollout.requests import prompt_token_ids, sampling_requests
+from tailflow.engines.rollout.trajectory_engine import TurnLimits
+from tailflow.engines.rollout.worker import MultiTurnSetup
 from tailflow.engines.round_work import RoundWorkFactory
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.tail.pipeline import RolloutPipeline
@@ -49,6 +52,9 @@ from tailflow.engines.store import ArtifactStore, local_working_dir
 from tailflow.engines.track import MetricsLogger, start_wandb
 from tailflow.engines.track.tensorboard import start_tensorboard
 from tailflow.flows.run_log import say
+
+if TYPE_CHECKING:
+    from tailflow.engines.cluster.env_group import EnvGroup
 
 
 def shipped_warmstart_dir() -> Path:
@@ -95,7 +101,11 @@ def load_datasets(config: RunConfig, tokenizer, max_prompt_tokens: int, runs_cod
     files, `data.code_format`); else math-style problems with answers."""
     data = config.data
     if data.train_path is None:
-        if runs_code:
+        if config.env is not None:
+            from tailflow.engines.data.env_task import env_splits
+
+            train, held_out = env_splits(data.num_train, data.num_eval, data.seed)
+        elif runs_code:
             from tailflow.engines.data.code_task import builtin_code_problems
 
             train, held_out = builtin_code_problems(data.seed)
@@ -185,7 +195,8 @@ class ModelInputs:
     datasets: Datasets
     """Prompts that fit the model's context with room for a response."""
     max_seq_len: int
-    """The engines' sequence capacity: the longest prompt plus rollout.max_new_tokens."""
+    """The engines' sequence capacity: the longest prompt plus rollout.max_new_tokens (with `env`: the model's
+    context, which a trajectory may fill)."""
 
 
 def load_inputs(config: RunConfig, store: ArtifactStore) -> ModelInputs:
@@ -202,6 +213,8 @@ def load_inputs(config: RunConfig, store: ArtifactStore) -> ModelInputs:
     datasets = load_datasets(config, tokenizer, max_prompt_tokens, reward.runs_code)
     longest_prompt = max(len(prompt_token_ids(p, tokenizer, config.data.prompt_template))
                          for p in datasets.train + datasets.eval)
+    if config.env is not None:  # a trajectory may fill the context: observations' lengths are the environment's
+        return ModelInputs(model_path, model_config, tokenizer, reward, datasets, context_length)
     return ModelInputs(model_path, model_config, tokenizer, reward, datasets,
                        longest_prompt + config.rollout.max_new_tokens)
 
@@ -236,13 +249,15 @@ def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: in
         pool = RewardPool(reward_spec(reward, model_path), reward.min_workers, reward.max_workers,
                           reward.backlog_per_worker)
         try:
+            env_group, multi_turn = start_environments(config, max_seq_len)
             rollout = RolloutGroup(
                 model_path, config.rollout.num_workers, config.rollout.num_slots, max_seq_len, config.train.seed,
                 config.cluster.rollout_threads, **rollout_resources(config), engine=config.rollout.engine,
                 device=torch_device(config.cluster.device),
                 sleep_mode=config.cluster.placement == "colocated" and config.cluster.device == "gpu",
                 actor_options=reservation.rollout_options() if reservation else None, reservation=reservation,
-                elastic=elastic)
+                elastic=elastic, multi_turn=multi_turn)
+            rollout.env_group = env_group
         except BaseException:
             pool.shutdown()  # a leaked actor keeps its CPUs: a retried flow could never place its new ones
             raise
@@ -251,6 +266,21 @@ def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: in
             reservation.drop()
         raise
     return rollout, pool, reservation
+
+
+def start_environments(config: RunConfig, max_seq_len: int) -> tuple[EnvGroup | None, MultiTurnSetup | None]:
+    """With `env` set: the environment workers, and what makes each rollout worker's requests trajectories on
+    them (`max_seq_len`, the engines' capacity, is the trajectories' context length). None, None without."""
+    env = config.env
+    if env is None:
+        return None, None
+    from tailflow.engines.cluster.env_connector import RemoteEnvironments
+    from tailflow.engines.cluster.env_group import EnvGroup
+
+    group = EnvGroup(env)
+    limits = TurnLimits(env.max_turns, env.turn_max_tokens, env.trajectory_max_tokens, max_seq_len,
+                        env.invalid_action_reward)
+    return group, MultiTurnSetup(limits, RemoteEnvironments(group.workers), tuple(env.turn_stop_texts))
 
 
 def rollout_resources(config: RunConfig) -> dict[str, float]:

@@ -59,13 +59,15 @@ class WorkerLaunch:
     device: str
     engine: str
     sleep_mode: bool
+    multi_turn: Any = None
+    """A `rollout.worker.MultiTurnSetup` (each worker gets its own copy of the environment connector)."""
 
     def start(self, worker_id: int, options: dict) -> Any:
         """Worker `worker_id`'s actor, placed by `options` (a seat; `{}`: the class's own resources), seeded
         apart from every other worker."""
         return self.actor_class.options(**options).remote(
             self.model_path, self.num_slots, self.max_seq_len, self.seed + worker_id * 1_000_003, self.num_threads,
-            self.device, self.engine, self.sleep_mode)
+            self.device, self.engine, self.sleep_mode, self.multi_turn)
 
 
 @dataclass

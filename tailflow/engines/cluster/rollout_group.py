@@ -66,12 +66,13 @@ class RolloutGroup:
     def __init__(self, model_path: str, num_workers: int, num_slots: int, max_seq_len: int, seed: int, num_threads: int,
                  num_cpus: float = 1, num_gpus: float = 0, engine: str = "native", device: str = "cpu",
                  sleep_mode: bool = False, actor_options: Sequence[dict] | None = None,
-                 reservation: Any = None, elastic: ElasticSettings = ElasticSettings()):
+                 reservation: Any = None, elastic: ElasticSettings = ElasticSettings(), multi_turn: Any = None):
         """`actor_options[w]`, when given, places worker w (`placement.actor_options`: its placement-group bundle
         and share of it) instead of `num_cpus` / `num_gpus`; `engine`, `device` and `sleep_mode` (vLLM's, for
         colocated GPUs) reach each worker's `build_engine`. Workers added later get `num_cpus` / `num_gpus`.
         `reservation` (a `placement.GpuReservation`): the placement groups the workers sit in, held until
-        `shutdown`. `elastic`: how members may change, what is said, and the workers to keep beyond these."""
+        `shutdown`. `elastic`: how members may change, what is said, and the workers to keep beyond these.
+        `multi_turn` (a `rollout.worker.MultiTurnSetup`): every worker's requests are multi-turn trajectories."""
         import ray
 
         from tailflow.engines.rollout.worker import RolloutWorker
@@ -81,7 +82,7 @@ class RolloutGroup:
             raise ValueError(f"{len(options)} actor options for {num_workers} rollout workers")
         actor_class = ray.remote(num_cpus=num_cpus, num_gpus=num_gpus, max_restarts=0)(RolloutWorker)
         launch = WorkerLaunch(actor_class, model_path, num_slots, max_seq_len, seed, num_threads, device, engine,
-                              sleep_mode)
+                              sleep_mode, multi_turn)
         self.num_slots, self.elastic = num_slots, elastic
         self.worker_of: dict[str, int] = {}
         """In-flight request id -> rank (index in `membership.workers`) of the worker running it."""
@@ -95,6 +96,8 @@ class RolloutGroup:
         self.seat_stats: dict[int, EngineStats] = {}
         """Worker id -> its engine's last counters (a departed worker keeps them)."""
         self.membership = Membership(launch, options, elastic)
+        self.env_group = None
+        """The environment workers (`cluster/env_group.EnvGroup`) of a multi-turn run: shut down with the group."""
         self.reservation = reservation.hold() if reservation is not None else None
         self.keep_added(elastic.keep_added)
 
@@ -273,6 +276,9 @@ class RolloutGroup:
 
     def shutdown(self) -> None:
         self.membership.shutdown()
+        if self.env_group is not None:
+            self.env_group.shutdown()
+            self.env_group = None
         self.worker_of.clear()
         self.in_flight = InFlight()
         self.orphans = []

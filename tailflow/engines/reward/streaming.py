@@ -18,6 +18,8 @@ import time
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tailflow.engines.data.problem import Problem
+from tailflow.engines.env.trajectory import StopReason, TrajectoryOutcome
+from tailflow.engines.reward.result import RewardResult
 from tailflow.engines.reward.scoring import ScoredGroup, ScoredRound, ScoringStats, groups_from_outcomes
 from tailflow.engines.reward.worker import ScoreItem, ScoreOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason
@@ -57,8 +59,17 @@ class StreamingScorer:
             return
         items = [self.item_for(c) for c in completions
                  if c.finish_reason is not FinishReason.ABORT and c.request_id not in self.texts]
-        self.pool.submit(items)
+        self.pool.submit(self._scored_by_environment(items, completions))
         self._collect(self.pool.ready(self.texts.keys() - self._outcomes.keys()))
+
+    def _scored_by_environment(self, items: list[ScoreItem], completions: Sequence[Completion]) -> list[ScoreItem]:
+        """The items the reward pool must score: a multi-turn trajectory's score is what its environment paid
+        (`TrajectoryOutcome.reward`), recorded here at once; the rest go to the pool."""
+        trajectories = {c.request_id: c.outcome for c in completions if c.outcome is not None}
+        now = time.time()
+        self._collect([ScoreOutcome(item.request_id, environment_result(trajectories[item.request_id]), now, now)
+                       for item in items if item.request_id in trajectories])
+        return [item for item in items if item.request_id not in trajectories]
 
     def scored_group(self, problem_id: str, kept: Sequence[Completion]) -> ScoredGroup | None:
         """A completed prompt's group if every kept response has been scored by the last `on_finished` (which
@@ -75,7 +86,7 @@ class StreamingScorer:
         """Outcomes of the kept completions (scoring any not yet sent), and the round's figures."""
         rollout_ended_at = time.time()
         missing = [self.item_for(c) for c in kept if c.request_id not in self.texts]
-        self.pool.submit(missing)
+        self.pool.submit(self._scored_by_environment(missing, kept))
         self._collect(self.pool.wait_for(self.texts.keys() - self._outcomes.keys()))
         kept_ids = {c.request_id for c in kept}
         outcomes = {request_id: self._outcomes[request_id] for request_id in kept_ids}
@@ -98,3 +109,10 @@ class StreamingScorer:
         outcomes, stats = self.finish(completions)
         groups = groups_from_outcomes(problems, completions, outcomes, self.texts)
         return ScoredRound(groups, stats, time.perf_counter() - started)
+
+
+def environment_result(outcome: TrajectoryOutcome) -> RewardResult:
+    """A trajectory's reward: the sum of its turns' rewards. Correct: it ended DONE with a positive reward (the
+    environment said the task is over and paid for it); formatted: it ended DONE."""
+    done = outcome.stop_reason is StopReason.DONE
+    return RewardResult(reward=outcome.reward, correct=done and outcome.reward > 0, formatted=done)

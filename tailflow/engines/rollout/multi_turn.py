@@ -97,7 +97,8 @@ def run_trajectories(engine, starts: Sequence[TrajectoryStart],
     by_id = {start.request_id: start for start in starts}
     environments = LocalEnvironments(lambda key: open_environment(by_id[key]))
     trajectories = TrajectoryEngine(engine, environments, codec, limits,
-                                    env_seed_of=lambda request: by_id[request.request_id].env_seed)
+                                    env_seed_of=lambda request: by_id[request.request_id].env_seed,
+                                    keep_trajectories=True)
     trajectories.submit([Request(start.request_id, start.prompt_token_ids, params, problem_id=start.problem_id,
                                  index=start.index) for start in starts])
     while trajectories.has_unfinished():

@@ -174,12 +174,18 @@ class TrajectoryEngine:
     environment seed (default: one per prompt)."""
 
     def __init__(self, engine, environments: EnvConnector, codec: TurnCodec, limits: TurnLimits,
-                 env_seed_of=group_env_seed) -> None:
+                 env_seed_of=group_env_seed, turn_stop_sequences: Sequence[tuple[int, ...]] = (),
+                 keep_trajectories: bool = False) -> None:
+        """`turn_stop_sequences`: token sequences that end every model turn, beside the request's own stops.
+        `keep_trajectories`: keep each ended trajectory whole for `take_trajectories` (in-process callers; a
+        rollout worker reads completions only, and keeping them would grow without end)."""
         if limits.context_length > getattr(engine, "max_seq_len", limits.context_length):
             raise ValueError(f"the turn limits' context_length {limits.context_length} exceeds the engine's "
                              f"max_seq_len {engine.max_seq_len}")
         self.engine, self.environments, self.codec, self.limits = engine, environments, codec, limits
         self.env_seed_of = env_seed_of
+        self.keep_trajectories = keep_trajectories
+        self.turn_stop_sequences = tuple(tuple(stop) for stop in turn_stop_sequences)
         self.episodes: dict[str, Episode] = {}
         """Trajectories not yet ended, by key."""
         self.turn_of: dict[str, str] = {}
@@ -188,7 +194,7 @@ class TrajectoryEngine:
         """Keys whose environment call is unanswered."""
         self.ended: list[Completion] = []
         self.trajectories: dict[str, Trajectory] = {}
-        """Every ended trajectory, whole, by key (in-process callers read them; `take_trajectories`)."""
+        """Ended trajectories, whole, by key, with `keep_trajectories` (`take_trajectories`)."""
         self.num_arrived = 0
 
     # ---- the protocol ------------------------------------------------------------------------
@@ -199,8 +205,8 @@ class TrajectoryEngine:
             if request.prefix is not None:
                 raise ValueError(f"request {request.request_id!r}: a multi-turn trajectory cannot be continued from "
                                  "a ResponsePrefix (its environment's state is not in its tokens)")
-            if request.request_id in self.episodes or request.request_id in self.trajectories:
-                raise ValueError(f"request {request.request_id!r} is already a trajectory of this engine")
+            if request.request_id in self.episodes:
+                raise ValueError(f"request {request.request_id!r} is already a trajectory in flight on this engine")
         for request in requests:
             episode = Episode(request, self.num_arrived, self.env_seed_of(request))
             self.num_arrived += 1
@@ -255,6 +261,10 @@ class TrajectoryEngine:
             tokens = list(episode.conversation[len(episode.prompt_token_ids):])
             logprobs = [x for turn in episode.turns for x in turn.action_logprobs + (0.0,) * len(turn.observation_token_ids)]
             versions = [v for turn in episode.turns for v in observation_versions(turn)]
+            if episode.pending_action is not None:  # a turn the environment is answering: in the conversation
+                _, action_logprobs, action_versions = episode.pending_action
+                logprobs += action_logprobs
+                versions += action_versions
             current = running.get(episode.turn_request_id(len(episode.turns)))
             if current is not None:
                 tokens += list(current.token_ids)
@@ -338,7 +348,8 @@ class TrajectoryEngine:
                              limits.context_length - len(episode.conversation))
         request = episode.request
         params = replace(request.params, max_new_tokens=max_new_tokens,
-                         seed=turn_seed(request.params.seed, request.problem_id, request.index, turn))
+                         seed=turn_seed(request.params.seed, request.problem_id, request.index, turn),
+                         stop_sequences=request.params.stop_sequences + self.turn_stop_sequences)
         inner_id = episode.turn_request_id(turn)
         self.turn_of[inner_id] = episode.key
         self.engine.submit([Request(inner_id, episode.conversation, params, problem_id=request.problem_id,
@@ -387,7 +398,8 @@ class TrajectoryEngine:
         self.environments.close(episode.key)
         del self.episodes[episode.key]
         trajectory = episode.trajectory(reason)
-        self.trajectories[episode.key] = trajectory
+        if self.keep_trajectories:
+            self.trajectories[episode.key] = trajectory
         self.ended.append(trajectory_completion(episode.request, trajectory, episode.reset_s,
                                                 self.engine.weight_version))
 

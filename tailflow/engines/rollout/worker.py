@@ -23,6 +23,7 @@ from typing import Mapping, Sequence
 import torch
 
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishedAt, Request
+from tailflow.engines.rollout.trajectory_engine import EnvConnector, TrajectoryEngine, TurnLimits
 
 
 COLOCATED_VLLM_MEMORY = 0.45
@@ -80,12 +81,36 @@ class StepReport:
     is_leaving: bool = False
 
 
+@dataclass(frozen=True)
+class MultiTurnSetup:
+    """What makes a rollout worker's requests multi-turn trajectories (`env` set): the turn limits and where the
+    environments live (over Ray: `cluster/env_connector.RemoteEnvironments`)."""
+
+    limits: TurnLimits
+    environments: EnvConnector
+    turn_stop_texts: tuple[str, ...] = ()
+    """`env.turn_stop_texts`, tokenized by the worker with the model's tokenizer."""
+
+
 class RolloutWorker:
     def __init__(self, model_path: str, num_slots: int, max_seq_len: int, seed: int = 0,
-                 num_threads: int = 1, device: str = "cpu", engine: str = "native", sleep_mode: bool = False) -> None:
+                 num_threads: int = 1, device: str = "cpu", engine: str = "native", sleep_mode: bool = False,
+                 multi_turn: MultiTurnSetup | None = None) -> None:
+        """`multi_turn`: the engine is wrapped in a `TrajectoryEngine` (each request a trajectory; observations
+        tokenized with the model's own tokenizer and chat template, `data/chat_turns.turn_codec`)."""
         # An actor gets num_cpus cores; more torch threads than that only contend.
         torch.set_num_threads(num_threads)
-        self._attach(build_engine(engine, model_path, num_slots, max_seq_len, seed, device, sleep_mode))
+        built = build_engine(engine, model_path, num_slots, max_seq_len, seed, device, sleep_mode)
+        if multi_turn is not None:
+            from transformers import AutoTokenizer
+
+            from tailflow.engines.data.chat_turns import turn_codec
+
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            stops = [tuple(tokenizer.encode(text, add_special_tokens=False)) for text in multi_turn.turn_stop_texts]
+            built = TrajectoryEngine(built, multi_turn.environments, turn_codec(tokenizer), multi_turn.limits,
+                                     turn_stop_sequences=stops)
+        self._attach(built)
 
     def _attach(self, engine) -> None:
         """Everything but building the engine (a subclass may bring an engine built elsewhere)."""

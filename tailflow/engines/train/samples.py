@@ -13,7 +13,7 @@ from typing import Sequence
 import torch
 
 from tailflow.engines.env.trajectory import Trajectory, TrainingRule
-from tailflow.engines.reward.scoring import ScoredGroup
+from tailflow.engines.reward.scoring import ScoredGroup, ScoredResponse
 from tailflow.engines.rollout.protocol import Completion
 from tailflow.engines.train.advantages import compute_advantages, has_equal_rewards
 from tailflow.engines.train.batch import TrainSample
@@ -21,7 +21,8 @@ from tailflow.engines.train.batch import TrainSample
 
 def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight_version: int,
                         max_staleness: int | None = 0, rollout_temperature: float | None = None) -> list[TrainSample]:
-    """One TrainSample per response; groups must all have the same size (R0) and every completion must come
+    """One TrainSample per response (a multi-turn trajectory: unless `is_trained` says dropped, and then its group
+    baseline leaves it out too); groups must all have the same size (R0) and every completion must come
     from weights no older than `weight_version - max_staleness` and no newer than `weight_version`, the
     weights being trained (`check_weight_version`; 0: exactly those weights; None: no lower bound).
     `rollout_temperature`: the
@@ -33,22 +34,52 @@ def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight
     sizes = {len(group.responses) for group in groups}
     if len(sizes) != 1:
         raise ValueError(f"every group must hold the same number of responses, got sizes {sorted(sizes)}")
+    if any(not is_trained(response.completion) for group in groups for response in group.responses):
+        return trained_trajectory_samples(groups, estimator, rollout_temperature)
     rewards = torch.tensor([group.rewards for group in groups], dtype=torch.float32)  # [G, R]
     advantages = compute_advantages(rewards, estimator)  # [G, R]
     samples = []
     for group, group_advantages in zip(groups, advantages.tolist()):
         for response, advantage in zip(group.responses, group_advantages):
-            completion = response.completion
-            samples.append(
-                TrainSample(
-                    prompt_token_ids=tuple(completion.prompt_token_ids),
-                    response_token_ids=tuple(completion.token_ids),
-                    advantage=float(advantage),
-                    rollout_logprobs=tuple(completion.logprobs),
-                    reward=float(response.reward),
-                    rollout_temperature=rollout_temperature,
-                )
-            )
+            samples.append(sample_of(response, advantage, rollout_temperature))
+    return samples
+
+
+def sample_of(response: ScoredResponse, advantage: float, rollout_temperature: float | None) -> TrainSample:
+    completion = response.completion
+    return TrainSample(
+        prompt_token_ids=tuple(completion.prompt_token_ids),
+        response_token_ids=tuple(completion.token_ids),
+        advantage=float(advantage),
+        rollout_logprobs=tuple(completion.logprobs),
+        reward=float(response.reward),
+        rollout_temperature=rollout_temperature,
+        response_mask=tuple(completion.response_mask) or None,
+    )
+
+
+def is_trained(completion: Completion) -> bool:
+    """A single-turn response always is; a trajectory unless `TRAINING_RULE` drops its stop (the environment
+    failed, or it was aborted) or it holds no model token (it ended before the model's first turn)."""
+    if completion.outcome is None:
+        return True
+    return completion.outcome.rule is TrainingRule.TRAINED and any(completion.response_mask)
+
+
+def trained_trajectory_samples(groups: Sequence[ScoredGroup], estimator: str,
+                               rollout_temperature: float | None) -> list[TrainSample]:
+    """Groups with dropped trajectories: each group's advantages over its trained members only (a dropped one is
+    neither trained nor in its group's baseline: its reward is the environment's doing, not the model's), one
+    group at a time; a group with fewer than two trained members gives no sample (one response has no baseline
+    to be measured against: every estimator's advantage would be 0 or undefined)."""
+    samples = []
+    for group in groups:
+        kept = [response for response in group.responses if is_trained(response.completion)]
+        if len(kept) < 2:
+            continue
+        advantages = compute_advantages(torch.tensor([[r.reward for r in kept]], dtype=torch.float32), estimator)
+        samples += [sample_of(response, advantage, rollout_temperature)
+                    for response, advantage in zip(kept, advantages[0].tolist())]
     return samples
 
 

@@ -1,0 +1,60 @@
+"""A rollout worker's line to the environment workers: `TrajectoryEngine`'s `EnvConnector` over Ray.
+
+The rollout group gives each rollout worker one of these (it pickles as the environment workers' actor handles),
+so a rollout actor calls the environment actors directly: a reset or step is issued as an actor call and answered
+when `wait` collects it, while the engine decodes the other trajectories. Placement is the connector's own: a new
+trajectory goes to the environment worker holding the fewest of this connector's live trajectories (lowest index
+on ties) and stays there for its life (the worker's process holds its environment). Failures come back as plain
+records (`EnvFailure`): an environment that raised, hung or died costs its trajectory, never the round.
+"""
+from __future__ import annotations
+
+from typing import Collection, Sequence
+
+import ray
+
+from tailflow.engines.env.worker import EnvResetOutcome, EnvStepOutcome
+from tailflow.engines.rollout.trajectory_engine import EnvReply
+
+
+class RemoteEnvironments:
+    def __init__(self, workers: Sequence) -> None:
+        """`workers`: the environment workers' actor handles (`EnvGroup.workers`)."""
+        if not workers:
+            raise ValueError("RemoteEnvironments needs at least one environment worker")
+        self.workers = list(workers)
+        self.placement: dict[str, int] = {}
+        self.pending: dict[str, ray.ObjectRef] = {}
+
+    def __reduce__(self):
+        return RemoteEnvironments, (self.workers,)
+
+    def reset(self, key: str, seed: int) -> None:
+        load = [0] * len(self.workers)
+        for index in self.placement.values():
+            load[index] += 1
+        index = min(range(len(self.workers)), key=lambda i: (load[i], i))
+        self.placement[key] = index
+        self.pending[key] = self.workers[index].reset.remote(key, seed)
+
+    def step(self, key: str, action: str) -> None:
+        self.pending[key] = self.workers[self.placement[key]].step.remote(key, action)
+
+    def wait(self, keys: Collection[str]) -> list[EnvReply]:
+        keys = list(keys)
+        outcomes = ray.get([self.pending.pop(key) for key in keys])
+        return [reply_of(outcome) for outcome in outcomes]
+
+    def close(self, key: str) -> None:
+        self.pending.pop(key, None)
+        index = self.placement.pop(key, None)
+        if index is not None:
+            self.workers[index].close.remote(key)  # unknown (already ended there) ids are ignored by the worker
+
+
+def reply_of(outcome: EnvResetOutcome | EnvStepOutcome) -> EnvReply:
+    failure = outcome.failure.reason if outcome.failure is not None else None
+    if isinstance(outcome, EnvResetOutcome):
+        return EnvReply(outcome.trajectory_id, outcome.observation, failure=failure, seconds=outcome.seconds)
+    return EnvReply(outcome.trajectory_id, outcome.observation, outcome.reward, outcome.done, failure,
+                    outcome.invalid_action, outcome.seconds)
