@@ -142,3 +142,14 @@ def test_modes_that_continue_requests_from_their_tokens_are_refused_with_env(ove
     fixed = {"rollout.elastic": "rollout.elastic=false", "tail.continue_deferred": "tail.continue_deferred=false",
              "rollout.partial": "rollout.partial=false"}[named]
     assert load_config(None, [f"env.class_path={CALCULATOR}", *overrides, fixed]).env is not None
+
+
+def test_the_agentic_docs_example_config_loads(tmp_path):
+    """docs/agentic.md's `env` example is a config that loads (its class path imports, its keys exist)."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "agentic.md").read_text()
+    (tmp_path / "run.yaml").write_text(re.search(r"```yaml\n(env:.*?)```", text, re.S).group(1))
+    config = load_config(str(tmp_path / "run.yaml"), [])
+    assert config.env.class_path.endswith("guess:Guess") and config.env.turn_stop_texts == ["\n"]
