@@ -28,8 +28,9 @@ What holds for every tool call is what holds for the code reward's programs (doc
 "Tool calls"): a new sandbox per call (a fresh process tree, scratch dir, pid/net/ipc/mount namespaces and cgroup:
 nothing of one call reaches the next, in memory, on disk or in SysV IPC), the allowlisted root (nothing of the
 host's files), uid 65534, and the limits: wall clock `timeout_s`, CPU `cpu_time_s`, memory `memory_mb` (for the
-whole sandbox), `max_processes`, file size; each stream is read up to `max_output_bytes` and the run is killed past
-it, so a call costs at most `timeout_s` (plus the kill) and `max_output_bytes` per stream of this process's memory.
+whole sandbox), `max_processes`, file size; each stream is read up to a bound and the run is killed past
+it (`MIN_READ_BYTES`, 64 KiB, or `max_output_bytes` if larger), so a call costs at most `timeout_s` (plus the
+kill) and that much of this process's memory per stream.
 An episode runs at most `max_tool_calls` calls; later code turns are answered without running anything. The
 observation is at most `max_output_bytes` of output plus one status line and one cut line.
 
@@ -46,6 +47,7 @@ import contextlib
 import io
 import math
 import random
+import re
 from dataclasses import dataclass
 
 from tailflow.engines.env.environment import EnvStep, Environment, InvalidAction
@@ -54,6 +56,13 @@ from tailflow.engines.reward.sandbox import SandboxLimits, SandboxResult, resolv
 
 ANSWER_MARKER = "ANSWER:"
 NO_CALLS_LEFT = "[no tool calls left: write ANSWER: <integer>]\n"
+MIN_READ_BYTES = 64 << 10
+"""Each stream is read up to max(this, `max_output_bytes`), and the run killed past it: the observation is cut
+here, on this side, so a program with a long traceback still reads as its exit code, not as killed for output."""
+LAUNCHER_FRAMES = re.compile(r'(Traceback \(most recent call last\):\n)(?:  File "<string>", line \d+, in [<>\w]+\n)+'
+                             r'(?=  File ")')
+"""The sandbox launcher's own frames at the top of a traceback (`sandbox/inner.py`, run as source): noise to the
+model, and observation tokens are scarce."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +141,7 @@ def tool_observation(result: SandboxResult, max_output_bytes: int) -> str:
     """One status line, then stdout and stderr together cut to `max_output_bytes` (and a line saying so)."""
     status = {"ok": "[ok]", "error": f"[exit code {result.exit_code}]", "timeout": f"[timeout: {result.detail}]",
               "killed": f"[killed: {result.detail}]"}.get(result.status, f"[{result.status}]")
-    output, was_cut = cut(result.stdout + result.stderr, max_output_bytes)
+    output, was_cut = cut(result.stdout + LAUNCHER_FRAMES.sub(r"\1", result.stderr), max_output_bytes)
     was_cut = was_cut or result.stdout_truncated or result.stderr_truncated
     if output and not output.endswith("\n"):
         output += "\n"
@@ -158,7 +167,9 @@ class CodeInterpreter(Environment):
                                  "allow_unisolated for trusted code")
         self.limits = SandboxLimits(timeout_s=timeout_s, cpu_time_s=cpu_time_s or math.ceil(timeout_s),
                                     memory_bytes=memory_mb << 20, max_processes=max_processes,
-                                    max_file_bytes=max_file_mb << 20, max_output_bytes=max_output_bytes)
+                                    max_file_bytes=max_file_mb << 20,
+                                    max_output_bytes=max(max_output_bytes, MIN_READ_BYTES))
+        self.max_output_bytes = max_output_bytes
         if max_tool_calls < 0:
             raise ValueError(f"code interpreter: max_tool_calls must be >= 0, got {max_tool_calls}")
         self.max_tool_calls = max_tool_calls
@@ -173,7 +184,7 @@ class CodeInterpreter(Environment):
         return (f"{self.problem.question}\n\nYou may run Python: a turn that is a ```python code block is run in a "
                 f"fresh sandbox (standard library only, no network, nothing kept between runs, {self.limits.timeout_s:g} s, "
                 f"at most {self.max_tool_calls} runs) and you see its output, cut at "
-                f"{self.limits.max_output_bytes} bytes. End with a last line `{ANSWER_MARKER} <integer>`.\n")
+                f"{self.max_output_bytes} bytes. End with a last line `{ANSWER_MARKER} <integer>`.\n")
 
     def step(self, action: str) -> EnvStep:
         if self.problem is None:
@@ -190,7 +201,7 @@ class CodeInterpreter(Environment):
             return EnvStep(NO_CALLS_LEFT, info={"tool_calls": self.tool_calls, "status": "refused"})
         self.tool_calls += 1
         result = run_python(blocks[-1], limits=self.limits, backend=self.backend)
-        return EnvStep(tool_observation(result, self.limits.max_output_bytes),
+        return EnvStep(tool_observation(result, self.max_output_bytes),
                        info={"tool_calls": self.tool_calls, "status": result.status, "tool_s": result.duration_s})
 
     def close(self) -> None:
