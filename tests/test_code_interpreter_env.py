@@ -314,3 +314,27 @@ def test_an_episode_in_its_own_process_by_class_path(tmp_path):
     finally:
         host.close()
         launcher.close()
+
+
+def test_a_tool_call_dies_with_its_environment_process(backend):
+    """The host kills an environment process whose step outlives `env.step_timeout_s` (and a busy one at close):
+    the sandbox it was running goes with it, on every backend, instead of running on to its own timeout."""
+    from tailflow.engines.env.host import EnvHost, EnvLauncher
+
+    marker = f"tfmark{uuid.uuid4().hex}"
+    launcher = EnvLauncher()
+    host = EnvHost.start(launcher, CLASS_PATH, {"backend": backend, "timeout_s": 60.0})
+    try:
+        assert host.reset(0, timeout_s=30).failure is None
+        program = ("import subprocess, sys, time\n"
+                   f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)  # {marker}'])\n"
+                   "time.sleep(60)\n")
+        hung = host.step(fenced(program), timeout_s=2.0)
+        assert hung.failure is not None and "killed" in hung.failure.message
+        deadline = time.monotonic() + 5.0
+        while sandbox_leftovers(marker) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert sandbox_leftovers(marker) == []
+    finally:
+        host.close()
+        launcher.close()

@@ -34,6 +34,10 @@ kill) and that much of this process's memory per stream.
 An episode runs at most `max_tool_calls` calls; later code turns are answered without running anything. The
 observation is at most `max_output_bytes` of output plus one status line and one cut line.
 
+The sandbox dies with this process (`die_with_parent`: steps run in the environment process's one thread): the
+host kills an environment whose step outlives `env.step_timeout_s`, or that is busy at close, and its tool call
+must not run on without a supervisor.
+
 A backend that would run the code without namespaces (`process` without root: rlimits only, the host's files
 readable as this user) is refused unless `allow_unisolated` is set: a tool call's output goes back to the model,
 so what the sandbox can read, the policy reads.
@@ -200,7 +204,7 @@ class CodeInterpreter(Environment):
         if self.tool_calls >= self.max_tool_calls:
             return EnvStep(NO_CALLS_LEFT, info={"tool_calls": self.tool_calls, "status": "refused"})
         self.tool_calls += 1
-        result = run_python(blocks[-1], limits=self.limits, backend=self.backend)
+        result = run_python(blocks[-1], limits=self.limits, backend=self.backend, die_with_parent=True)
         return EnvStep(tool_observation(result, self.max_output_bytes),
                        info={"tool_calls": self.tool_calls, "status": result.status, "tool_s": result.duration_s})
 
