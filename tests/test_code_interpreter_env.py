@@ -37,7 +37,7 @@ def fenced(code: str) -> str:
 
 @pytest.fixture
 def environments():
-    """Builds environments and closes them after the test (their answer checker is a child process)."""
+    """Builds environments and closes them after the test."""
     made = []
 
     def make(**settings) -> CodeInterpreter:
@@ -97,6 +97,15 @@ def test_a_wrong_answer_gets_zero_and_so_does_an_expression(environments):
     copied = environment.step(f"{ANSWER_MARKER} {base}**{power}")  # not a literal: the model has to compute
     assert (copied.done, copied.reward) == (True, 0.0)
     assert environment.step(f"{ANSWER_MARKER} {environment.gold}").reward == 1.0
+
+
+@pytest.mark.parametrize("written, reward", [("$GOLD$", 1.0), ("\\boxed{GOLD}", 1.0), ("  GOLD  ", 1.0),
+                                              ("GOLD.5", 0.0), ("GOLD or 3", 0.0), ("", 0.0), ("9" * 5000, 0.0)])
+def test_answers_are_read_as_the_math_reward_reads_a_literal_integer(environments, written, reward):
+    environment = environments()
+    environment.reset(3)
+    final = environment.step(f"{ANSWER_MARKER} {written.replace('GOLD', environment.gold)}")
+    assert (final.done, final.reward) == (True, reward)
 
 
 def test_the_same_seed_is_the_same_problem_and_seeds_cover_every_family():

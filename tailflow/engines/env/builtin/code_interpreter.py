@@ -10,12 +10,15 @@
 The task comes from the seed alone: one of a few families of questions whose answer is one integer that wants
 computation (the n-th prime, primes below n, the digit sum of a power, Collatz steps, a Fibonacci number mod m, a
 sum of powers mod m), with constants drawn from `random.Random(f"code-interpreter:{seed}")`, so a GRPO group
-shares its problem. Each family is written once, as the program that answers it (`Problem.solution`); the gold is
-that program run here, on the trusted side, at reset (a few ms). Why these and not the code task's problems: an
-answer that is one integer is checked by the math reward as it stands (`MathReward`, marker `ANSWER:`, literal
-answers only, so `ANSWER: 7**300` scores 0 and the model has to compute), and it is out of reach of mental
-arithmetic, so the tool is what gets the reward. A code problem's answer is a program, checked by a test runner
-and a second sandbox: a different environment.
+shares its problem. Each family is written once, as the program that answers it (`Question.solution`); the gold is
+that program run here, on the trusted side, at reset (a few ms). Why these and not the code task's problems: the
+answer is one integer, out of reach of mental arithmetic, so the tool is what gets the reward, and it is checked
+by the math reward's rule as it stands for an integer: the last line after the marker, `$...$` / `\\boxed{}`
+unwrapped (`answer_list.unwrapped`), a literal integer (`is_literal_answer`'s rule: `ANSWER: 7**300` scores 0, the
+model has to compute) equal to the gold, which is what math-verify concludes for two integers. It runs in-process,
+not through `MathReward`: that starts a math-verify child per instance, here one per trajectory (measured ~1 s and
+~60 MB each on this machine) to compare two integers. A code problem's answer is a program, checked by a test
+runner and a second sandbox: a different environment.
 
 Turns (`step`):
 - the last non-empty line starts with `ANSWER:`: the final answer; checked, and the task is over (done), any code
@@ -55,11 +58,14 @@ import re
 from dataclasses import dataclass
 
 from tailflow.engines.env.environment import EnvStep, Environment, InvalidAction
+from tailflow.engines.reward.answer_list import unwrapped
 from tailflow.engines.reward.code.extract import PYTHON_TAGS, fenced_blocks
 from tailflow.engines.reward.sandbox import SandboxLimits, SandboxResult, resolve_backend, run_python
 
 ANSWER_MARKER = "ANSWER:"
 NO_CALLS_LEFT = "[no tool calls left: write ANSWER: <integer>]\n"
+INTEGER = re.compile(r"-?\d{1,256}")
+"""A literal integer answer; 256 digits bound the comparison (int() of a longer string is refused by Python)."""
 MIN_READ_BYTES = 64 << 10
 """Each stream is read up to max(this, `max_output_bytes`), and the run killed past it: the observation is cut
 here, on this side, so a program with a long traceback still reads as its exit code, not as killed for output."""
@@ -158,9 +164,7 @@ class CodeInterpreter(Environment):
 
     def __init__(self, backend: str = "auto", timeout_s: float = 5.0, cpu_time_s: int = 0, memory_mb: int = 512,
                  max_processes: int = 16, max_file_mb: int = 4, max_output_bytes: int = 1024,
-                 max_tool_calls: int = 8, answer_timeout_s: float = 5.0, allow_unisolated: bool = False) -> None:
-        from tailflow.engines.reward.math import MathReward
-
+                 max_tool_calls: int = 8, allow_unisolated: bool = False) -> None:
         self.backend = resolve_backend(backend)
         if self.backend == "process" and not allow_unisolated:
             from tailflow.engines.reward.sandbox.process import namespaces_available
@@ -177,7 +181,6 @@ class CodeInterpreter(Environment):
         if max_tool_calls < 0:
             raise ValueError(f"code interpreter: max_tool_calls must be >= 0, got {max_tool_calls}")
         self.max_tool_calls = max_tool_calls
-        self.checker = MathReward(answer_marker=ANSWER_MARKER, timeout_s=answer_timeout_s)
         self.problem: Question | None = None
         self.gold = ""
         self.tool_calls = 0
@@ -195,7 +198,8 @@ class CodeInterpreter(Environment):
             raise RuntimeError("step before reset")
         lines = [line.strip() for line in action.splitlines() if line.strip()]
         if lines and lines[-1].startswith(ANSWER_MARKER):
-            correct = self.checker.score(lines[-1], self.gold).correct
+            answer = unwrapped(lines[-1][len(ANSWER_MARKER):])
+            correct = INTEGER.fullmatch(answer) is not None and int(answer) == int(self.gold)
             return EnvStep("", reward=1.0 if correct else 0.0, done=True,
                            info={"correct": int(correct), "tool_calls": self.tool_calls})
         blocks = [body for tag, body in fenced_blocks(action) if tag.lower() in (*PYTHON_TAGS, "")]
@@ -207,6 +211,3 @@ class CodeInterpreter(Environment):
         result = run_python(blocks[-1], limits=self.limits, backend=self.backend, die_with_parent=True)
         return EnvStep(tool_observation(result, self.max_output_bytes),
                        info={"tool_calls": self.tool_calls, "status": result.status, "tool_s": result.duration_s})
-
-    def close(self) -> None:
-        self.checker.close()
