@@ -266,10 +266,12 @@ ATTACKS = {
                                  "        print('refused', pid, type(error).__name__, flush=True)\n", ("[",),
                                  "refused TEST_PID ProcessLookupError"),
     "a setsid daemon": ("import os, sys, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n"
-                        "        os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)  # MARKER'])"
-                        "\n    os._exit(0)\ntime.sleep(0.3)\nprint('started')", ("[ok]\nstarted",), ""),
-    "connect to the host's loopback": ("import socket\ntry:\n    socket.create_connection(('127.0.0.1', PORT), timeout=1)"
-                                       "\n    print('connected')\nexcept OSError as error:\n    print('refused')",
+                        "        os.execv(sys.executable, [sys.executable, '-c',\n"
+                        "                 'import time; time.sleep(60)  # MARKER'])\n"
+                        "    os._exit(0)\ntime.sleep(0.3)\nprint('started')", ("[ok]\nstarted",), ""),
+    "connect to the host's loopback": ("import socket\ntry:\n"
+                                       "    socket.create_connection(('127.0.0.1', PORT), timeout=1)\n"
+                                       "    print('connected')\nexcept OSError as error:\n    print('refused')",
                                        ("[ok]\nrefused",), ""),
 }
 """name -> (program, how its observation may start, what it must hold): tests/test_sandbox.py's process-level

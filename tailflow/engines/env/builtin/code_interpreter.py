@@ -189,8 +189,8 @@ class CodeInterpreter(Environment):
         self.problem, self.gold = problem_for(seed)
         self.tool_calls = 0
         return (f"{self.problem.question}\n\nYou may run Python: a turn that is a ```python code block is run in a "
-                f"fresh sandbox (standard library only, no network, nothing kept between runs, {self.limits.timeout_s:g} s, "
-                f"at most {self.max_tool_calls} runs) and you see its output, cut at "
+                "fresh sandbox (standard library only, no network, nothing kept between runs, "
+                f"{self.limits.timeout_s:g} s, at most {self.max_tool_calls} runs) and you see its output, cut at "
                 f"{self.max_output_bytes} bytes. End with a last line `{ANSWER_MARKER} <integer>`.\n")
 
     def step(self, action: str) -> EnvStep:
