@@ -1,2 +1,3 @@
-"""Environments that ship with tailflow: the calculator for the embedded arithmetic task, and a guessing game
-(the shortest complete example of the interface)."""
+"""Environments that ship with tailflow: the calculator for the embedded arithmetic task, a guessing game (the
+shortest complete example of the interface), and a code interpreter (Python tool calls in the reward's sandbox,
+then an integer answer)."""

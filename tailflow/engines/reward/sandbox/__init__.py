@@ -75,14 +75,15 @@ def launch(backend: str, workdir: str, limits: SandboxLimits, die_with_parent: b
 
 
 def run_python(code: str, stdin: str = "", limits: SandboxLimits = SandboxLimits(),
-               backend: str = "auto") -> SandboxResult:
-    """One run of `code` to its end (or its limits) in a fresh sandbox dir."""
+               backend: str = "auto", die_with_parent: bool = False) -> SandboxResult:
+    """One run of `code` to its end (or its limits) in a fresh sandbox dir. `die_with_parent`: `launch`'s, for a
+    caller that may be killed mid-run and calls from one long-lived thread (an environment process's tool call)."""
     from tailflow.engines.reward.sandbox.process import supervised, to_result
 
     backend = resolve_backend(backend)
     with tempfile.TemporaryDirectory(prefix="tailflow-sandbox-") as workdir:
         (Path(workdir) / "main.py").write_text(code)
-        launched = launch(backend, workdir, limits)
+        launched = launch(backend, workdir, limits, die_with_parent)
         return to_result(supervised(launched, stdin.encode(), limits.timeout_s, limits.max_output_bytes),
                          launched.isolation, limits)
 
