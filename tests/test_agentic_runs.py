@@ -62,3 +62,21 @@ def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp
     state, rows = outcome(killed_dir, "agent")
     assert rows == clean_rows
     assert state.weights_sha256 == clean_state.weights_sha256 and state.tail == clean_state.tail
+
+
+@pytest.mark.vllm
+def test_an_agentic_run_on_the_vllm_engine_trains_on_its_trajectories(tmp_path, cli_env):
+    """The same agentic run with `rollout.engine: vllm` (vLLM's CPU build, in the vLLM CI run): each model turn is
+    a vLLM request over the whole conversation (its prefix cache, not kept slots, reuses the shared part), and the
+    trajectories train. Costs ~1-2 min here: one CLI run of 2 iterations, most of it Ray, the actors and the vLLM
+    engine starting; only a whole run shows the vLLM worker and the environment workers meeting."""
+    config = agentic_config(tmp_path)
+    config["rollout"]["engine"] = "vllm"
+    config["train"]["iterations"] = 2
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
+    result = run_cli(["train", "-c", str(tmp_path / "run.yaml"), "--run-id", "agent-vllm"], cli_env, hang_s=900)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert "vLLM engine: vLLM 0.32.0 on cpu" in result.stdout
+    state, rows = outcome(tmp_path, "agent-vllm")
+    assert state.iteration == 2 and len(rows) == 2
+    assert 0 < rows[0]["reward/mean"] <= 1
