@@ -95,3 +95,52 @@ def test_trace_records_a_trajectorys_turns_and_round_trips():
     assert {"stop", "turns", "env_reset_s"}.isdisjoint(responses[2])  # a single-turn response's keys as before
     assert parse_round(line, "t").prompts[0].responses == (kept, aborted, plain)
     assert json.loads(line)["format"] == FORMAT
+
+
+def agentic_row(iteration: int) -> dict:
+    """A single-turn row's keys the summaries read, then an agentic round's env/* keys."""
+    row = {"iteration": iteration, "time/step_total": 2.0, "time/step_generate": 1.0, "time/step_train": 0.5,
+           "reward/mean": 0.25, "token/response_length/mean": 12.0, "token/response_length/max": 20}
+    return row | env_metrics([DONE, MAX_TURNS, FAILED], [DONE, MAX_TURNS, FAILED, ABORTED],
+                             EnvCounters(failures={"timeout": 1}))
+
+
+def single_turn_row(iteration: int) -> dict:
+    return {key: value for key, value in agentic_row(iteration).items()
+            if not key.startswith("env/") and key != "token/observation_length/mean"}
+
+
+def test_console_line_and_closing_summary_show_turns_only_for_agentic_runs():
+    from tailflow.cli import environment_line
+    from tailflow.flows.run_log import progress_line
+    from tailflow.flows.training import env_summary
+
+    assert "turns mean 2.0" in progress_line(agentic_row(0))
+    assert "turns" not in progress_line(single_turn_row(0))
+    summary = env_summary([agentic_row(0), agentic_row(1)])
+    assert summary.turns_mean == pytest.approx(2.0) and summary.failures == 2
+    assert "2.0 turns per trajectory" in environment_line(summary) and "2 failures" in environment_line(summary)
+    assert env_summary([single_turn_row(0)]) is None and environment_line(None) == ""
+
+
+def test_iteration_artifact_and_run_table_show_the_environment_only_when_present():
+    from tailflow.engines.run_state import RunState
+    from tailflow.flows.artifacts import TABLE_COLUMNS, iteration_markdown, metrics_table
+
+    state = RunState(run_id="r")
+    text = iteration_markdown(agentic_row(0), state)
+    assert "2.00 turns per trajectory" in text and "1 failed calls" in text
+    assert "| `env_error` | 1 | 1 |" in text and "| `abort` | 0 | 1 |" in text and "`timeout`" not in text
+    assert "Environment" not in iteration_markdown(single_turn_row(0), state)
+    assert tuple(metrics_table([single_turn_row(0)])[0]) == TABLE_COLUMNS
+    assert "env/turns_mean" in metrics_table([agentic_row(0)])[0]
+
+
+def test_report_page_lists_environment_facts_only_for_agentic_runs():
+    from tailflow.engines.track.report import environment_facts, page_html
+
+    facts = dict(environment_facts([agentic_row(0), agentic_row(1)]))
+    assert facts["turns per trajectory (mean over iterations)"] == "2.00 (max 3)"
+    assert facts["environment failures (failed resets and steps)"] == "2"
+    assert environment_facts([single_turn_row(0)]) == []
+    assert "turns per trajectory" not in page_html("r", [single_turn_row(0)], [])
