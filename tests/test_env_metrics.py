@@ -144,3 +144,10 @@ def test_report_page_lists_environment_facts_only_for_agentic_runs():
     assert facts["environment failures (failed resets and steps)"] == "2"
     assert environment_facts([single_turn_row(0)]) == []
     assert "turns per trajectory" not in page_html("r", [single_turn_row(0)], [])
+
+
+def test_report_length_histogram_counts_a_trajectorys_model_tokens():
+    from tailflow.engines.track.report import model_length
+
+    assert model_length(traced_response(0, DONE, None, "kept", (0, 1)).to_dict()) == 5
+    assert model_length(traced_response(0, single("s", 7), None, "kept", (0, 1)).to_dict()) == 7

@@ -48,7 +48,8 @@ def read_rows(store: Any, run_id: str) -> list[dict[str, Any]]:
 
 
 def response_lengths(store: Any, run_id: str) -> dict[str, list[int]]:
-    """Lengths of responses that ended by themselves, by round kind (short, long, sync), from the trace."""
+    """Lengths of responses that ended by themselves, by round kind (short, long, sync), from the trace (a
+    trajectory's: its model tokens, as `token/response_length/*` counts them)."""
     key = rollout_trace_key(run_id)
     lengths: dict[str, list[int]] = {}
     if not store.exists(key):
@@ -57,9 +58,16 @@ def response_lengths(store: Any, run_id: str) -> dict[str, list[int]]:
         if line.strip():
             round_ = json.loads(line)
             lengths.setdefault(round_["round"], []).extend(
-                response["length"] for prompt in round_["prompts"] for response in prompt["responses"]
+                model_length(response) for prompt in round_["prompts"] for response in prompt["responses"]
                 if response["finish"] != "abort")
     return lengths
+
+
+def model_length(response: dict[str, Any]) -> int:
+    """A traced response's tokens the model sampled: its length, or a trajectory's turns' model tokens."""
+    if "turns" in response:
+        return sum(turn["model_tokens"] for turn in response["turns"])
+    return response["length"]
 
 
 def series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
