@@ -15,7 +15,10 @@ Per iteration (`env_metrics`):
 - over every trajectory that ended in the round, kept or not, aborted ones included: `env/stop_all/<reason>`
   and `env/step_s_mean` (seconds per environment step, resets excluded);
 - from the environment group's counters, the change since the previous iteration read them: `env/failures`
-  (failed resets and steps, every reason), `env/invalid_actions`, `env/cut_observations`.
+  (failed resets and steps, every reason), `env/invalid_actions`, `env/cut_observations`. They count every
+  environment call, not only the round's trajectories': the iteration's evaluation (read after it), iteration 0's
+  the initial evaluation too, and a step cut short when its trajectory was aborted (its closed environment fails
+  the step).
 """
 from __future__ import annotations
 
