@@ -17,7 +17,7 @@ Per iteration (`env_metrics`):
 - from the environment group's counters, the change since the previous iteration read them: `env/failures`
   (failed resets and steps, every reason), `env/invalid_actions`, `env/cut_observations`. They count every
   environment call, not only the round's trajectories': the iteration's evaluation (read after it), iteration 0's
-  the initial evaluation too, and a step cut short when its trajectory was aborted (its closed environment fails
+  the initial evaluation too, and, it seems, a step cut short when its trajectory was aborted (its closed environment fails
   the step).
 """
 from __future__ import annotations
