@@ -458,6 +458,14 @@ def print_run_report(report) -> None:
         print(f"  code timeout anchor: {report.reward_timeout_anchor_s:.3f}s (quantile of recent correct executions)")
 
 
+def environment_line(env) -> str:
+    """An agentic run's line of the closing summary (flows/training.EnvSummary); nothing for single-turn."""
+    if env is None:
+        return ""
+    return (f"  environment: {env.turns_mean:.1f} turns per trajectory, {env.step_s_mean * 1000:.1f} ms per step, "
+            f"{env.failures} failures\n")
+
+
 def print_summary(summary) -> None:
     final = summary.final_accuracy if summary.final_accuracy is not None else float("nan")
     print(
@@ -465,6 +473,7 @@ def print_summary(summary) -> None:
         f"  held-out greedy accuracy: {summary.initial_accuracy:.1%} -> {final:.1%} "
         f"({(final - summary.initial_accuracy) * 100:+.1f} points)\n"
         f"  mean step time: {summary.mean_step_seconds:.1f}s\n"
+        f"{environment_line(getattr(summary, 'env', None))}"
         f"  artifacts: {summary.run_dir}\n"
         f"    metrics: {summary.metrics_path}\n"
         f"    checkpoint: {summary.latest_checkpoint}"

@@ -72,6 +72,8 @@ def test_two_iterations_through_prefect(spine_run, tiny_model_dir):
                 "eval/accuracy", "actor/grad_norm", "rollout/bubble_ratio"):
         assert all(row[key] is not None for row in rows), key
     assert rows[0]["eval/accuracy_initial"] == summary.initial_accuracy
+    assert not [key for row in rows for key in row if key.startswith("env/") or key.startswith("token/observation")]
+    assert summary.env is None  # single-turn: no environment in the rows or the closing summary
     assert any(row["reward/mean"] > 0 for row in rows)  # there was a learning signal
     assert (run_dir / "config.yaml").read_text().startswith("model:")
     state = committed_state(tmp_path, "spine-test")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tailflow.engines.env.worker import EnvCounters
 from tailflow.engines.reward.scoring import ScoredRound
 from tailflow.engines.reward.timeouts import TimeoutAnchors
 from tailflow.engines.tail.state import TailState
@@ -53,6 +54,9 @@ class IterationOutcome:
     """Whether the reward runs code (then the metrics row carries the task anchor)."""
     is_async: bool
     """rollout.async_ratio > 0 (then the metrics row carries staleness and overlap)."""
+    env_counters: EnvCounters | None = None
+    """An agentic run's (`env` set): what its environment workers counted over this iteration
+    (`EnvGroup.counters_since_last_read`); then the metrics row carries `env/*`. None: a single-turn run."""
 
     @property
     def step_seconds(self) -> float:

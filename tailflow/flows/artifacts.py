@@ -39,6 +39,7 @@ def iteration_markdown(row: dict[str, Any], state: RunState) -> str:
         lines += [f"| `{entry.problem_id}` | {entry.times_deferred} | {entry.first_deferred_iteration} |"
                   for entry in queue[:5]]
     lines += staleness_lines(row, state)
+    lines += environment_lines(row)
     lines += ["", f"Latest checkpoint: `{state.latest_checkpoint or 'none yet'}`"]
     return "\n".join(lines)
 
@@ -55,6 +56,21 @@ def staleness_lines(row: dict[str, Any], state: RunState) -> list[str]:
     if state.pipeline is not None:
         lines += ["", f"Running ahead: {len(state.pipeline.rounds)} rounds, {len(state.pipeline.in_flight)} "
                       f"requests in flight (resubmitted after the weight sync)"]
+    return lines
+
+
+def environment_lines(row: dict[str, Any]) -> list[str]:
+    """Agentic runs: turns per trajectory, how trajectories ended, the environments' time and failures."""
+    if row.get("env/turns_mean") is None:
+        return []
+    lines = ["", f"Environment: {row['env/turns_mean']:.2f} turns per trajectory (max {row['env/turns_max']}), "
+                 f"{row['env/step_s_mean'] * 1000:.1f} ms per step, {row['env/failures']} failed calls, "
+                 f"{row['env/invalid_actions']} invalid actions, {row['env/cut_observations']} observations cut, "
+                 f"{row['env/dropped']} kept trajectories not trained", "",
+             "| stop reason | kept | all ended |", "| --- | --- | --- |"]
+    reasons = [name.rsplit("/", 1)[1] for name in row if name.startswith("env/stop_all/")]
+    lines += [f"| `{reason}` | {row.get(f'env/stop/{reason}', 0)} | {row[f'env/stop_all/{reason}']} |"
+              for reason in reasons if row.get(f"env/stop/{reason}") or row[f"env/stop_all/{reason}"]]
     return lines
 
 
@@ -98,11 +114,18 @@ TABLE_COLUMNS = ("iteration", "tail/round", "time/step_total", "time/step_genera
                  "token/response_length/max", "tail/long_queue_size", "time/reward_overlap_ratio", "eval/accuracy")
 
 
+ENV_COLUMNS = ("env/turns_mean", "env/step_s_mean", "env/failures", "env/dropped")
+"""Added to TABLE_COLUMNS in an agentic run (rows with env/* keys)."""
+
+
 def metrics_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The run's metrics, one row per iteration, the columns a person compares across iterations."""
     def cell(value: Any) -> Any:
         return round(value, 4) if isinstance(value, float) else value
-    return [{column: cell(row.get(column)) for column in TABLE_COLUMNS} for row in rows]
+    columns = TABLE_COLUMNS
+    if any(row.get("env/turns_mean") is not None for row in rows):
+        columns = (*TABLE_COLUMNS[:-1], *ENV_COLUMNS, TABLE_COLUMNS[-1])
+    return [{column: cell(row.get(column)) for column in columns} for row in rows]
 
 
 class RunArtifacts:

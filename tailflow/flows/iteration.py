@@ -45,6 +45,7 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
             tail=ctx.pipeline.tail,
             anchors=ctx.timeouts.updated(state.reward_anchors, scored.observed_times()),
             reports_anchor=ctx.reward.runs_code, is_async=ctx.pipeline.is_async,
+            env_counters=env_counters(ctx),
         )
         workers = ctx.rollout.take_membership()  # joins, leaves, migrations (elastic rollout workers)
         row = metrics_row(outcome, state.initial_eval_accuracy) | workers.metrics()
@@ -53,3 +54,9 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
         publish_iteration_summary(row, next_state)
         publish_rollout_membership(ctx.run_id, iteration, workers)
         return next_state
+
+
+def env_counters(ctx: RunContext):
+    """An agentic run's environment counts over this iteration (None: no environment workers, single-turn)."""
+    env_group = getattr(ctx.rollout, "env_group", None)
+    return env_group.counters_since_last_read() if env_group is not None else None

@@ -135,7 +135,8 @@ def print_start(ctx, state) -> None:
 
 def progress_line(row: dict[str, Any]) -> str:
     evaluated = f" | eval {row['eval/accuracy']:.1%}" if row.get("eval/accuracy") is not None else ""
+    turns = f" | turns mean {row['env/turns_mean']:.1f}" if row.get("env/turns_mean") is not None else ""
     return (f"[tailflow] iter {row['iteration']:04d} | step {row['time/step_total']:.1f}s "
             f"(gen {row['time/step_generate']:.1f}s, train {row['time/step_train']:.1f}s) | "
             f"reward {row['reward/mean']:.3f} | len mean {row['token/response_length/mean']:.0f} "
-            f"max {row['token/response_length/max']}{evaluated}")
+            f"max {row['token/response_length/max']}{turns}{evaluated}")

@@ -44,6 +44,26 @@ def run_name() -> str:
 
 
 @dataclass(frozen=True)
+class EnvSummary:
+    turns_mean: float
+    """Turns per kept trajectory, over every iteration's."""
+    step_s_mean: float
+    """Mean of the iterations' `env/step_s_mean`."""
+    failures: int
+    """Failed environment resets and steps, every iteration's."""
+
+
+def env_summary(rows: list[dict[str, Any]]) -> EnvSummary | None:
+    """From the metrics rows of an agentic run (those with `env/turns_mean`); None when no row has them."""
+    rows = [row for row in rows if row.get("env/turns_mean") is not None]
+    if not rows:
+        return None
+    return EnvSummary(sum(row["env/turns_mean"] for row in rows) / len(rows),
+                      sum(row["env/step_s_mean"] for row in rows) / len(rows),
+                      sum(row["env/failures"] for row in rows))
+
+
+@dataclass(frozen=True)
 class RunSummary:
     run_id: str
     run_dir: str
@@ -53,6 +73,8 @@ class RunSummary:
     mean_step_seconds: float
     latest_checkpoint: str | None
     metrics_path: str
+    env: EnvSummary | None = None
+    """An agentic run's environments over its iterations; None: single-turn."""
 
 
 @flow(name="rl_training", flow_run_name=run_name, retries=2, retry_delay_seconds=10,
@@ -206,4 +228,5 @@ def summarize(store, state: RunState, rows: list[dict[str, Any]]) -> RunSummary:
         mean_step_seconds=sum(r["time/step_total"] for r in rows) / max(len(rows), 1),
         latest_checkpoint=store.uri(state.latest_checkpoint) if state.latest_checkpoint else None,
         metrics_path=store.uri(metrics_key(state.run_id)),
+        env=env_summary(rows),
     )

@@ -17,6 +17,7 @@ import ray
 
 from tailflow.config import EnvConfig
 from tailflow.engines.env.worker import EnvCounters, EnvironmentWorker, EnvResetOutcome, EnvStepOutcome
+from tailflow.engines.track.env_metrics import counters_delta
 
 EXTRA_ACTOR_THREADS = 4
 """Actor threads beyond the step slots, so `counters` and `close` are answered while steps wait for a slot."""
@@ -29,6 +30,8 @@ class EnvGroup:
         self.workers = [actor_class.remote(config) for _ in range(config.num_workers)]
         self.placement: dict[str, int] = {}
         """Trajectory id -> index of the worker holding its environment."""
+        self.last_read = EnvCounters()
+        """The counters as `counters_since_last_read` last saw them."""
         ray.get([worker.ping.remote() for worker in self.workers])
 
     def worker_of(self, trajectory_id: str) -> int:
@@ -82,6 +85,13 @@ class EnvGroup:
         for counters in ray.get([worker.counters.remote() for worker in self.workers]):
             total = total.plus(counters)
         return total
+
+    def counters_since_last_read(self) -> EnvCounters:
+        """What the workers counted since the previous call (since they started, the first time): an
+        iteration's `env/failures`, `env/invalid_actions` and `env/cut_observations`."""
+        now = self.counters()
+        delta, self.last_read = counters_delta(now, self.last_read), now
+        return delta
 
     def worker_counters(self) -> list[EnvCounters]:
         return ray.get([worker.counters.remote() for worker in self.workers])

@@ -48,7 +48,8 @@ def read_rows(store: Any, run_id: str) -> list[dict[str, Any]]:
 
 
 def response_lengths(store: Any, run_id: str) -> dict[str, list[int]]:
-    """Lengths of responses that ended by themselves, by round kind (short, long, sync), from the trace."""
+    """Lengths of responses that ended by themselves, by round kind (short, long, sync), from the trace (a
+    trajectory's: its model tokens, as `token/response_length/*` counts them)."""
     key = rollout_trace_key(run_id)
     lengths: dict[str, list[int]] = {}
     if not store.exists(key):
@@ -57,9 +58,16 @@ def response_lengths(store: Any, run_id: str) -> dict[str, list[int]]:
         if line.strip():
             round_ = json.loads(line)
             lengths.setdefault(round_["round"], []).extend(
-                response["length"] for prompt in round_["prompts"] for response in prompt["responses"]
+                model_length(response) for prompt in round_["prompts"] for response in prompt["responses"]
                 if response["finish"] != "abort")
     return lengths
+
+
+def model_length(response: dict[str, Any]) -> int:
+    """A traced response's tokens the model sampled: its length, or a trajectory's turns' model tokens."""
+    if "turns" in response:
+        return sum(turn["model_tokens"] for turn in response["turns"])
+    return response["length"]
 
 
 def series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
@@ -129,6 +137,19 @@ def png(draw: Callable[[Any], None]) -> bytes:
         plt.close(figure)
 
 
+def environment_facts(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """An agentic run's lines of the page's table (rows with `env/*`); none for a single-turn run."""
+    rows = [row for row in rows if row.get("env/turns_mean") is not None]
+    if not rows:
+        return []
+    turns = sum(row["env/turns_mean"] for row in rows) / len(rows)
+    step_ms = 1000 * sum(row["env/step_s_mean"] for row in rows) / len(rows)
+    return [("turns per trajectory (mean over iterations)", f"{turns:.2f} (max {max(r['env/turns_max'] for r in rows)})"),
+            ("environment step (mean)", f"{step_ms:.1f} ms"),
+            ("environment failures (failed resets and steps)", str(sum(row["env/failures"] for row in rows))),
+            ("kept trajectories not trained (env/dropped)", str(sum(row["env/dropped"] for row in rows)))]
+
+
 def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, bytes]]) -> str:
     """The page, its plots (title, PNG bytes) inlined: one URL shows everything, e.g. a link presigned for
     report.html alone on a private bucket (flows/links.py), where the plots' own URLs would answer 403."""
@@ -136,6 +157,7 @@ def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, by
     rounds = "".join("L" if row.get("tail/round") == 1 else "S" for row in rows)
     facts = [("iterations committed", str(len(rows))), ("rounds (S short, L long)", rounds or "-"),
              ("last held-out accuracy", f"{evals[-1]:.1%}" if evals else "-")]
+    facts += environment_facts(rows)
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
     images = "".join(f'<figure><img src="data:image/png;base64,{base64.b64encode(data).decode()}" '
                      f'alt="{html.escape(title)}"></figure>' for title, data in plots)

@@ -11,6 +11,16 @@ prompt left it (`tail.continue_deferred`) has `"continued": n`, the tokens it
 carried over (its `length` counts them; a carried response that had finished
 has `step` null); a response that started in its own round has no such key.
 
+A multi-turn trajectory (an agentic run, `env` set) also has `"stop"`, its `StopReason` (`done`, `max_turns`,
+..., `abort`), `"env_reset_s"`, the seconds its environment's reset took, and `"turns"`, one entry a turn:
+
+    {"reward": 0.0, "env_s": 0.003, "model_tokens": 12, "observation_tokens": 9}
+
+`env_s` is the environment's step after that turn (0.0 where the environment never saw it: a cut or aborted
+turn); `model_tokens` and `observation_tokens` split the trajectory's `length`, which counts both (both 0 in the
+one case its mask cannot tell the turns apart: a turn without a model token). A single-turn response has none of
+these keys.
+
 `outcome` is `kept` (trained on), `finished` (ended by itself but not trained:
 its prompt was deferred, or it finished after its prompt had R0) or `aborted`
 (discarded by the rule). An aborted response with `finish` `abort` was stopped
@@ -39,6 +49,7 @@ from tailflow.engines.rollout.protocol import Completion, FinishReason
 from tailflow.engines.runs.layout import rollout_trace_key
 from tailflow.engines.store import ArtifactStore
 from tailflow.engines.tail.taken import TakenRound
+from tailflow.engines.track.env_metrics import turn_tokens
 
 FORMAT = "tailflow-rollout-trace/1"
 OUTCOMES = ("kept", "finished", "aborted")
@@ -46,6 +57,17 @@ OUTCOMES = ("kept", "finished", "aborted")
 
 class TraceError(ValueError):
     """A trace file that cannot be read; the message names the file, line and field."""
+
+
+@dataclass(frozen=True)
+class TraceTurn:
+    """One model turn of a multi-turn trajectory and the environment's answer."""
+
+    reward: float
+    env_s: float
+    """Seconds of the environment's step after this turn (0.0: it never saw the turn)."""
+    model_tokens: int
+    observation_tokens: int
 
 
 @dataclass(frozen=True)
@@ -59,12 +81,19 @@ class TraceResponse:
     outcome: str
     continued: int = 0
     """Tokens carried from the round that deferred its prompt (tail.continue_deferred); 0: started here."""
+    stop: str | None = None
+    """A multi-turn trajectory's stop reason (`env/trajectory.StopReason`); None: a single-turn response."""
+    env_reset_s: float | None = None
+    turns: tuple[TraceTurn, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form: `continued` only where it is not 0 (rows of runs without it stay as they were)."""
+        """The JSON form: `continued` only where it is not 0, the trajectory's keys only for a trajectory (rows of
+        runs without them stay as they were)."""
         row = asdict(self)
         if not self.continued:
             del row["continued"]
+        if self.stop is None:
+            del row["stop"], row["env_reset_s"], row["turns"]
         return row
 
 
@@ -134,7 +163,10 @@ def parse_prompt(data: dict[str, Any]) -> TracePrompt:
     responses = tuple(TraceResponse(int(r["index"]), int(r["length"]), str(r["finish"]),
                                     None if r.get("step") is None else int(r["step"]),
                                     None if r.get("worker") is None else int(r["worker"]), str(r["outcome"]),
-                                    int(r.get("continued", 0)))
+                                    int(r.get("continued", 0)), None if r.get("stop") is None else str(r["stop"]),
+                                    None if r.get("env_reset_s") is None else float(r["env_reset_s"]),
+                                    tuple(TraceTurn(float(t["reward"]), float(t["env_s"]), int(t["model_tokens"]),
+                                                    int(t["observation_tokens"])) for t in r.get("turns", ())))
                       for r in data["responses"])
     for response in responses:
         if response.outcome not in OUTCOMES:
@@ -192,7 +224,26 @@ def trace_of(taken: TakenRound, max_new_tokens: int) -> TraceRound:
 def traced_response(index: int, finished: Completion | None, partial: Completion | None, outcome: str,
                     step: tuple[int | None, int | None]) -> TraceResponse:
     if finished is None:  # stopped by the rule before it finished (or lost): its length is a lower bound
-        return TraceResponse(index, len(partial.token_ids) if partial else 0, "abort", None, None, "aborted")
+        response = TraceResponse(index, len(partial.token_ids) if partial else 0, "abort", None, None, "aborted")
+        return with_turns(response, partial)
     # finished: kept, not kept, or finished in the same poll as the abort that discarded it (its length is exact)
     worker, engine_step = step
-    return TraceResponse(index, len(finished.token_ids), finished.finish_reason.value, engine_step, worker, outcome)
+    response = TraceResponse(index, len(finished.token_ids), finished.finish_reason.value, engine_step, worker,
+                             outcome)
+    return with_turns(response, finished)
+
+
+def with_turns(response: TraceResponse, completion: Completion | None) -> TraceResponse:
+    """A trajectory's response with its stop reason and turns; a single-turn one (no outcome) as it is."""
+    if completion is None or completion.outcome is None:
+        return response
+    outcome = completion.outcome
+    tokens = turn_tokens(completion)
+    if len(tokens) != outcome.num_turns:  # a turn without a model token hides in the mask: counts unknown
+        tokens = [None] * outcome.num_turns
+    steps = outcome.env_step_s[1:]
+    turns = tuple(TraceTurn(reward, steps[i] if i < len(steps) else 0.0,
+                            t.model if t else 0, t.observation if t else 0)
+                  for i, (reward, t) in enumerate(zip(outcome.turn_rewards, tokens)))
+    return replace(response, stop=outcome.stop_reason.value,
+                   env_reset_s=outcome.env_step_s[0] if outcome.env_step_s else 0.0, turns=turns)

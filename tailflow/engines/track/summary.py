@@ -5,6 +5,7 @@ from typing import Any
 
 from tailflow.engines.outcome import IterationOutcome
 from tailflow.engines.tail.taken import OverlapStats, TakenRound
+from tailflow.engines.track.env_metrics import env_metrics, model_token_count
 from tailflow.engines.track.tail_bias import tail_bias
 from tailflow.engines.train.samples import num_zero_signal_groups
 
@@ -13,7 +14,7 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
     """`initial_eval_accuracy` goes into row 0 only (the run's starting point on the same plots)."""
     scored, taken = outcome.scored, outcome.taken
     responses = [response for group in scored.groups for response in group.responses]
-    lengths = [len(response.completion.token_ids) for response in responses]
+    lengths = [model_token_count(response.completion) for response in responses]  # a trajectory's: the model's
     row: dict[str, Any] = {
         "iteration": outcome.iteration,
         "time/eval": outcome.evaluated.seconds if outcome.evaluated is not None else 0.0,
@@ -41,6 +42,10 @@ def metrics_row(outcome: IterationOutcome, initial_eval_accuracy: float | None) 
         row["eval/accuracy_initial"] = initial_eval_accuracy
     if outcome.is_async:
         row.update(async_metrics(taken, outcome.overlap, outcome.stopped_at_sync))
+    if outcome.env_counters is not None:
+        kept = [response.completion for response in responses]
+        ended = {c.request_id: c for c in [*taken.aborted, *taken.finished]}  # one that finished as it was aborted
+        row.update(env_metrics(kept, list(ended.values()), outcome.env_counters))
     return row
 
 
