@@ -1,17 +1,20 @@
 """Agentic runs end to end: `tailflow train` on the built-in calculator environment (environment workers on Ray,
 each trajectory's environment in its own process, a TrajectoryEngine in the rollout worker), SIGKILLed mid-run and
-resumed, must end bit for bit where the uninterrupted run does: same weights, same metrics rows. Environments are
+resumed, must end bit for bit where the uninterrupted run does: same weights, same metrics rows; and the clean run's
+metrics rows agree with its rollout trace, trajectory by trajectory. Environments are
 seeded per task and their calls answered in lockstep with the engine's steps (rollout/trajectory_engine.py), so
 nothing a resume re-runs can come out differently.
 """
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
 import yaml
 
 from durable_cli import outcome, run_cli
+from tailflow.engines.env.trajectory import StopReason
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.flows.setup import shipped_warmstart_dir
@@ -48,6 +51,7 @@ def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp
 
     result = run_cli(["train", "-c", str(clean_dir / "run.yaml"), "--run-id", "agent"], cli_env)
     assert result.returncode == 0, result.stdout[-4000:]
+    check_reports(clean_dir / "agent", result.stdout, prompts=4, trajectories=4)
     clean_state, clean_rows = outcome(clean_dir, "agent")
     assert clean_state.iteration == 3 and len(clean_rows) == 3
     assert 0 < clean_rows[0]["reward/mean"] <= 1  # trajectories were paid by their environment
@@ -62,6 +66,32 @@ def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp
     state, rows = outcome(killed_dir, "agent")
     assert rows == clean_rows
     assert state.weights_sha256 == clean_state.weights_sha256 and state.tail == clean_state.tail
+
+
+def check_reports(run_dir, stdout: str, prompts: int, trajectories: int) -> None:
+    """What an agentic run shows of itself: every metrics row against its round's rollout trace (stop counts,
+    turns, model and observation tokens), and the closing summary's environment line."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    trace = [json.loads(line) for line in (run_dir / "rollout_trace.jsonl").read_text().splitlines()]
+    assert len(rows) == len(trace)
+    for row, round_ in zip(rows, trace):
+        kept = [r for p in round_["prompts"] for r in p["responses"] if r["outcome"] == "kept"]
+        ended = [r for p in round_["prompts"] for r in p["responses"]]
+        assert len(kept) == prompts * trajectories
+        assert sum(row[f"env/stop/{reason.value}"] for reason in StopReason) == len(kept)
+        for reason in StopReason:
+            assert row[f"env/stop/{reason.value}"] == sum(r["stop"] == reason.value for r in kept)
+            assert row[f"env/stop_all/{reason.value}"] == sum(r.get("stop") == reason.value for r in ended)
+        turns = [len(r["turns"]) for r in kept]
+        assert row["env/turns_mean"] == pytest.approx(sum(turns) / len(turns)) and row["env/turns_max"] == max(turns)
+        model = [sum(t["model_tokens"] for t in r["turns"]) for r in kept]
+        observed = [sum(t["observation_tokens"] for t in r["turns"]) for r in kept]
+        assert [m + o for m, o in zip(model, observed)] == [r["length"] for r in kept]
+        assert row["token/response_length/mean"] == pytest.approx(sum(model) / len(model))
+        assert row["token/response_length/max"] == max(model)
+        assert row["token/observation_length/mean"] == pytest.approx(sum(observed) / len(observed))
+        assert row["time/env_step_s_mean"] > 0 and row["env/failures"] >= 0 and row["env/dropped"] >= 0
+    assert "turns per trajectory" in stdout  # the closing summary's environment line
 
 
 @pytest.mark.vllm

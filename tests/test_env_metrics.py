@@ -56,14 +56,14 @@ def test_env_metrics_over_kept_and_ended_trajectories():
     assert row["env/dropped"] == 1  # the environment's failure is not trained
     assert row["env/reward_mean"] == pytest.approx(0.5)  # over the trained ones: (1 + 0) / 2
     steps = [0.02, 0.04, 0.1, 0.1, 0.1, 0.3, 0.5]  # every step of every trajectory that ended, resets excluded
-    assert row["env/step_s_mean"] == pytest.approx(sum(steps) / len(steps))
+    assert row["time/env_step_s_mean"] == pytest.approx(sum(steps) / len(steps))
     assert (row["env/failures"], row["env/invalid_actions"], row["env/cut_observations"]) == (3, 3, 1)
     assert row["token/observation_length/mean"] == pytest.approx((4 + 4 + 0) / 3)
 
 
 def test_env_metrics_of_a_round_without_trajectories_are_zeros():
     row = env_metrics([], [], EnvCounters())
-    assert row["env/turns_mean"] == 0.0 and row["env/turns_max"] == 0 and row["env/step_s_mean"] == 0.0
+    assert row["env/turns_mean"] == 0.0 and row["env/turns_max"] == 0 and row["time/env_step_s_mean"] == 0.0
     assert row["env/reward_mean"] == 0.0 and row["token/observation_length/mean"] == 0.0
 
 

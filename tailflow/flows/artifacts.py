@@ -64,7 +64,7 @@ def environment_lines(row: dict[str, Any]) -> list[str]:
     if row.get("env/turns_mean") is None:
         return []
     lines = ["", f"Environment: {row['env/turns_mean']:.2f} turns per trajectory (max {row['env/turns_max']}), "
-                 f"{row['env/step_s_mean'] * 1000:.1f} ms per step, {row['env/failures']} failed calls, "
+                 f"{row['time/env_step_s_mean'] * 1000:.1f} ms per step, {row['env/failures']} failed calls, "
                  f"{row['env/invalid_actions']} invalid actions, {row['env/cut_observations']} observations cut, "
                  f"{row['env/dropped']} kept trajectories not trained", "",
              "| stop reason | kept | all ended |", "| --- | --- | --- |"]
@@ -114,7 +114,7 @@ TABLE_COLUMNS = ("iteration", "tail/round", "time/step_total", "time/step_genera
                  "token/response_length/max", "tail/long_queue_size", "time/reward_overlap_ratio", "eval/accuracy")
 
 
-ENV_COLUMNS = ("env/turns_mean", "env/step_s_mean", "env/failures", "env/dropped")
+ENV_COLUMNS = ("env/turns_mean", "time/env_step_s_mean", "env/failures", "env/dropped")
 """Added to TABLE_COLUMNS in an agentic run (rows with env/* keys)."""
 
 

@@ -48,7 +48,7 @@ class EnvSummary:
     turns_mean: float
     """Turns per kept trajectory, over every iteration's."""
     step_s_mean: float
-    """Mean of the iterations' `env/step_s_mean`."""
+    """Mean of the iterations' `time/env_step_s_mean`."""
     failures: int
     """Failed environment resets and steps, every iteration's."""
 
@@ -59,7 +59,7 @@ def env_summary(rows: list[dict[str, Any]]) -> EnvSummary | None:
     if not rows:
         return None
     return EnvSummary(sum(row["env/turns_mean"] for row in rows) / len(rows),
-                      sum(row["env/step_s_mean"] for row in rows) / len(rows),
+                      sum(row["time/env_step_s_mean"] for row in rows) / len(rows),
                       sum(row["env/failures"] for row in rows))
 
 

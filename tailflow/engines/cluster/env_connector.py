@@ -46,7 +46,12 @@ class RemoteEnvironments:
         return [reply_of(outcome) for outcome in outcomes]
 
     def close(self, key: str) -> None:
-        self.pending.pop(key, None)
+        """End `key`'s environment. A call still running is waited for first (at most its timeout): closing under
+        it would kill it mid-step and count a failure that depends on timing, which a resumed run would not
+        repeat; awaited, the counters are a function of the seeds."""
+        pending = self.pending.pop(key, None)
+        if pending is not None:
+            ray.wait([pending])
         index = self.placement.pop(key, None)
         if index is not None:
             self.workers[index].close.remote(key)  # unknown (already ended there) ids are ignored by the worker

@@ -13,7 +13,7 @@ Per iteration (`env_metrics`):
   over the trained ones: the reward the gradient sees), `token/observation_length/mean` (environment tokens per
   trajectory);
 - over every trajectory that ended in the round, kept or not, aborted ones included: `env/stop_all/<reason>`
-  and `env/step_s_mean` (seconds per environment step, resets excluded);
+  and `time/env_step_s_mean` (seconds per environment step, resets excluded);
 - from the environment group's counters, the change since the previous iteration read them: `env/failures`
   (failed resets and steps, every reason), `env/invalid_actions`, `env/cut_observations`. They count every
   environment call, not only the round's trajectories': the iteration's evaluation (read after it), iteration 0's
@@ -108,7 +108,7 @@ def env_metrics(kept: Sequence[Completion], ended: Sequence[Completion], counter
         **stop_counts(ended, "env/stop_all"),
         "env/dropped": len(trajectories) - len(trained),
         "env/reward_mean": sum(c.outcome.reward for c in trained) / len(trained) if trained else 0.0,
-        "env/step_s_mean": sum(steps) / len(steps) if steps else 0.0,
+        "time/env_step_s_mean": sum(steps) / len(steps) if steps else 0.0,
         "env/failures": sum(counters.failures.values()),
         "env/invalid_actions": counters.invalid_actions,
         "env/cut_observations": counters.cut_observations,

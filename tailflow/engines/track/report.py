@@ -143,7 +143,7 @@ def environment_facts(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
     if not rows:
         return []
     turns = sum(row["env/turns_mean"] for row in rows) / len(rows)
-    step_ms = 1000 * sum(row["env/step_s_mean"] for row in rows) / len(rows)
+    step_ms = 1000 * sum(row["time/env_step_s_mean"] for row in rows) / len(rows)
     return [("turns per trajectory (mean over iterations)", f"{turns:.2f} (max {max(r['env/turns_max'] for r in rows)})"),
             ("environment step (mean)", f"{step_ms:.1f} ms"),
             ("environment failures (failed resets and steps)", str(sum(row["env/failures"] for row in rows))),
