@@ -507,17 +507,17 @@ class RunConfig(Section):
         return self
 
     def _check_multi_turn_modes(self) -> None:
-        """What multi-turn trajectories cannot do yet: continue from their tokens (an environment's state is not in
-        them), which partial async rollouts, tail.continue_deferred and an elastic group's migration all do."""
-        refused = [(self.rollout.async_ratio > 0 and self.rollout.partial, "rollout.partial",
-                    "set rollout.partial false (in-flight trajectories then start over at a weight sync)"),
-                   (self.tail.continue_deferred, "tail.continue_deferred", "set tail.continue_deferred false"),
+        """What multi-turn trajectories cannot do yet. A partial async rollout continues an aborted trajectory by
+        replaying its turns into a fresh environment (rollout/trajectory_engine.py); tail.continue_deferred's
+        carried responses and an elastic group's migration (built from the tokens a worker streamed) do not hold
+        a trajectory's turns yet."""
+        refused = [(self.tail.continue_deferred, "tail.continue_deferred", "set tail.continue_deferred false"),
                    (self.rollout.elastic, "rollout.elastic",
                     "set rollout.elastic false (a lost rollout worker then restarts the iteration)")]
         for is_set, key, fix in refused:
             if is_set:
-                raise ValueError(f"{key} continues requests from their tokens, which a multi-turn trajectory (env) "
-                                 f"cannot do: its environment's state is not in its tokens; {fix}")
+                raise ValueError(f"{key} continues requests from what it kept of their tokens, which does not hold a "
+                                 f"multi-turn trajectory's turns (env) yet; {fix}")
 
     @model_validator(mode="after")
     def _check_importance_correction(self) -> "RunConfig":

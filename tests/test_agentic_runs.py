@@ -24,9 +24,11 @@ pytestmark = pytest.mark.slow
 CALCULATOR = "tailflow.engines.env.builtin.calculator:Calculator"
 
 
-def agentic_config(storage) -> dict:
+def agentic_config(storage, asynchronous: bool = False) -> dict:
     """3 iterations of 4 tasks x 4 trajectories, tail batching (a long round at iteration 2), one rollout worker
-    (bit for bit), one environment worker, one trainer rank."""
+    (bit for bit), one environment worker, one trainer rank. `asynchronous`: one round ahead of training, a fixed
+    number of engine steps per train step (deterministic), the trajectories in flight at each weight sync
+    continued under the new weights (partial; replayed into fresh environments)."""
     return {
         "model": {"path": str(shipped_warmstart_dir())},
         "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
@@ -37,17 +39,25 @@ def agentic_config(storage) -> dict:
         "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
         "reward": {"max_workers": 1},
         "storage": {"uri": str(storage)},
-    }
+    } | ({"rollout": {"n": 4, "num_slots": 24, "elastic": False, "async_ratio": 1, "partial": True,
+                      "async_steps_per_train": 6},
+          "train": {"iterations": 3, "eval_every": 2, "num_workers": 1, "lr": 2e-4, "loss": "decoupled_ppo"}}
+         if asynchronous else {})
 
 
 def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, cli_env):
     """Costs ~2.5-4.5 min here (4 min 32 s with two other jobs running): three CLI runs (the clean one, one SIGKILLed in iteration 1's train phase, its
     resume), each starting Ray, the rollout, trainer, reward and environment actors and the Prefect flow. A
-    SIGKILL needs a process of its own, and only a whole run shows that the resumed trajectories match."""
+    SIGKILL needs a process of its own, and only a whole run shows that the resumed trajectories match.
+
+    The run is asynchronous with partial rollouts, the mode with the most to resume: trajectories stopped at a
+    weight sync and continued (their turns replayed into fresh environments), and at the kill the ones in
+    flight, committed with the run and continued by the resumed one. The synchronous agentic path runs in the
+    vLLM test and in configs/agentic.yaml; a second resume test for it would cost another ~3 min."""
     clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
     for storage in (clean_dir, killed_dir):
         storage.mkdir()
-        (storage / "run.yaml").write_text(yaml.safe_dump(agentic_config(storage)))
+        (storage / "run.yaml").write_text(yaml.safe_dump(agentic_config(storage, asynchronous=True)))
 
     result = run_cli(["train", "-c", str(clean_dir / "run.yaml"), "--run-id", "agent"], cli_env)
     assert result.returncode == 0, result.stdout[-4000:]
@@ -55,11 +65,18 @@ def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp
     clean_state, clean_rows = outcome(clean_dir, "agent")
     assert clean_state.iteration == 3 and len(clean_rows) == 3
     assert 0 < clean_rows[0]["reward/mean"] <= 1  # trajectories were paid by their environment
+    # trajectories were stopped at a weight sync and trained after continuing under newer weights
+    assert sum(row["async/requests_stopped_at_sync"] for row in clean_rows) > 0
+    assert sum(row["async/mixed_version_responses"] for row in clean_rows) > 0
 
     train = ["train", "-c", str(killed_dir / "run.yaml"), "--run-id", "agent"]
     result = run_cli(train, cli_env, "crash-train@1")
     assert result.returncode == -signal.SIGKILL, result.stdout[-3000:]
-    assert read_committed_state(LocalStore(killed_dir), "agent").iteration == 1
+    committed = read_committed_state(LocalStore(killed_dir), "agent")
+    assert committed.iteration == 1
+    in_flight = committed.pipeline.in_flight  # what the resumed run continues: trajectories, with their turns
+    assert any(c.token_ids for c in in_flight) and all(c.outcome.stop_reason is StopReason.ABORT for c in in_flight)
+    assert all(len(c.response_mask) == len(c.token_ids) for c in in_flight)
     result = run_cli(train, cli_env)
     assert result.returncode == 0, result.stdout[-4000:]
 

@@ -1,14 +1,18 @@
 """`TrajectoryEngine` as a rollout engine: a request in, one trajectory's completion out (mask, outcome, versions),
-aborted from outside with its turns so far, reported in flight between turns, and refusing what would break a
-trajectory (new weights between its turns, a continuation from a prefix). A tiny random Qwen2, in process."""
+aborted from outside with its turns so far and continued from them (replayed into a fresh environment) to what
+the uninterrupted trajectory is, reported in flight between turns, and refusing what would break a trajectory
+(new weights between its turns, a single-turn prefix). A tiny random Qwen2, in process."""
 from __future__ import annotations
+
+from dataclasses import replace
 
 import pytest
 
 from engine_contract import one_thread  # noqa: F401 (autouse fixture)
 from test_multi_turn import EOS, STOPS, TOKENIZER, Counter, tiny_model
 from tailflow.engines.data.chat_turns import PlainTextTurns
-from tailflow.engines.env.trajectory import StopReason, TrainingRule
+from tailflow.engines.env.environment import EnvStep
+from tailflow.engines.env.trajectory import LastTurn, StopReason, TrainingRule
 from tailflow.engines.rollout import NativeEngine, SamplingParams
 from tailflow.engines.rollout.multi_turn import LocalEnvironments
 from tailflow.engines.rollout.protocol import FinishReason, Request, ResponsePrefix
@@ -107,7 +111,94 @@ def test_new_weights_between_turns_and_a_continuation_from_a_prefix_are_refused(
     engine.load_weights(engine.engine.runner.model.state_dict(), 1)  # between trajectories: fine
     prefixed = Request("p#9", PROMPT, SamplingParams(), problem_id="p", index=9,
                        prefix=ResponsePrefix((3,), (-0.5,), (0,)))
-    with pytest.raises(ValueError, match="cannot be continued from a ResponsePrefix"):
+    with pytest.raises(ValueError, match="single-turn response's"):
         engine.submit([prefixed])
     done = run_all(engine) if engine.has_unfinished() else {}
     assert done == {}
+
+
+def test_an_aborted_trajectory_continued_from_its_prefix_ends_as_the_uninterrupted_one():
+    """Stopped after every number of steps (inside a turn, while the environment answers, between turns), then
+    continued (`as_prefix`, replayed into a fresh environment), stopped again while replaying and continued
+    again: the same tokens, mask, log-probs, rewards and stop as the trajectory never stopped. The weights do not change here, so the continued turns must match."""
+    limits = TurnLimits(4, 16, 120, 128)
+
+    def fresh_engine() -> TrajectoryEngine:  # one slot for two trajectories: a turn may wait for it (ANSWERED)
+        inner = NativeEngine(tiny_model(), num_slots=1, max_seq_len=128, eos_token_ids=(EOS,))
+        return TrajectoryEngine(inner, LocalEnvironments(lambda key: Counter()), PlainTextTurns(TOKENIZER), limits)
+
+    engine = fresh_engine()
+    engine.submit(requests(2))
+    whole, steps = {}, 0
+    while engine.has_unfinished():
+        whole.update((c.request_id, c) for c in engine.step())
+        steps += 1
+    stood = set()
+    for stop_after in range(1, steps - 1):
+        engine = fresh_engine()
+        engine.submit(requests(2))
+        continued = {}
+        for _ in range(stop_after):
+            continued.update((c.request_id, c) for c in engine.step())
+        aborted = engine.abort(["p#0", "p#1"])
+        stood.update(c.outcome.last_turn for c in aborted if c.token_ids)
+        by_id = {r.request_id: r for r in requests(2)}
+        engine.submit([Request(**{**by_id[c.request_id].__dict__, "prefix": c.as_prefix() if c.token_ids else None})
+                       for c in aborted])
+        continued.update((c.request_id, c) for c in engine.step())  # the replay under way: stopped again
+        aborted = engine.abort(["p#0", "p#1"])
+        engine.submit([Request(**{**by_id[c.request_id].__dict__, "prefix": c.as_prefix() if c.token_ids else None})
+                       for c in aborted])
+        continued.update(run_all(engine))
+        for request_id, completion in whole.items():
+            again = continued[request_id]
+            assert again.token_ids == completion.token_ids, (stop_after, request_id)
+            assert again.response_mask == completion.response_mask and again.prompt_token_ids == completion.prompt_token_ids
+            assert again.logprobs == pytest.approx(completion.logprobs, abs=1e-5)
+            assert (again.outcome.stop_reason, again.outcome.turn_rewards, again.outcome.action_lengths) == (
+                completion.outcome.stop_reason, completion.outcome.turn_rewards, completion.outcome.action_lengths)
+    assert stood == {LastTurn.SAMPLING, LastTurn.AWAITING_ENV, LastTurn.ANSWERED}
+
+
+def test_a_replayed_turn_answered_differently_ends_the_trajectory_as_env_error():
+    """An environment that is not deterministic given its seed and actions cannot be replayed: the continued
+    trajectory ends ENV_ERROR (dropped) instead of training on an observation the environment never gave."""
+    opened = []
+
+    class Drifting(Counter):
+        def step(self, action):
+            return EnvStep(f"{len(opened)}:", reward=1.0)
+
+    def opening(key):
+        opened.append(key)
+        return Drifting()
+
+    inner = NativeEngine(tiny_model(), num_slots=4, max_seq_len=128, eos_token_ids=(EOS,))
+    engine = TrajectoryEngine(inner, LocalEnvironments(opening), PlainTextTurns(TOKENIZER), TurnLimits(4, 16, 120, 128))
+    engine.submit(requests(1))
+    while not any(len(e.turns) >= 2 for e in engine.episodes.values()):
+        engine.step()
+    (aborted,) = engine.abort(["p#0"])
+    engine.submit([Request(**{**requests(1)[0].__dict__, "prefix": aborted.as_prefix()})])
+    (ended,) = run_all(engine).values()
+    assert ended.outcome.stop_reason is StopReason.ENV_ERROR and ended.outcome.rule is TrainingRule.DROPPED
+    assert len(opened) == 2
+
+
+def test_a_trajectory_prefix_is_refused_by_a_single_turn_engine_and_checked_against_its_mask():
+    engine = engine_with({})
+    engine.submit(requests(1))
+    while not any(len(e.turns) >= 2 for e in engine.episodes.values()):
+        engine.step()
+    (aborted,) = engine.abort(["p#0"])
+    prefix = aborted.as_prefix()
+    with pytest.raises(ValueError, match="only a TrajectoryEngine continues"):
+        engine.engine.submit([Request("x", PROMPT, SamplingParams(max_new_tokens=100), prefix)])
+    broken = ResponsePrefix(prefix.token_ids, prefix.logprobs, prefix.weight_versions, prefix.response_mask,
+                            replace(prefix.outcome, action_lengths=(prefix.outcome.action_lengths[0] + 1,
+                                                                    *prefix.outcome.action_lengths[1:])))
+    with pytest.raises(ValueError, match="does not match its response mask"):
+        engine.submit([Request(**{**requests(1)[0].__dict__, "prefix": broken})])
+    with pytest.raises(ValueError, match="nothing to continue"):
+        engine.submit(requests(1, "q"))
+        next(iter(run_all(engine).values())).as_prefix()

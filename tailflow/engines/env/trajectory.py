@@ -120,6 +120,17 @@ class Trajectory:
         return sum(len(turn.action_token_ids) for turn in self.turns)
 
 
+class LastTurn(str, Enum):
+    """Where an aborted trajectory's last turn stood: what continuing it (`ResponsePrefix.outcome`) does first."""
+
+    ANSWERED = "answered"
+    """Its environment reply was applied (or there is no turn yet): the model starts the next turn."""
+    AWAITING_ENV = "awaiting_env"
+    """It ended; the environment had not answered it: the environment answers it first."""
+    SAMPLING = "sampling"
+    """The model was sampling it: the model continues it from its tokens."""
+
+
 @dataclass(frozen=True)
 class TrajectoryOutcome:
     """What a finished trajectory's `Completion` carries beside its tokens: how it ended and what the environment
@@ -129,6 +140,11 @@ class TrajectoryOutcome:
     turn_rewards: tuple[float, ...] = ()
     env_step_s: tuple[float, ...] = ()
     """Seconds of each environment step (the reset's first)."""
+    action_lengths: tuple[int, ...] = ()
+    """The model's tokens in each turn: with the response mask, how the tokens split into turns (an observation
+    may be empty, so the mask alone cannot tell two turns apart)."""
+    last_turn: LastTurn = LastTurn.ANSWERED
+    """ABORT only: where the last turn stood when the trajectory was stopped."""
 
     @property
     def reward(self) -> float:

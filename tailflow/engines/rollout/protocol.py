@@ -13,7 +13,7 @@ from typing import Mapping, Protocol, Sequence
 
 import torch
 
-from tailflow.engines.env.trajectory import TrajectoryOutcome
+from tailflow.engines.env.trajectory import StopReason, TrajectoryOutcome
 
 
 class FinishReason(str, Enum):
@@ -63,12 +63,23 @@ class ResponsePrefix:
     """The behaviour log-probs recorded when each token was sampled (kept, never recomputed)."""
     weight_versions: tuple[int, ...]
     """The weight version that sampled each token."""
+    response_mask: tuple[bool, ...] = ()
+    """A multi-turn trajectory's (`Completion.response_mask`); empty: a single-turn response."""
+    outcome: TrajectoryOutcome | None = None
+    """A multi-turn trajectory's, as it was stopped (ABORT): its turns' lengths and where the last one stood. Only
+    a `TrajectoryEngine` continues it: it replays the turns into a fresh environment from the trajectory's seed
+    (`trajectory_engine.py`); None: a single-turn response, which any engine continues."""
 
     def __post_init__(self) -> None:
         if not len(self.token_ids) == len(self.logprobs) == len(self.weight_versions):
             raise ValueError(f"a response prefix needs one log-prob and one weight version per token, got "
                              f"{len(self.token_ids)} tokens, {len(self.logprobs)} log-probs and "
                              f"{len(self.weight_versions)} versions")
+        if (self.outcome is None) != (not self.response_mask) and self.token_ids:
+            raise ValueError("a multi-turn trajectory's prefix needs both its response mask and its outcome")
+        if self.response_mask and len(self.response_mask) != len(self.token_ids):
+            raise ValueError(f"a response prefix of {len(self.token_ids)} tokens has {len(self.response_mask)} mask "
+                             "flags")
 
 
 @dataclass(frozen=True)
@@ -158,13 +169,14 @@ class Completion:
         return min(self.token_weight_versions, default=self.weight_version)
 
     def as_prefix(self) -> ResponsePrefix:
-        """This (partial) response as a prefix to continue from (single-turn only: a trajectory's environment
-        state is not in its tokens)."""
-        if self.outcome is not None or self.response_mask:
-            raise ValueError(f"completion {self.request_id!r} is a multi-turn trajectory: it cannot be continued "
-                             "from its tokens (its environment's state is not in them)")
+        """This (partial) response as a prefix to continue from. An aborted multi-turn trajectory's carries its
+        mask and outcome: its environment's state is not in its tokens, so the `TrajectoryEngine` continuing it
+        replays its turns into a fresh environment first; an ended trajectory is not continued."""
+        if self.outcome is not None and self.outcome.stop_reason is not StopReason.ABORT:
+            raise ValueError(f"completion {self.request_id!r} is a trajectory that ended "
+                             f"({self.outcome.stop_reason.value}): there is nothing to continue")
         versions = self.token_weight_versions or (self.weight_version,) * len(self.token_ids)
-        return ResponsePrefix(self.token_ids, self.logprobs, versions)
+        return ResponsePrefix(self.token_ids, self.logprobs, versions, self.response_mask, self.outcome)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,9 @@ def check_requests(requests: Iterable[Request], in_flight_ids: Iterable[str], vo
         if min(prompt) < 0 or max(prompt) >= vocab_size:
             raise ValueError(f"request {rid!r}: prompt token ids must be in [0, {vocab_size})")
         if prefix is not None:
+            if prefix.outcome is not None:
+                raise ValueError(f"request {rid!r}: its prefix is a multi-turn trajectory's, which only a "
+                                 "TrajectoryEngine continues (it replays the turns into the environment first)")
             if len(prefix.token_ids) >= params.max_new_tokens:
                 raise ValueError(f"request {rid!r}: its prefix of {len(prefix.token_ids)} tokens already reaches "
                                  f"max_new_tokens ({params.max_new_tokens}): it is finished, not in flight")

@@ -21,7 +21,17 @@ Stop rules (`trajectory.StopReason`), checked in this order:
   model token would exceed `trajectory_max_tokens`, CONTEXT_OVERFLOW when they would not fit `context_length`; the
   observation is then not appended. An `InvalidAction` is answered with its message as the observation and
   `invalid_action_reward`, and the trajectory goes on;
-- `abort` (tail batching's, a cancelled round): ABORT, with the turns so far.
+- `abort` (tail batching's, a cancelled round, a weight sync): ABORT, with the turns so far.
+
+Continuing an aborted trajectory (a partial rollout across a weight sync, a resumed run's requests in flight): its
+completion's `as_prefix()` carries the tokens, the mask and the outcome (each turn's length, where the last one
+stood). Its environment's state is not in its tokens, so the continuation resets a fresh environment from the
+trajectory's seed and replays the recorded turns into it, checking that each observation, reward and `done`
+equals the recorded one; then the model continues a turn cut while it was sampled (from its tokens, as a
+single-turn partial response continues), the environment answers one it had not answered, or the model starts
+the next. Environments must therefore be deterministic given their seed and actions (`Environment` says so);
+one that answers a replayed turn differently ends the trajectory as ENV_ERROR (dropped, counted, logged). The
+recorded tokens, log-probs and weight versions are kept, never resampled.
 
 Lockstep (the one schedule built so far): the environment calls issued while the inner engine ran step s are all
 answered before it runs step s + 1, and their answers are applied in the trajectories' arrival order. The inner
@@ -32,12 +42,16 @@ schedule (each trajectory on its own, no engine-wide wait) is issue 41's environ
 """
 from __future__ import annotations
 
+import logging
 import zlib
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Collection, Protocol, Sequence
 
-from tailflow.engines.env.trajectory import StopReason, Trajectory, TrajectoryOutcome, Turn
-from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request
+from tailflow.engines.env.trajectory import LastTurn, StopReason, Trajectory, TrajectoryOutcome, Turn
+from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request, ResponsePrefix
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -152,6 +166,11 @@ class Episode:
         self.reset_s = 0.0
         self.pending_action: tuple[tuple[int, ...], tuple[float, ...], tuple[int, ...]] | None = None
         """The model turn the environment is answering (tokens, log-probs, versions)."""
+        self.replay: deque[Turn] = deque(recorded_turns(request.prefix) if request.prefix else ())
+        """A continued trajectory's recorded turns not yet replayed into its fresh environment."""
+        self.replaying: Turn | None = None
+        """The recorded turn the environment is answering again (its reply must equal the recording)."""
+        self.last_turn = request.prefix.outcome.last_turn if request.prefix else LastTurn.ANSWERED
 
     @property
     def key(self) -> str:
@@ -200,11 +219,14 @@ class TrajectoryEngine:
     # ---- the protocol ------------------------------------------------------------------------
 
     def submit(self, requests: Sequence[Request]) -> None:
-        """Each request starts a trajectory: its environment is reset (answered at the next `step`)."""
+        """Each request starts a trajectory, or continues an aborted one (its `prefix`: module docstring): its
+        environment is reset (answered at the next `step`)."""
         for request in requests:
+            if request.prefix is not None and request.prefix.outcome is None:
+                raise ValueError(f"request {request.request_id!r}: its prefix is a single-turn response's (no "
+                                 "trajectory outcome): a trajectory continues only from an aborted trajectory")
             if request.prefix is not None:
-                raise ValueError(f"request {request.request_id!r}: a multi-turn trajectory cannot be continued from "
-                                 "a ResponsePrefix (its environment's state is not in its tokens)")
+                recorded_turns(request.prefix)  # refuse a malformed one before anything is queued
             if request.request_id in self.episodes:
                 raise ValueError(f"request {request.request_id!r} is already a trajectory in flight on this engine")
         for request in requests:
@@ -242,12 +264,20 @@ class TrajectoryEngine:
         for key in keys:
             episode = self.episodes[key]
             self.awaiting.discard(key)
-            if episode.pending_action is not None:
+            if episode.replaying is not None or episode.replay:  # stopped while replaying: the rest as recorded
+                episode.turns += [turn for turn in (episode.replaying, *episode.replay) if turn is not None]
+                episode.pending_action, episode.replaying, episode.replay = None, None, deque()
+                episode.last_turn = episode.request.prefix.outcome.last_turn
+            elif episode.pending_action is not None:
                 episode.turns.append(Turn(*episode.pending_action, ()))
                 episode.pending_action = None
+                episode.last_turn = LastTurn.AWAITING_ENV
             elif key in partial and partial[key].token_ids:
                 completion = partial[key]
                 episode.turns.append(Turn(completion.token_ids, completion.logprobs, versions_of(completion), ()))
+                episode.last_turn = LastTurn.SAMPLING
+            else:
+                episode.last_turn = LastTurn.ANSWERED
             self._end(episode, StopReason.ABORT)
         ended = [c for c in self.ended if c.request_id in keys]
         self.ended = [c for c in self.ended if c.request_id not in keys]
@@ -313,18 +343,47 @@ class TrajectoryEngine:
             return
         action, logprobs, versions = episode.pending_action
         episode.pending_action = None
+        recorded, episode.replaying = episode.replaying, None
         if reply.failure is not None:
             episode.turns.append(Turn(action, logprobs, versions, (), 0.0, reply.seconds))
             self._end(episode, reply.failure)
             return
         reward = self.limits.invalid_action_reward if reply.invalid else reply.reward
         reason, observation = self._next(episode, action, reply)
-        episode.turns.append(Turn(action, logprobs, versions, observation, reward, reply.seconds))
+        if recorded is not None and (observation, reason, reward) != (recorded.observation_token_ids, None,
+                                                                       recorded.reward):
+            log.warning("trajectory %r: its environment answered replayed turn %d differently than recorded (an "
+                        "environment must be deterministic given its seed and actions): ended as env_error",
+                        episode.key, len(episode.turns))
+            episode.turns.append(Turn(action, logprobs, versions, (), 0.0, reply.seconds))
+            self._end(episode, StopReason.ENV_ERROR)
+            return
+        seconds = recorded.env_step_s if recorded is not None else reply.seconds
+        episode.turns.append(Turn(action, logprobs, versions, observation, reward, seconds))
         episode.conversation += observation
         if reason is not None:
             self._end(episode, reason)
         else:
+            self._next_turn(episode)
+
+    def _next_turn(self, episode: Episode) -> None:
+        """The model's next turn, or (continuing a trajectory) the next recorded turn replayed."""
+        if not episode.replay:
             self._submit_turn(episode)
+            return
+        turn = episode.replay.popleft()
+        action = (turn.action_token_ids, turn.action_logprobs, turn.action_weight_versions)
+        if not episode.replay and episode.last_turn is LastTurn.SAMPLING:  # cut while sampled: the model goes on
+            self._submit_turn(episode, ResponsePrefix(*action))
+            return
+        episode.pending_action = action
+        episode.conversation += turn.action_token_ids
+        if not episode.replay and episode.last_turn is LastTurn.AWAITING_ENV:
+            episode.replaying = None  # never answered: this reply is new, nothing to compare
+        else:
+            episode.replaying = turn
+        self.environments.step(episode.key, self.codec.action_text(turn.action_token_ids))
+        self.awaiting.add(episode.key)
 
     def _after_reset(self, episode: Episode, reply: EnvReply) -> None:
         episode.reset_s = reply.seconds
@@ -339,9 +398,10 @@ class TrajectoryEngine:
         if len(episode.conversation) + 1 > self.limits.context_length:
             self._end(episode, StopReason.CONTEXT_OVERFLOW)
             return
-        self._submit_turn(episode)
+        self._next_turn(episode)
 
-    def _submit_turn(self, episode: Episode) -> None:
+    def _submit_turn(self, episode: Episode, prefix: ResponsePrefix | None = None) -> None:
+        """The model's next turn (`prefix`: the part of it sampled before the trajectory was stopped)."""
         turn = len(episode.turns)
         limits = self.limits
         max_new_tokens = min(limits.turn_max_tokens, limits.trajectory_max_tokens - episode.num_response_tokens,
@@ -352,7 +412,7 @@ class TrajectoryEngine:
                          stop_sequences=request.params.stop_sequences + self.turn_stop_sequences)
         inner_id = episode.turn_request_id(turn)
         self.turn_of[inner_id] = episode.key
-        self.engine.submit([Request(inner_id, episode.conversation, params, problem_id=request.problem_id,
+        self.engine.submit([Request(inner_id, episode.conversation, params, prefix, problem_id=request.problem_id,
                                     index=request.index, keep_slot=turn + 1 < limits.max_turns,
                                     continues=episode.turn_request_id(turn - 1) if turn else None)])
 
@@ -401,7 +461,7 @@ class TrajectoryEngine:
         if self.keep_trajectories:
             self.trajectories[episode.key] = trajectory
         self.ended.append(trajectory_completion(episode.request, trajectory, episode.reset_s,
-                                                self.engine.weight_version))
+                                                self.engine.weight_version, episode.last_turn))
 
 
 def versions_of(completion: Completion) -> tuple[int, ...]:
@@ -415,13 +475,42 @@ def observation_versions(turn: Turn) -> tuple[int, ...]:
     return turn.action_weight_versions + (last,) * len(turn.observation_token_ids)
 
 
-def trajectory_completion(request: Request, trajectory: Trajectory, reset_s: float, weight_version: int) -> Completion:
+def trajectory_completion(request: Request, trajectory: Trajectory, reset_s: float, weight_version: int,
+                          last_turn: LastTurn = LastTurn.ANSWERED) -> Completion:
     """An ended trajectory as its request's completion: the prompt it was sampled after (the task's and the first
     observation), every token after it, the mask, per-token versions, and the outcome."""
     versions = tuple(v for turn in trajectory.turns for v in observation_versions(turn))
     outcome = TrajectoryOutcome(trajectory.stop_reason, tuple(turn.reward for turn in trajectory.turns),
-                                (reset_s, *(turn.env_step_s for turn in trajectory.turns)))
+                                (reset_s, *(turn.env_step_s for turn in trajectory.turns)),
+                                tuple(len(turn.action_token_ids) for turn in trajectory.turns), last_turn)
     return Completion(request.request_id, trajectory.prompt_token_ids, trajectory.response_token_ids,
                       trajectory.rollout_logprobs, FINISH_OF_STOP[trajectory.stop_reason],
                       weight_version, versions, request.problem_id, request.index,
                       response_mask=trajectory.response_mask, outcome=outcome)
+
+
+def recorded_turns(prefix: ResponsePrefix) -> list[Turn]:
+    """An aborted trajectory's turns from its prefix: each turn's action (its recorded length of model tokens)
+    and the environment tokens after it, with the turn's recorded reward and step seconds."""
+    outcome = prefix.outcome
+    lengths, mask = outcome.action_lengths, prefix.response_mask
+    if len(outcome.turn_rewards) != len(lengths) or len(outcome.env_step_s) != len(lengths) + 1:
+        raise ValueError(f"a trajectory prefix of {len(lengths)} turns has {len(outcome.turn_rewards)} turn rewards "
+                         f"and {len(outcome.env_step_s)} step times (the reset's first)")
+    turns, at = [], 0
+    for number, length in enumerate(lengths):
+        action_end = at + length
+        observation_end = action_end
+        while observation_end < len(mask) and not mask[observation_end]:
+            observation_end += 1
+        if length < 1 or action_end > len(mask) or not all(mask[at:action_end]):
+            raise ValueError(f"a trajectory prefix's turn {number} of {length} model tokens does not match its "
+                             f"response mask at token {at}")
+        turns.append(Turn(prefix.token_ids[at:action_end], prefix.logprobs[at:action_end],
+                          prefix.weight_versions[at:action_end], prefix.token_ids[action_end:observation_end],
+                          outcome.turn_rewards[number], outcome.env_step_s[number + 1]))
+        at = observation_end
+    if at != len(prefix.token_ids):
+        raise ValueError(f"a trajectory prefix's {len(lengths)} turns cover {at} of its {len(prefix.token_ids)} "
+                         "tokens")
+    return turns

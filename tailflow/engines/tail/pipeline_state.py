@@ -19,7 +19,11 @@ of the carried groups (fewer than P0 prompts x R0), about 30 bytes per token.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pydantic import BaseModel, ConfigDict, model_validator
+
+from tailflow.engines.env.trajectory import TrajectoryOutcome
 
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
 from tailflow.engines.tail.carry import CarriedGroup
@@ -35,15 +39,28 @@ class SavedCompletion(BaseModel):
     finish_reason: FinishReason
     weight_version: int
     token_weight_versions: list[int] = []
+    prompt_token_ids: list[int] = []
+    """A multi-turn trajectory's (the task's prompt and its first observation); empty: the request's prompt."""
+    response_mask: list[bool] = []
+    """A multi-turn trajectory's (`Completion.response_mask`)."""
+    outcome: TrajectoryOutcome | None = None
+    """A multi-turn trajectory's: how it ended or, aborted, how to continue it."""
 
     @classmethod
     def of(cls, completion: Completion) -> "SavedCompletion":
-        return cls.model_validate(completion, from_attributes=True)
+        saved = cls.model_validate(completion, from_attributes=True)
+        if completion.outcome is None:  # single-turn: the prompt is the request's, rebuilt from the plan
+            saved = saved.model_copy(update={"prompt_token_ids": []})
+        return saved
 
     def completion(self, request: Request) -> Completion:
         """This completion again, with the identity and prompt of `request` (rebuilt from the round's plan)."""
-        return request.completion(tuple(self.token_ids), tuple(self.logprobs), self.finish_reason,
-                                  self.weight_version, tuple(self.token_weight_versions))
+        rebuilt = request.completion(tuple(self.token_ids), tuple(self.logprobs), self.finish_reason,
+                                     self.weight_version, tuple(self.token_weight_versions))
+        if self.outcome is None:
+            return rebuilt
+        return replace(rebuilt, prompt_token_ids=tuple(self.prompt_token_ids) or rebuilt.prompt_token_ids,
+                       response_mask=tuple(self.response_mask), outcome=self.outcome)
 
 
 class SavedRound(BaseModel):
