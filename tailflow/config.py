@@ -507,17 +507,14 @@ class RunConfig(Section):
         return self
 
     def _check_multi_turn_modes(self) -> None:
-        """What multi-turn trajectories cannot do yet. A partial async rollout continues an aborted trajectory by
-        replaying its turns into a fresh environment (rollout/trajectory_engine.py); tail.continue_deferred's
-        carried responses and an elastic group's migration (built from the tokens a worker streamed) do not hold
-        a trajectory's turns yet."""
-        refused = [(self.tail.continue_deferred, "tail.continue_deferred", "set tail.continue_deferred false"),
-                   (self.rollout.elastic, "rollout.elastic",
-                    "set rollout.elastic false (a lost rollout worker then restarts the iteration)")]
-        for is_set, key, fix in refused:
-            if is_set:
-                raise ValueError(f"{key} continues requests from what it kept of their tokens, which does not hold a "
-                                 f"multi-turn trajectory's turns (env) yet; {fix}")
+        """What multi-turn trajectories cannot do yet. An aborted trajectory is continued by replaying its turns
+        into a fresh environment (rollout/trajectory_engine.py): partial async rollouts and tail.continue_deferred
+        hand it on whole. An elastic group's migration does not: it rebuilds a lost worker's requests from the
+        tokens the worker streamed, which do not hold a trajectory's turns."""
+        if self.rollout.elastic:
+            raise ValueError("rollout.elastic migrates a lost worker's requests from the tokens it streamed, which do "
+                             "not hold a multi-turn trajectory's turns (env) yet; set rollout.elastic false (a lost "
+                             "rollout worker then restarts the iteration)")
 
     @model_validator(mode="after")
     def _check_importance_correction(self) -> "RunConfig":

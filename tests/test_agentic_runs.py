@@ -28,7 +28,8 @@ def agentic_config(storage, asynchronous: bool = False) -> dict:
     """3 iterations of 4 tasks x 4 trajectories, tail batching (a long round at iteration 2), one rollout worker
     (bit for bit), one environment worker, one trainer rank. `asynchronous`: one round ahead of training, a fixed
     number of engine steps per train step (deterministic), the trajectories in flight at each weight sync
-    continued under the new weights (partial; replayed into fresh environments)."""
+    continued under the new weights (partial; replayed into fresh environments), and a deferred prompt's first
+    trajectories continued by its long round (tail.continue_deferred)."""
     return {
         "model": {"path": str(shipped_warmstart_dir())},
         "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
@@ -41,7 +42,8 @@ def agentic_config(storage, asynchronous: bool = False) -> dict:
         "storage": {"uri": str(storage)},
     } | ({"rollout": {"n": 4, "num_slots": 24, "elastic": False, "async_ratio": 1, "partial": True,
                       "async_steps_per_train": 6},
-          "train": {"iterations": 3, "eval_every": 2, "num_workers": 1, "lr": 2e-4, "loss": "decoupled_ppo"}}
+          "train": {"iterations": 3, "eval_every": 2, "num_workers": 1, "lr": 2e-4, "loss": "decoupled_ppo"},
+          "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5, "continue_deferred": True}}
          if asynchronous else {})
 
 
@@ -50,9 +52,10 @@ def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp
     resume), each starting Ray, the rollout, trainer, reward and environment actors and the Prefect flow. A
     SIGKILL needs a process of its own, and only a whole run shows that the resumed trajectories match.
 
-    The run is asynchronous with partial rollouts, the mode with the most to resume: trajectories stopped at a
-    weight sync and continued (their turns replayed into fresh environments), and at the kill the ones in
-    flight, committed with the run and continued by the resumed one. The synchronous agentic path runs in the
+    The run is asynchronous with partial rollouts and tail.continue_deferred, the modes with the most to resume:
+    trajectories stopped at a weight sync and continued (their turns replayed into fresh environments), deferred
+    prompts' trajectories carried to their long round, and at the kill the ones in flight, committed with the
+    run and continued by the resumed one. The synchronous agentic path runs in the
     vLLM test and in configs/agentic.yaml; a second resume test for it would cost another ~3 min."""
     clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
     for storage in (clean_dir, killed_dir):
@@ -68,6 +71,7 @@ def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp
     # trajectories were stopped at a weight sync and trained after continuing under newer weights
     assert sum(row["async/requests_stopped_at_sync"] for row in clean_rows) > 0
     assert sum(row["async/mixed_version_responses"] for row in clean_rows) > 0
+    assert sum(row["tail/continued_responses"] for row in clean_rows) > 0  # deferred trajectories continued
 
     train = ["train", "-c", str(killed_dir / "run.yaml"), "--run-id", "agent"]
     result = run_cli(train, cli_env, "crash-train@1")

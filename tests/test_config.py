@@ -129,24 +129,15 @@ def test_an_env_section_without_a_class_path_names_it():
         load_config(None, ["env.max_turns=3"])
 
 
-@pytest.mark.parametrize("overrides, named", [
-    ([], "rollout.elastic"),
-    (["rollout.elastic=false", "tail.continue_deferred=true", "train.loss=decoupled_ppo"], "tail.continue_deferred"),
-])
-def test_modes_that_continue_requests_without_their_turns_are_refused_with_env(overrides, named):
-    """Continuing a trajectory needs its turns (to replay them into a fresh environment): the modes whose kept
-    tokens do not hold them are refused by name, with the fix."""
-    with pytest.raises(ConfigError, match=named.replace(".", r"\.") + " continues requests from what it kept"):
-        load_config(None, [f"env.class_path={CALCULATOR}", *overrides])
-    fixed = {"rollout.elastic": "rollout.elastic=false", "tail.continue_deferred": "tail.continue_deferred=false"}[named]
-    assert load_config(None, [f"env.class_path={CALCULATOR}", *overrides, fixed]).env is not None
-
-
-def test_partial_async_rollouts_of_trajectories_load():
-    """Aborted trajectories continue across a weight sync (replayed into a fresh environment)."""
+def test_elastic_migration_is_refused_with_env_and_the_modes_that_continue_trajectories_load():
+    """A lost worker's requests migrate from the tokens it streamed, which lack a trajectory's turns: refused by
+    name with the fix. Partial async rollouts and tail.continue_deferred hand an aborted trajectory on whole
+    (replayed into a fresh environment): they load."""
+    with pytest.raises(ConfigError, match=r"rollout\.elastic migrates .*set rollout\.elastic false"):
+        load_config(None, [f"env.class_path={CALCULATOR}"])
     config = load_config(None, [f"env.class_path={CALCULATOR}", "rollout.elastic=false", "rollout.async_ratio=1",
-                                "train.loss=decoupled_ppo"])
-    assert config.rollout.partial and config.env is not None
+                                "tail.continue_deferred=true", "train.loss=decoupled_ppo"])
+    assert config.rollout.partial and config.tail.continue_deferred and config.env is not None
 
 
 def test_the_agentic_docs_example_config_loads(tmp_path):

@@ -202,3 +202,36 @@ def test_a_trajectory_prefix_is_refused_by_a_single_turn_engine_and_checked_agai
     with pytest.raises(ValueError, match="nothing to continue"):
         engine.submit(requests(1, "q"))
         next(iter(run_all(engine).values())).as_prefix()
+
+
+def test_an_aborted_trajectory_survives_the_committed_forms_and_continues_from_them():
+    """A resumed async run continues the trajectories in flight from `PipelineState.in_flight`, and a long round
+    the deferred ones from `CarriedGroup`: both keep the prompt with its first observation, the mask and the
+    outcome through JSON, and the continuation from the saved form ends as the uninterrupted trajectory."""
+    from tailflow.engines.tail.carry import carried_groups
+    from tailflow.engines.tail.pipeline_state import PipelineState, SavedCompletion
+
+    def fresh_engine() -> TrajectoryEngine:
+        inner = NativeEngine(tiny_model(), num_slots=4, max_seq_len=128, eos_token_ids=(EOS,))
+        return TrajectoryEngine(inner, LocalEnvironments(lambda key: Counter()), PlainTextTurns(TOKENIZER),
+                                TurnLimits(4, 16, 120, 128))
+
+    engine = fresh_engine()
+    engine.submit(requests(1))
+    (whole,) = run_all(engine).values()
+    engine = fresh_engine()
+    engine.submit(requests(1))
+    for _ in range(5):
+        engine.step()
+    (aborted,) = engine.abort(["p#0"])
+    request = requests(1)[0]
+    saved = PipelineState.model_validate_json(PipelineState(in_flight=[SavedCompletion.of(aborted)]).model_dump_json())
+    assert saved.in_flight[0].completion(request) == aborted
+    (group,) = carried_groups({"p": [aborted]}, [request], responses_kept=1, iteration=3)
+    (carried,) = PipelineState.model_validate_json(PipelineState(carried=[group]).model_dump_json()).carried
+    assert carried.responses[0].completion(request) == aborted
+    continuing = carried.responses[0].request(request, carried.deferred_iteration)
+    engine.submit([continuing])
+    (again,) = run_all(engine).values()
+    assert (again.token_ids, again.response_mask, again.outcome.turn_rewards) == (
+        whole.token_ids, whole.response_mask, whole.outcome.turn_rewards)

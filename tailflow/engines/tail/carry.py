@@ -27,10 +27,39 @@ from typing import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from tailflow.engines.env.trajectory import TrajectoryOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
 
 
-class CarriedResponse(BaseModel):
+class TrajectoryParts(BaseModel):
+    """What a saved multi-turn trajectory keeps beside its tokens (empty and None for a single-turn response):
+    the saved forms of completions (here and `pipeline_state.SavedCompletion`) share it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    prompt_token_ids: list[int] = []
+    """The task's prompt and the first observation; empty: the request's prompt (every single-turn response)."""
+    response_mask: list[bool] = []
+    """`Completion.response_mask`."""
+    outcome: TrajectoryOutcome | None = None
+    """How it ended or, aborted, how to continue it (`Completion.outcome`)."""
+
+    @staticmethod
+    def parts_of(completion: Completion) -> dict:
+        if completion.outcome is None:
+            return {}
+        return {"prompt_token_ids": list(completion.prompt_token_ids),
+                "response_mask": list(completion.response_mask), "outcome": completion.outcome}
+
+    def restored(self, completion: Completion) -> Completion:
+        """`completion` (rebuilt from the tokens and the request) with these parts back."""
+        if self.outcome is None:
+            return completion
+        return replace(completion, prompt_token_ids=tuple(self.prompt_token_ids) or completion.prompt_token_ids,
+                       response_mask=tuple(self.response_mask), outcome=self.outcome)
+
+
+class CarriedResponse(TrajectoryParts):
     """One response of a deferred prompt, as its short round left it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -54,8 +83,8 @@ class CarriedResponse(BaseModel):
 
     def completion(self, request: Request) -> Completion:
         """This response under `request` (the continuing round's: its id and prompt)."""
-        return request.completion(tuple(self.token_ids), tuple(self.logprobs), self.finish_reason,
-                                  self.weight_version, tuple(self.token_weight_versions))
+        return self.restored(request.completion(tuple(self.token_ids), tuple(self.logprobs), self.finish_reason,
+                                                self.weight_version, tuple(self.token_weight_versions)))
 
     def request(self, fresh: Request, deferred_iteration: int) -> Request:
         """`fresh` (the continuing round's request for this index) with this response's seed and tokens, under an
@@ -102,7 +131,8 @@ def carried_groups(carried: Mapping[str, Sequence[Completion]], requests: Iterab
             response = CarriedResponse(index=request.index, seed=request.params.seed,
                                        token_ids=list(came_back.token_ids), logprobs=list(came_back.logprobs),
                                        finish_reason=came_back.finish_reason, weight_version=came_back.weight_version,
-                                       token_weight_versions=list(came_back.token_weight_versions))
+                                       token_weight_versions=list(came_back.token_weight_versions),
+                                       **TrajectoryParts.parts_of(came_back))
         groups.setdefault(request.problem_id, []).append(response)
     return [CarriedGroup(problem_id=problem_id, deferred_iteration=iteration,
                          responses=sorted(responses, key=lambda r: r.index))

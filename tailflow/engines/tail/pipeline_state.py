@@ -19,19 +19,14 @@ of the carried groups (fewer than P0 prompts x R0), about 30 bytes per token.
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from tailflow.engines.env.trajectory import TrajectoryOutcome
-
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
-from tailflow.engines.tail.carry import CarriedGroup
+from tailflow.engines.tail.carry import CarriedGroup, TrajectoryParts
 from tailflow.engines.tail.planner import RoundPlan
 
 
-class SavedCompletion(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class SavedCompletion(TrajectoryParts):
 
     request_id: str
     token_ids: list[int]
@@ -39,28 +34,19 @@ class SavedCompletion(BaseModel):
     finish_reason: FinishReason
     weight_version: int
     token_weight_versions: list[int] = []
-    prompt_token_ids: list[int] = []
-    """A multi-turn trajectory's (the task's prompt and its first observation); empty: the request's prompt."""
-    response_mask: list[bool] = []
-    """A multi-turn trajectory's (`Completion.response_mask`)."""
-    outcome: TrajectoryOutcome | None = None
-    """A multi-turn trajectory's: how it ended or, aborted, how to continue it."""
 
     @classmethod
     def of(cls, completion: Completion) -> "SavedCompletion":
-        saved = cls.model_validate(completion, from_attributes=True)
-        if completion.outcome is None:  # single-turn: the prompt is the request's, rebuilt from the plan
-            saved = saved.model_copy(update={"prompt_token_ids": []})
-        return saved
+        return cls(request_id=completion.request_id, token_ids=list(completion.token_ids),
+                   logprobs=list(completion.logprobs), finish_reason=completion.finish_reason,
+                   weight_version=completion.weight_version,
+                   token_weight_versions=list(completion.token_weight_versions), **cls.parts_of(completion))
 
     def completion(self, request: Request) -> Completion:
-        """This completion again, with the identity and prompt of `request` (rebuilt from the round's plan)."""
-        rebuilt = request.completion(tuple(self.token_ids), tuple(self.logprobs), self.finish_reason,
-                                     self.weight_version, tuple(self.token_weight_versions))
-        if self.outcome is None:
-            return rebuilt
-        return replace(rebuilt, prompt_token_ids=tuple(self.prompt_token_ids) or rebuilt.prompt_token_ids,
-                       response_mask=tuple(self.response_mask), outcome=self.outcome)
+        """This completion again, with the identity and prompt of `request` (rebuilt from the round's plan), and
+        a trajectory's own prompt, mask and outcome."""
+        return self.restored(request.completion(tuple(self.token_ids), tuple(self.logprobs), self.finish_reason,
+                                                self.weight_version, tuple(self.token_weight_versions)))
 
 
 class SavedRound(BaseModel):
