@@ -103,7 +103,8 @@ class RolloutConfig(Section):
     """Rollout workers may join and leave mid-round (docs/operations.md, elastic rollout workers): a rollout
     worker that dies or is preempted is replaced and its requests continue on the others from the tokens they
     have, without restarting the iteration; `tailflow workers add/remove` change the count of a running run.
-    False: a dead rollout worker restarts the iteration from the last commit, as trainer and reward actors do."""
+    False: a dead rollout worker restarts the iteration from the last commit, as trainer and reward actors do.
+    Must be false with `env` (multi-turn): the streamed tokens a migration starts from lack a trajectory's turns."""
 
 
 class RewardConfig(Section):
@@ -414,7 +415,9 @@ PlainValue = str | int | float | bool | None | list[str | int | float | bool | N
 
 
 class EnvConfig(Section):
-    """Multi-turn rollouts: the model acts in an environment (engines/env). Absent (None): single-turn."""
+    """Multi-turn rollouts: the model acts in an environment (engines/env). Absent (None): single-turn. A stopped
+    trajectory (rollout.partial, tail.continue_deferred, a resumed run) continues by replaying its turns into a
+    fresh environment from its seed: environments must be deterministic given their seed and actions."""
 
     class_path: str
     """The environment, `package.module:Class` (a subclass of tailflow.engines.env.Environment), e.g.

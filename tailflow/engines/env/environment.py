@@ -45,6 +45,11 @@ class Environment(ABC):
     A trajectory's environment lives in one process for the trajectory's life. An environment that raises, hangs
     past its step timeout or dies fails that trajectory only (counted, logged, not trained); `step` raising
     `InvalidAction` is the model's fault instead: the trajectory goes on with the penalty the config sets.
+
+    Deterministic given its seed and the actions: the same `reset(seed)` and the same `step`s give the same
+    observations, rewards and `done`. A trajectory stopped at a weight sync (partial async rollouts), deferred
+    to a long round (tail.continue_deferred) or in flight at a crash is continued by replaying its turns into a
+    fresh instance; one that answers a replayed turn differently ends that trajectory as `env_error`.
     """
 
     @abstractmethod
