@@ -414,6 +414,25 @@ PlainValue = str | int | float | bool | None | list[str | int | float | bool | N
 """A value `env.settings` may hold: what YAML writes and a pipe carries to an environment process unchanged."""
 
 
+class EnvFaults(Section):
+    """Faults the environment workers inject into their environments (engines/env/faults.py), for benches and
+    tests: off unless set. Drawn per trajectory id and step, so the same run meets the same faults."""
+
+    step_latency_median_s: float = Field(0.0, ge=0.0)
+    """Each step is delayed by a LogNormal draw with this median (0: no delay), slept in the environment's own
+    process (a delay past env.step_timeout_s is that step's timeout)."""
+    step_latency_sigma: float = Field(0.0, ge=0.0)
+    """The LogNormal's sigma (0: every delay is the median; 1.5: heavy-tailed)."""
+    fail_slow_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Of environments, the fraction that are fail-slow: their delays are multiplied by fail_slow_factor."""
+    fail_slow_factor: float = Field(20.0, ge=1.0)
+    """How much slower a fail-slow environment's steps are."""
+    fail_stop_fraction: float = Field(0.0, ge=0.0, le=1.0)
+    """Of environments, the fraction that die: their process is SIGKILLed before a step drawn uniformly from
+    the first fail_stop_within_steps (the trajectory ends env_error)."""
+    fail_stop_within_steps: int = Field(4, ge=1)
+
+
 class EnvConfig(Section):
     """Multi-turn rollouts: the model acts in an environment (engines/env). Absent (None): single-turn. A stopped
     trajectory (rollout.partial, tail.continue_deferred, a resumed run) continues by replaying its turns into a
@@ -460,6 +479,14 @@ class EnvConfig(Section):
     turn_stop_texts: list[str] = []
     """Texts that end a model turn besides the model's end-of-sequence (kept in the turn, as a stop sequence:
     the calculator's turns end at "="). Each is tokenized once by the rollout workers."""
+    schedule: Literal["lockstep", "async", "turn_sync"] = "lockstep"
+    """What a trajectory waits for between its turns (rollout/trajectory_engine.py). lockstep: each engine step
+    waits for every environment call issued during the step before (a seeded run repeats bit for bit; a slow
+    environment holds every trajectory's next step). async: environment-level asynchrony, each trajectory waits
+    for its own environment only (faster with slow or heavy-tailed environments; not repeatable bit for bit,
+    since which answers are in at a step depends on timing). turn_sync: a barrier at every turn, for comparison."""
+    faults: EnvFaults = EnvFaults()
+    """Injected faults (benches, tests); none by default."""
     invalid_action_observation: str = "?\n"
     """What the model sees after an invalid action, the same text for every environment. The default uses only
     the embedded model's characters (digits + - * = # : ? space newline)."""

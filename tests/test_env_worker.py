@@ -211,3 +211,85 @@ def test_a_worker_retries_a_failing_reset_and_counts_it(tmp_path):
         assert counters.active_environments == 0 and is_gone(outcome.env_pid)
     finally:
         worker.launcher.close()
+
+
+# ---- injected faults (env.faults, engines/env/faults.py) ------------------------------------------------------
+
+def test_fault_plans_are_drawn_per_trajectory_id_at_the_configured_rates():
+    from tailflow.config import EnvFaults
+    from tailflow.engines.env.faults import FaultPlan
+
+    faults = EnvFaults(step_latency_median_s=0.1, step_latency_sigma=1.5, fail_slow_fraction=0.1,
+                       fail_stop_fraction=0.05, fail_stop_within_steps=3)
+    plans = [FaultPlan.of(f"p{n}#0", faults) for n in range(4000)]
+    assert FaultPlan.of("p7#0", faults) == plans[7]  # the same id, the same faults
+    slow = sum(plan.slow_factor > 1 for plan in plans) / len(plans)
+    stopped = [plan.stop_at_step for plan in plans if plan.stop_at_step is not None]
+    assert abs(slow - 0.1) < 0.02 and abs(len(stopped) / len(plans) - 0.05) < 0.015
+    assert set(stopped) == {0, 1, 2}
+    delays = sorted(plans[0].latency_s(step) for step in range(2000))
+    assert delays[1000] == pytest.approx(0.1, rel=0.15) and delays[-20] > 10 * delays[1000]  # heavy-tailed
+    assert plans[0].latency_s(5) == plans[0].latency_s(5)
+
+
+def test_injected_faults_happen_in_the_environments_process(tmp_path):
+    """A delay is slept in the environment's process (the step takes at least that long); one past the step
+    timeout is that step's timeout (the process killed); a fail-stop environment's process is SIGKILLed before
+    its drawn step, which then finds it dead."""
+    from tailflow.engines.env.worker import EnvironmentWorker
+
+    slow = EnvironmentWorker(config(tmp_path, faults={"step_latency_median_s": 0.3}))
+    stuck = EnvironmentWorker(config(tmp_path, faults={"step_latency_median_s": 0.3, "fail_slow_fraction": 1.0,
+                                                       "fail_slow_factor": 10.0}))
+    dying = EnvironmentWorker(config(tmp_path, faults={"fail_stop_fraction": 1.0, "fail_stop_within_steps": 1}))
+    try:
+        slow.reset("a", 0)
+        outcome = slow.step("a", "x")
+        assert outcome.failure is None and outcome.observation == "x." and outcome.seconds >= 0.3
+        hung = stuck.reset("b", 0)
+        outcome = stuck.step("b", "x")
+        assert outcome.failure.reason == StopReason.TIMEOUT and outcome.seconds >= 1.0 and is_gone(hung.env_pid)
+        victim = dying.reset("c", 0)
+        outcome = dying.step("c", "x")
+        assert outcome.failure.reason == StopReason.ENV_ERROR and is_gone(victim.env_pid)
+        assert dying.counters().failures == {"env_error": 1} and stuck.counters().failures == {"timeout": 1}
+    finally:
+        for worker in (slow, stuck, dying):
+            worker.launcher.close()
+
+
+def test_under_the_async_schedule_a_hung_environment_costs_its_trajectory_and_holds_no_other(ray_with_test_envs,
+                                                                                           tmp_path):
+    """Trajectories on real environment workers, one of whose environments is fail-slow past the step timeout:
+    under `env.schedule: async` the others take all their turns while it hangs; it ends `timeout` after the step
+    timeout. Costs ~8 s (two environment workers, the 4 s timeout: the healthy trajectories' time to finish)."""
+    from tailflow.config import EnvFaults
+    from tailflow.engines.cluster.env_connector import RemoteEnvironments
+    from tailflow.engines.cluster.env_group import EnvGroup
+    from tailflow.engines.data.chat_turns import PlainTextTurns
+    from tailflow.engines.env.faults import FaultPlan
+    from tailflow.engines.rollout import NativeEngine, SamplingParams
+    from tailflow.engines.rollout.protocol import Request
+    from tailflow.engines.rollout.trajectory_engine import EnvSchedule, TrajectoryEngine, TurnLimits
+    from test_multi_turn import EOS, STOPS, TOKENIZER, tiny_model
+
+    faults = EnvFaults(step_latency_median_s=0.02, fail_slow_fraction=0.3, fail_slow_factor=400.0)
+    ids = [f"p{n}#0" for n in range(40)]
+    hung = next(i for i in ids if FaultPlan.of(i, faults).slow_factor > 1)
+    healthy = [i for i in ids if FaultPlan.of(i, faults).slow_factor == 1][:3]
+    group = EnvGroup(config(tmp_path, faults=faults.model_dump(), step_timeout_s=4.0))  # the others' ample time
+    try:
+        inner = NativeEngine(tiny_model(), num_slots=4, max_seq_len=128, eos_token_ids=(EOS,))
+        engine = TrajectoryEngine(inner, RemoteEnvironments(group.workers), PlainTextTurns(TOKENIZER),
+                                  TurnLimits(3, 8, 60, 128), schedule=EnvSchedule.ASYNC)
+        params = SamplingParams(temperature=1.0, seed=3, stop_token_ids=STOPS)
+        engine.submit([Request(i, tuple(TOKENIZER.encode("12ab ")), params, problem_id=i.split("#")[0])
+                       for i in [hung, *healthy]])
+        ended = []
+        while engine.has_unfinished():
+            ended += engine.step()
+        assert [c.request_id for c in ended][-1] == hung and sorted(c.request_id for c in ended[:-1]) == sorted(healthy)
+        assert ended[-1].outcome.stop_reason is StopReason.TIMEOUT and ended[-1].outcome.env_step_s[-1] >= 4.0
+        assert all(c.outcome.stop_reason is not StopReason.TIMEOUT for c in ended[:-1])
+    finally:
+        group.shutdown()

@@ -16,7 +16,7 @@ from tailflow.engines.env.trajectory import LastTurn, StopReason, TrainingRule
 from tailflow.engines.rollout import NativeEngine, SamplingParams
 from tailflow.engines.rollout.multi_turn import LocalEnvironments
 from tailflow.engines.rollout.protocol import FinishReason, Request, ResponsePrefix
-from tailflow.engines.rollout.trajectory_engine import TrajectoryEngine, TurnLimits
+from tailflow.engines.rollout.trajectory_engine import EnvSchedule, TrajectoryEngine, TurnLimits
 
 PROMPT = tuple(TOKENIZER.encode("12ab "))
 
@@ -235,3 +235,80 @@ def test_an_aborted_trajectory_survives_the_committed_forms_and_continues_from_t
     (again,) = run_all(engine).values()
     assert (again.token_ids, again.response_mask, again.outcome.turn_rewards) == (
         whole.token_ids, whole.response_mask, whole.outcome.turn_rewards)
+
+
+class HeldBack(LocalEnvironments):
+    """In-process environments whose replies to `slow` keys are not in yet (`ready` leaves them out) until
+    `release()`: the timing of a slow environment, without sleeping. `wait` on one of them would block forever."""
+
+    def __init__(self, slow: set[str]) -> None:
+        super().__init__(lambda key: Counter())
+        self.slow = slow
+
+    def release(self) -> None:
+        self.slow = set()
+
+    def ready(self, keys, wait_for_one):
+        answered = [key for key in keys if key not in self.slow or key not in self.replies]
+        assert answered or not wait_for_one, "nothing else to decode: the engine would wait here"
+        return self.wait(answered)
+
+    def wait(self, keys):
+        assert not set(keys) & self.slow or all(key not in self.replies for key in set(keys) & self.slow), \
+            "a lockstep engine waits for the slow environment here"
+        return super().wait(keys)
+
+
+def test_async_schedule_lets_a_trajectory_run_on_while_anothers_environment_is_slow():
+    """ASYNC: p#1 takes all its turns while p#0's first step is still unanswered (lockstep would wait for it at
+    its next step); once answered, p#0 ends normally."""
+    environments = HeldBack(slow=set())
+    inner = NativeEngine(tiny_model(), num_slots=4, max_seq_len=128, eos_token_ids=(EOS,))
+    engine = TrajectoryEngine(inner, environments, PlainTextTurns(TOKENIZER), TurnLimits(3, 16, 100, 128),
+                              schedule=EnvSchedule.ASYNC)
+    engine.submit(requests(2))
+    done = {}
+    while not engine.episodes["p#0"].turns and engine.episodes["p#0"].pending_action is None:
+        done.update((c.request_id, c) for c in engine.step())
+    environments.slow = {"p#0"}  # its first step's reply is held back from here
+    while "p#1" not in done:
+        done.update((c.request_id, c) for c in engine.step())
+    assert engine.episodes["p#0"].pending_action is not None and not engine.episodes["p#0"].turns
+    environments.release()
+    done.update(run_all(engine))
+    assert done["p#0"].outcome.stop_reason is StopReason.MAX_TURNS and done["p#0"].outcome.num_turns == 3
+
+    lockstep = engine_with({}, TurnLimits(3, 16, 100, 128))
+    lockstep.environments = HeldBack(slow=set())
+    lockstep.submit(requests(2))
+    while not lockstep.episodes["p#0"].turns and lockstep.episodes["p#0"].pending_action is None:
+        lockstep.step()
+    lockstep.environments.slow = {"p#0"}
+    with pytest.raises(AssertionError, match="lockstep engine waits"):
+        lockstep.step()
+
+
+def test_turn_sync_schedule_starts_no_turn_before_every_trajectory_is_answered():
+    """TURN_SYNC: every inner submission finds the inner engine idle (all turns done, all answers in); the
+    trajectories end as under lockstep, by the same stop rules."""
+    inner = NativeEngine(tiny_model(), num_slots=4, max_seq_len=128, eos_token_ids=(EOS,))
+    submissions = []  # (inner steps so far, was the inner engine busy, ids), per submit call
+    submit = inner.submit
+
+    def recording(requests_):
+        submissions.append((inner.num_steps, inner.has_unfinished(), [r.request_id for r in requests_]))
+        submit(requests_)
+
+    inner.submit = recording
+    engine = TrajectoryEngine(inner, LocalEnvironments(lambda key: Counter()), PlainTextTurns(TOKENIZER),
+                              TurnLimits(3, 16, 100, 128), schedule=EnvSchedule.TURN_SYNC)
+    engine.submit(requests(3))
+    done = run_all(engine)
+    assert sorted(done) == ["p#0", "p#1", "p#2"]
+    assert all(c.outcome.stop_reason is StopReason.MAX_TURNS for c in done.values())
+    first_of_each_release = {}
+    for steps, busy, _ in submissions:
+        first_of_each_release.setdefault(steps, busy)
+    assert list(first_of_each_release.values()) == [False] * 3 and len(submissions) == 9  # 3 releases, 3 turns each
+    turn_of = [int(rid.split("/turn")[1]) for _, _, ids in submissions for rid in ids]
+    assert turn_of == sorted(turn_of)  # turn k of every trajectory before any turn k + 1

@@ -40,7 +40,7 @@ from tailflow.engines.reward.spec import RewardSpec, reward_spec
 from tailflow.engines.reward.timeouts import TimeoutPolicy
 from tailflow.engines.rollout.protocol import Request, SamplingParams
 from tailflow.engines.rollout.requests import prompt_token_ids, sampling_requests
-from tailflow.engines.rollout.trajectory_engine import TurnLimits
+from tailflow.engines.rollout.trajectory_engine import EnvSchedule, TurnLimits
 from tailflow.engines.rollout.worker import MultiTurnSetup
 from tailflow.engines.round_work import RoundWorkFactory
 from tailflow.engines.run_context import RunContext
@@ -280,7 +280,8 @@ def start_environments(config: RunConfig, max_seq_len: int) -> tuple[EnvGroup | 
     group = EnvGroup(env)
     limits = TurnLimits(env.max_turns, env.turn_max_tokens, env.trajectory_max_tokens, max_seq_len,
                         env.invalid_action_reward)
-    return group, MultiTurnSetup(limits, RemoteEnvironments(group.workers), tuple(env.turn_stop_texts))
+    return group, MultiTurnSetup(limits, RemoteEnvironments(group.workers), tuple(env.turn_stop_texts),
+                                 EnvSchedule(env.schedule))
 
 
 def rollout_resources(config: RunConfig) -> dict[str, float]:

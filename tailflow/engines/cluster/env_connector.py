@@ -45,6 +45,14 @@ class RemoteEnvironments:
         outcomes = ray.get([self.pending.pop(key) for key in keys])
         return [reply_of(outcome) for outcome in outcomes]
 
+    def ready(self, keys: Collection[str], wait_for_one: bool) -> list[EnvReply]:
+        by_ref = {self.pending[key]: key for key in keys}
+        refs = list(by_ref)
+        if wait_for_one:
+            ray.wait(refs, num_returns=1)
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
+        return [reply_of(outcome) for outcome in ray.get([self.pending.pop(by_ref[ref]) for ref in done])]
+
     def close(self, key: str) -> None:
         """End `key`'s environment. A call still running is waited for first (at most its timeout): closing under
         it would kill it mid-step and count a failure that depends on timing, which a resumed run would not

@@ -143,6 +143,12 @@ class EnvHost:
             return StepResult(None, seconds, invalid_action=value)
         return StepResult(None, seconds, failure=value)
 
+    def stall(self, seconds: float, timeout_s: float) -> EnvFailure | None:
+        """Have the process sleep `seconds` (an injected delay, engines/env/faults.py); past `timeout_s` it is
+        killed as a step that took too long would be."""
+        kind, value = self.call("sleep", seconds, timeout_s)
+        return value if kind == "failed" else None
+
     def call(self, command: str, argument: object, timeout_s: float) -> tuple[str, object]:
         """("ok", value), ("invalid", message), or ("failed", EnvFailure); a process that timed out is killed."""
         with self.lock:

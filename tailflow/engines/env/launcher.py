@@ -25,6 +25,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 from multiprocessing.connection import Connection
 
 from tailflow.engines.env.environment import EnvStep, InvalidAction, environment_class
@@ -95,6 +96,10 @@ def serve_environment(connection: Connection, class_path: str, settings: dict) -
             command, argument = connection.recv()
         except (EOFError, OSError):
             return
+        if command == "sleep":  # an injected delay (engines/env/faults.py): this process is the slow one
+            time.sleep(argument)
+            connection.send(("ok", None))
+            continue
         if command == "close":
             if environment is not None:
                 try:

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field, replace
 
 from tailflow.config import EnvConfig
 from tailflow.engines.env.environment import EnvStep
-from tailflow.engines.env.host import EnvFailure, EnvHost, EnvLauncher, start_and_reset
+from tailflow.engines.env.faults import FaultPlan
+from tailflow.engines.env.host import EnvFailure, EnvHost, EnvLauncher, StepResult, start_and_reset
 
 
 @dataclass(frozen=True)
@@ -96,6 +98,8 @@ class EnvironmentWorker:
         """Guards `hosts` and the counters (calls run on several threads)."""
         self.running_calls = 0
         self.counters_so_far = EnvCounters()
+        self.steps_taken: dict[str, int] = {}
+        """Steps each live trajectory's environment has taken (the injected faults are drawn per step)."""
 
     # ---- calls ---------------------------------------------------------------------------------
 
@@ -126,13 +130,33 @@ class EnvironmentWorker:
             host = self.hosts.get(trajectory_id)
         if host is None:
             raise KeyError(f"no environment for trajectory {trajectory_id!r} on this worker (never reset, or ended)")
+        with self.lock:
+            step_number = self.steps_taken.get(trajectory_id, 0)
+            self.steps_taken[trajectory_id] = step_number + 1
         with self.call_slot():
-            result = host.step(action, self.config.step_timeout_s)
+            result = self.faulty_step(host, trajectory_id, step_number, action)
         outcome = self.step_outcome(trajectory_id, result.step, result.invalid_action, result.failure,
                                     result.seconds)
         if outcome.done or outcome.failure is not None:
             self.close(trajectory_id)
         return outcome
+
+    def faulty_step(self, host: EnvHost, trajectory_id: str, step_number: int, action: str) -> StepResult:
+        """The step, with the faults `env.faults` injects (engines/env/faults.py): none by default."""
+        timeout_s, faults = self.config.step_timeout_s, self.config.faults
+        if faults == type(faults)():
+            return host.step(action, timeout_s)
+        plan = FaultPlan.of(trajectory_id, faults)
+        if plan.stop_at_step == step_number:
+            host.kill()  # fail-stop: the step finds its process dead
+        started = time.monotonic()
+        delay_s = plan.latency_s(step_number)
+        if delay_s > 0:
+            failure = host.stall(delay_s, timeout_s)
+            if failure is not None:
+                return StepResult(None, time.monotonic() - started, failure=failure)
+        result = host.step(action, max(timeout_s - (time.monotonic() - started), 1e-3))
+        return replace(result, seconds=time.monotonic() - started)
 
     def step_outcome(self, trajectory_id: str, step: EnvStep | None, invalid_action: str, failure: EnvFailure | None,
                      seconds: float) -> EnvStepOutcome:
@@ -158,6 +182,7 @@ class EnvironmentWorker:
         """End the trajectory's environment (its own close, then the process is gone); unknown ids are ignored."""
         with self.lock:
             host = self.hosts.pop(trajectory_id, None)
+            self.steps_taken.pop(trajectory_id, None)
         if host is not None:
             host.close()
 
@@ -165,6 +190,7 @@ class EnvironmentWorker:
         """Close every environment (end of a round, an abort, shutdown); how many there were."""
         with self.lock:
             hosts, self.hosts = list(self.hosts.values()), {}
+            self.steps_taken.clear()
         for host in hosts:
             host.close()
         return len(hosts)

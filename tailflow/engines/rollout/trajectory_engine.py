@@ -33,12 +33,18 @@ the next. Environments must therefore be deterministic given their seed and acti
 one that answers a replayed turn differently ends the trajectory as ENV_ERROR (dropped, counted, logged). The
 recorded tokens, log-probs and weight versions are kept, never resampled.
 
-Lockstep (the one schedule built so far): the environment calls issued while the inner engine ran step s are all
-answered before it runs step s + 1, and their answers are applied in the trajectories' arrival order. The inner
-engine's schedule is then a function of the seeds alone, not of how long environments take, so a seeded run
-repeats bit for bit and a resumed one ends where the uninterrupted one does. The price: a slow environment step
-holds every trajectory's next decode step for its duration (bounded by the host's step timeout). A free-running
-schedule (each trajectory on its own, no engine-wide wait) is issue 41's environment-level asynchrony.
+Three schedules (`EnvSchedule`, `env.schedule`), differing only in what a trajectory waits for:
+- LOCKSTEP (the default): the environment calls issued while the inner engine ran step s are all answered
+  before it runs step s + 1, and their answers are applied in the trajectories' arrival order. The inner
+  engine's schedule is then a function of the seeds alone, not of how long environments take, so a seeded run
+  repeats bit for bit and a resumed one ends where the uninterrupted one does. The price: a slow environment
+  step holds every trajectory's next decode step for its duration (bounded by the host's step timeout).
+- ASYNC (environment-level asynchrony, as in ROLL Flash): each step applies the answers that have arrived and
+  decodes the rest; a trajectory waits for its own environment only. The engine waits for an environment only
+  when it has nothing else to decode. Which answers are in by step s depends on how long environments took, so a
+  run is not repeatable bit for bit (each turn's sampler is still seeded by the turn's identity, `turn_seed`).
+- TURN_SYNC (for comparison): a barrier at every turn, the rollout loop of a batch agent: no trajectory starts its
+  next turn before every trajectory in flight has finished its turn and been answered.
 """
 from __future__ import annotations
 
@@ -46,12 +52,21 @@ import logging
 import zlib
 from collections import deque
 from dataclasses import dataclass, replace
+from enum import Enum
 from typing import Collection, Protocol, Sequence
 
 from tailflow.engines.env.trajectory import LastTurn, StopReason, Trajectory, TrajectoryOutcome, Turn
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishReason, Request, ResponsePrefix
 
 log = logging.getLogger(__name__)
+
+
+class EnvSchedule(str, Enum):
+    """What a trajectory waits for between its turns (module docstring)."""
+
+    LOCKSTEP = "lockstep"
+    ASYNC = "async"
+    TURN_SYNC = "turn_sync"
 
 
 @dataclass(frozen=True)
@@ -83,6 +98,10 @@ class EnvConnector(Protocol):
 
     def wait(self, keys: Collection[str]) -> list[EnvReply]:
         """Block until every one of `keys` has its pending call answered; their replies (any order)."""
+
+    def ready(self, keys: Collection[str], wait_for_one: bool) -> list[EnvReply]:
+        """The replies of those of `keys` answered by now (any order); with `wait_for_one`, block until there is
+        at least one."""
 
     def close(self, key: str) -> None:
         """The trajectory is over: release its environment (a reply still pending is discarded)."""
@@ -194,7 +213,7 @@ class TrajectoryEngine:
 
     def __init__(self, engine, environments: EnvConnector, codec: TurnCodec, limits: TurnLimits,
                  env_seed_of=group_env_seed, turn_stop_sequences: Sequence[tuple[int, ...]] = (),
-                 keep_trajectories: bool = False) -> None:
+                 keep_trajectories: bool = False, schedule: EnvSchedule = EnvSchedule.LOCKSTEP) -> None:
         """`turn_stop_sequences`: token sequences that end every model turn, beside the request's own stops.
         `keep_trajectories`: keep each ended trajectory whole for `take_trajectories` (in-process callers; a
         rollout worker reads completions only, and keeping them would grow without end)."""
@@ -215,6 +234,9 @@ class TrajectoryEngine:
         self.trajectories: dict[str, Trajectory] = {}
         """Ended trajectories, whole, by key, with `keep_trajectories` (`take_trajectories`)."""
         self.num_arrived = 0
+        self.schedule = EnvSchedule(schedule)
+        self.held: list[tuple[Episode, ResponsePrefix | None]] = []
+        """TURN_SYNC: next turns waiting at the barrier, in the order they became ready."""
 
     # ---- the protocol ------------------------------------------------------------------------
 
@@ -237,13 +259,19 @@ class TrajectoryEngine:
             self.awaiting.add(episode.key)
 
     def step(self) -> list[Completion]:
-        """Apply the environments' answers (lockstep: all of them), run one inner step, end what ended."""
+        """Apply the environments' answers (as the schedule says), run one inner step, end what ended."""
         if self.awaiting:
-            replies = sorted(self.environments.wait(set(self.awaiting)),
-                             key=lambda reply: self.episodes[reply.key].arrival)
-            for reply in replies:
+            if self.schedule is EnvSchedule.ASYNC:
+                answered = self.environments.ready(set(self.awaiting), wait_for_one=not self.engine.has_unfinished())
+            else:
+                answered = self.environments.wait(set(self.awaiting))
+            for reply in sorted(answered, key=lambda reply: self.episodes[reply.key].arrival):
                 self.awaiting.discard(reply.key)
                 self._after_reply(self.episodes[reply.key], reply)
+        if self.held and not self.awaiting and not self.engine.has_unfinished():  # TURN_SYNC: everyone is here
+            held, self.held = self.held, []
+            for episode, prefix in held:
+                self._submit_turn_now(episode, prefix)
         if self.engine.has_unfinished():
             for completion in self.engine.step():
                 self._after_turn(self.episodes[self.turn_of.pop(completion.request_id)], completion)
@@ -251,7 +279,7 @@ class TrajectoryEngine:
         return ended
 
     def has_unfinished(self) -> bool:
-        return bool(self.awaiting) or self.engine.has_unfinished()
+        return bool(self.awaiting) or bool(self.held) or self.engine.has_unfinished()
 
     def abort(self, request_ids: Sequence[str]) -> list[Completion]:
         """End these trajectories (unknown or ended ones ignored) with the turns they finished and the part of the
@@ -261,6 +289,7 @@ class TrajectoryEngine:
         partial = {running[c.request_id]: c for c in self.engine.abort(list(running))}
         for inner in running:
             self.turn_of.pop(inner, None)
+        self.held = [(episode, prefix) for episode, prefix in self.held if episode.key not in keys]
         for key in keys:
             episode = self.episodes[key]
             self.awaiting.discard(key)
@@ -401,7 +430,14 @@ class TrajectoryEngine:
         self._next_turn(episode)
 
     def _submit_turn(self, episode: Episode, prefix: ResponsePrefix | None = None) -> None:
-        """The model's next turn (`prefix`: the part of it sampled before the trajectory was stopped)."""
+        """The model's next turn (`prefix`: the part of it sampled before the trajectory was stopped); under
+        TURN_SYNC, once every trajectory in flight is at the barrier."""
+        if self.schedule is EnvSchedule.TURN_SYNC:
+            self.held.append((episode, prefix))
+        else:
+            self._submit_turn_now(episode, prefix)
+
+    def _submit_turn_now(self, episode: Episode, prefix: ResponsePrefix | None) -> None:
         turn = len(episode.turns)
         limits = self.limits
         max_new_tokens = min(limits.turn_max_tokens, limits.trajectory_max_tokens - episode.num_response_tokens,

@@ -23,7 +23,7 @@ from typing import Mapping, Sequence
 import torch
 
 from tailflow.engines.rollout.protocol import Completion, EngineStats, FinishedAt, Request
-from tailflow.engines.rollout.trajectory_engine import EnvConnector, TrajectoryEngine, TurnLimits
+from tailflow.engines.rollout.trajectory_engine import EnvConnector, EnvSchedule, TrajectoryEngine, TurnLimits
 
 
 COLOCATED_VLLM_MEMORY = 0.45
@@ -90,6 +90,8 @@ class MultiTurnSetup:
     environments: EnvConnector
     turn_stop_texts: tuple[str, ...] = ()
     """`env.turn_stop_texts`, tokenized by the worker with the model's tokenizer."""
+    schedule: EnvSchedule = EnvSchedule.LOCKSTEP
+    """`env.schedule`: what a trajectory waits for between its turns."""
 
 
 class RolloutWorker:
@@ -109,7 +111,7 @@ class RolloutWorker:
             tokenizer = AutoTokenizer.from_pretrained(model_path)
             stops = [tuple(tokenizer.encode(text, add_special_tokens=False)) for text in multi_turn.turn_stop_texts]
             built = TrajectoryEngine(built, multi_turn.environments, turn_codec(tokenizer), multi_turn.limits,
-                                     turn_stop_sequences=stops)
+                                     turn_stop_sequences=stops, schedule=multi_turn.schedule)
         self._attach(built)
 
     def _attach(self, engine) -> None:
