@@ -1,6 +1,7 @@
 """What an agentic run's metrics and rollout trace say of its trajectories (no Ray, no model: Completions built
 by hand with their masks and outcomes)."""
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -54,6 +55,9 @@ def test_env_metrics_over_kept_and_ended_trajectories():
         == (1, 1, 1, 0)
     assert row["env/stop_all/abort"] == 1 and sum(v for k, v in row.items() if k.startswith("env/stop_all/")) == 4
     assert row["env/dropped"] == 1  # the environment's failure is not trained
+    assert row["env/groups_dropped"] == 0  # all three are task "p": two trained
+    lonely = env_metrics([DONE, FAILED, replace(MAX_TURNS, problem_id="q")], [], counters)
+    assert lonely["env/groups_dropped"] == 2  # p: one trained of two; q: one trajectory
     assert row["env/reward_mean"] == pytest.approx(0.5)  # over the trained ones: (1 + 0) / 2
     steps = [0.02, 0.04, 0.1, 0.1, 0.1, 0.3, 0.5]  # every step of every trajectory that ended, resets excluded
     assert row["time/env_step_s_mean"] == pytest.approx(sum(steps) / len(steps))

@@ -337,3 +337,42 @@ def test_a_full_queue_triggers_one_long_round_then_short_rounds_resume():
         queue.defer(rule.result().deferred_problem_ids, iteration)
     assert kinds == [RoundKind.SHORT, RoundKind.LONG, RoundKind.SHORT, RoundKind.LONG]
     assert len(queue) == 0
+
+
+def trajectory(name: str, stop, num_tokens: int = 3) -> Completion:
+    """A multi-turn trajectory's completion that ended with `stop` (its outcome decides whether it is trained)."""
+    from dataclasses import replace
+
+    from tailflow.engines.env.trajectory import TrajectoryOutcome
+
+    return replace(done(name, num_tokens, FinishReason.STOP), response_mask=(True,) * num_tokens,
+                   outcome=TrajectoryOutcome(stop, (0.0,), (0.0, 0.0), (num_tokens,)))
+
+
+def test_a_failed_environment_never_counts_as_finished_while_a_redundant_trajectory_can_replace_it():
+    """R = 3 launched, R0 = 2 kept: a trajectory whose environment failed is passed over for the next good one;
+    only a prompt that can no longer reach R0 good ones completes with failed ones filling in (dropped by the
+    trainer), and whatever it did not keep is counted as waste."""
+    from tailflow.engines.env.trajectory import StopReason
+
+    rule = CompletionRule([request(f"a#{i}") for i in range(3)] + [request(f"b#{i}") for i in range(3)],
+                          responses_kept=2, prompts_to_complete=2)
+    assert rule.observe([trajectory("a#0", StopReason.ENV_ERROR, 5), trajectory("a#1", StopReason.DONE)]) == []
+    assert rule.observe([trajectory("a#2", StopReason.MAX_TURNS)]) == []  # a: two good ones, the failed one passed
+    assert [c.request_id for c in rule.kept("a")] == ["a#1", "a#2"]
+    # b: two failures leave one running, so at most one good one: it completes with the failures, b#2 aborted
+    assert rule.observe([trajectory("b#0", StopReason.TIMEOUT, 4), trajectory("b#1", StopReason.ENV_ERROR, 4)]) \
+        == ["b#2"]
+    assert [c.request_id for c in rule.kept("b")] == ["b#0", "b#1"] and rule.is_done
+    result = rule.result()
+    assert result.wasted_tokens == 5  # a#0's tokens; b's failures are kept (as dropped), b#2 aborted at 0
+
+
+def test_single_turn_completions_and_good_trajectories_complete_exactly_as_before():
+    from tailflow.engines.env.trajectory import StopReason
+
+    plain = CompletionRule([request(f"a#{i}") for i in range(3)], responses_kept=2, prompts_to_complete=1)
+    assert plain.observe([done("a#0"), done("a#1")]) == ["a#2"]
+    multi = CompletionRule([request(f"a#{i}") for i in range(3)], responses_kept=2, prompts_to_complete=1)
+    assert multi.observe([trajectory("a#0", StopReason.DONE), trajectory("a#1", StopReason.TURN_TOKEN_LIMIT)]) \
+        == ["a#2"]

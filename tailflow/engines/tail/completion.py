@@ -32,6 +32,12 @@ them: every launched prompt then trains its first R0 draws (the same test:
 prompt trains: a deferred one later, from tokens older weights sampled (the
 off-policy loss corrects them per token).
 
+Multi-turn trajectories whose environment failed (`env_error`, `timeout`: trained as dropped) never count as
+finished while the prompt can still reach R0 without them: with responses launched beyond R0 (redundant
+environment rollout) the first R0 that ended well are kept, and a failed environment costs no wait. Only a
+prompt that can no longer reach R0 good ones completes with failed ones filling its R0 (not trained, out of the
+group's baseline: `train/samples.py`), as every prompt did with R = R0 before.
+
 Completions are processed strictly in the order given (the engine's finish
 order), so the outcome is deterministic even when several prompts complete in
 one engine step: the prompt that completes P0-th ends the round, and anything
@@ -45,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from tailflow.engines.data.problem import Problem
+from tailflow.engines.env.trajectory import TrainingRule
 from tailflow.engines.rollout.protocol import Completion, FinishReason, Request
 from tailflow.engines.tail.planner import RoundKind, RoundPlan
 
@@ -108,7 +115,10 @@ class CompletionRule:
             raise ValueError(f"{num_prompts} prompts launched, fewer than prompts_to_complete={prompts_to_complete}")
         self._in_flight: dict[str, None] = dict.fromkeys(request_ids)
         self._finished: dict[str, list[Completion]] = {p: [] for p in self._requests_of}
-        """problem id -> its finished completions observed while it could still complete."""
+        """problem id -> its finished completions observed while it could still complete (failed environments'
+        trajectories apart: `_failed`)."""
+        self._failed: dict[str, list[Completion]] = {p: [] for p in self._requests_of}
+        """problem id -> its trajectories whose environment failed, in finish order."""
         self._completed: list[str] = []
         self._aborted: list[str] = []
         self._wasted: dict[str, int] = {}
@@ -150,13 +160,22 @@ class CompletionRule:
                 self._wasted[request_id] = len(completion.token_ids)
                 continue
             problem_id = completion.problem_id
-            self._finished[problem_id].append(completion)
-            if len(self._finished[problem_id]) == self.responses_kept:
+            failed = completion.outcome is not None and completion.outcome.rule is TrainingRule.DROPPED
+            (self._failed if failed else self._finished)[problem_id].append(completion)
+            if self._can_complete(problem_id):
                 self._completed.append(problem_id)
                 to_abort += self._abort([r for r in self._requests_of[problem_id] if r in self._in_flight])
                 if len(self._completed) == self.prompts_to_complete:
                     to_abort += self._abort(list(self._in_flight))
         return to_abort
+
+    def _can_complete(self, problem_id: str) -> bool:
+        """R0 good ones finished; or R0 ended and no longer R0 good ones to be had (failed ones fill in)."""
+        good, failed = len(self._finished[problem_id]), len(self._failed[problem_id])
+        if good == self.responses_kept:
+            return True
+        running = sum(1 for r in self._requests_of[problem_id] if r in self._in_flight)
+        return good + running < self.responses_kept <= good + failed
 
     def _abort(self, request_ids: list[str]) -> list[str]:
         for request_id in request_ids:
@@ -169,10 +188,11 @@ class CompletionRule:
         return list(self._completed)
 
     def kept(self, problem_id: str) -> list[Completion]:
-        """The first R0 finished responses of a completed prompt, in finish order."""
+        """The first R0 finished responses of a completed prompt, in finish order (failed environments'
+        trajectories after the good ones, only as many as it takes to make R0)."""
         if problem_id not in self._completed:
             raise KeyError(f"prompt {problem_id!r} has not completed")
-        return self._finished[problem_id][: self.responses_kept]
+        return (self._finished[problem_id] + self._failed[problem_id])[: self.responses_kept]
 
     def unfinished_problem_ids(self) -> list[str]:
         """Launched but not completed, in launch order: these go to the long-prompt queue."""
@@ -187,6 +207,11 @@ class CompletionRule:
             wasted[partial.request_id] = max(wasted.get(partial.request_id, 0), len(partial.token_ids))
         for problem_id in self.unfinished_problem_ids():
             wasted.update((c.request_id, len(c.token_ids)) for c in self._finished[problem_id])
+            wasted.update((c.request_id, len(c.token_ids)) for c in self._failed[problem_id])
+        for problem_id in self._completed:  # failed ones beyond what filled R0
+            kept = {c.request_id for c in self.kept(problem_id)}
+            wasted.update((c.request_id, len(c.token_ids)) for c in self._failed[problem_id]
+                          if c.request_id not in kept)
         completed = [(p, tuple(self.kept(p))) for p in self._completed]
         unkept = {problem_id: tuple(wasted[r] for r in request_ids if r in wasted)
                   for problem_id, request_ids in self._requests_of.items()}
@@ -207,7 +232,7 @@ class CompletionRule:
         came_back.update((r, c) for r, c in self._late.items() if c.finish_reason is not FinishReason.ABORT)
         carried = {}
         for problem_id in self.unfinished_problem_ids():
-            came_back.update((c.request_id, c) for c in self._finished[problem_id])
+            came_back.update((c.request_id, c) for c in self._finished[problem_id] + self._failed[problem_id])
             first = self._requests_of[problem_id][: self.responses_kept]
             carried[problem_id] = tuple(came_back[r] for r in first if r in came_back)
         return carried

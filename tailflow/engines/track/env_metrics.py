@@ -9,7 +9,8 @@ calls, invalid actions, observations cut to their byte cap. Everything here is p
 Per iteration (`env_metrics`):
 - over the round's kept trajectories (what the trainer was handed): `env/turns_mean`, `env/turns_max`,
   `env/stop/<reason>` (every `StopReason`, zeros included), `env/dropped` (kept but not trained:
-  `TRAINING_RULE` drops their stop, or they hold no model token), `env/reward_mean` (what the environments paid,
+  `TRAINING_RULE` drops their stop, or they hold no model token), `env/groups_dropped` (tasks whose kept group
+  has fewer than two trained trajectories: no sample, `train/samples.py`), `env/reward_mean` (what the environments paid,
   over the trained ones: the reward the gradient sees), `token/observation_length/mean` (environment tokens per
   trajectory);
 - over every trajectory that ended in the round, kept or not, aborted ones included: `env/stop_all/<reason>`
@@ -93,6 +94,14 @@ def stop_counts(completions: Sequence[Completion], prefix: str) -> dict[str, int
     return counts
 
 
+def groups_dropped(trajectories: Sequence[Completion]) -> int:
+    """Tasks among `trajectories` with fewer than two trained ones (their group gives no sample)."""
+    trained_of: dict[str, int] = {}
+    for completion in trajectories:
+        trained_of[completion.problem_id] = trained_of.get(completion.problem_id, 0) + int(is_trained(completion))
+    return sum(1 for count in trained_of.values() if count < 2)
+
+
 def env_metrics(kept: Sequence[Completion], ended: Sequence[Completion], counters: EnvCounters) -> dict[str, Any]:
     """An agentic iteration's `env/*` keys and `token/observation_length/mean` (see the module docstring).
     `kept`: the round's kept responses; `ended`: every response that ended in the round (kept or not, aborted
@@ -107,6 +116,7 @@ def env_metrics(kept: Sequence[Completion], ended: Sequence[Completion], counter
         **stop_counts(kept, "env/stop"),
         **stop_counts(ended, "env/stop_all"),
         "env/dropped": len(trajectories) - len(trained),
+        "env/groups_dropped": groups_dropped(trajectories),
         "env/reward_mean": sum(c.outcome.reward for c in trained) / len(trained) if trained else 0.0,
         "time/env_step_s_mean": sum(steps) / len(steps) if steps else 0.0,
         "env/failures": sum(counters.failures.values()),
