@@ -17,10 +17,13 @@ class Scripted(Environment):
     """The action says what happens: `boom` raises, `hang` never answers, `bad` is invalid, `long` answers 100
     bytes, `slow:<s>` answers after s seconds (logging its start and end to `log_dir`), `done` ends the task with
     reward 1, `wrong_type` returns a str instead of an EnvStep; anything else is echoed with ".". With `fail_resets`
-    > 0 the first that many resets (counted in files under `log_dir`, across processes) raise."""
+    > 0 the first that many resets (counted in files under `log_dir`, across processes) raise; every reset takes
+    `slow_reset_s` at least."""
 
-    def __init__(self, log_dir: str = "", fail_resets: int = 0, hang_resets: bool = False) -> None:
+    def __init__(self, log_dir: str = "", fail_resets: int = 0, hang_resets: bool = False,
+                 slow_reset_s: float = 0.0) -> None:
         self.log_dir, self.fail_resets, self.hang_resets = log_dir, fail_resets, hang_resets
+        self.slow_reset_s = slow_reset_s
 
     def reset(self, seed: int) -> str:
         if self.log_dir:
@@ -31,6 +34,7 @@ class Scripted(Environment):
                 raise ConnectionError("the backend is not up yet")
         if self.hang_resets:
             time.sleep(3600)
+        time.sleep(self.slow_reset_s)
         return f"{seed}\n"
 
     def step(self, action: str) -> EnvStep:

@@ -293,3 +293,41 @@ def test_under_the_async_schedule_a_hung_environment_costs_its_trajectory_and_ho
         assert all(c.outcome.stop_reason is not StopReason.TIMEOUT for c in ended[:-1])
     finally:
         group.shutdown()
+
+
+def test_a_trajectory_closed_during_its_step_or_reset_is_stopped_not_counted_as_a_failure(tmp_path):
+    """The async schedule closes an aborted trajectory's environment without waiting: a step killed under it
+    fails (its reply is never read) but is not the environment's failure, so it is not counted; a trajectory
+    closed while its reset runs has its environment closed the moment the reset returns (nothing left
+    running)."""
+    import threading
+
+    from tailflow.engines.env.worker import EnvironmentWorker
+
+    worker = EnvironmentWorker(config(tmp_path, step_timeout_s=60.0, faults={"step_latency_median_s": 30.0}))
+    try:
+        stepped = worker.reset("s", 0)
+        outcomes = []
+        stepping = threading.Thread(target=lambda: outcomes.append(worker.step("s", "x")))
+        stepping.start()
+        time.sleep(0.2)
+        worker.close("s")
+        stepping.join(timeout=10)
+        assert outcomes[0].failure.reason == StopReason.ENV_ERROR and is_gone(stepped.env_pid)
+        assert worker.counters().failures == {} and worker.counters().active_environments == 0
+        assert worker.step("s", "y").failure.reason == StopReason.ENV_ERROR  # closed: an outcome, not an error
+        assert worker.counters().failures == {}
+    finally:
+        worker.launcher.close()
+    slow_reset = EnvironmentWorker(config(tmp_path, settings={"log_dir": str(tmp_path), "slow_reset_s": 1.0}))
+    try:
+        resets = []
+        resetting = threading.Thread(target=lambda: resets.append(slow_reset.reset("r", 0)))
+        resetting.start()
+        time.sleep(0.3)
+        slow_reset.close("r")
+        resetting.join(timeout=10)
+        assert resets[0].failure is None and is_gone(resets[0].env_pid)
+        assert slow_reset.counters().active_environments == 0
+    finally:
+        slow_reset.launcher.close()

@@ -280,8 +280,9 @@ def start_environments(config: RunConfig, max_seq_len: int) -> tuple[EnvGroup | 
     group = EnvGroup(env)
     limits = TurnLimits(env.max_turns, env.turn_max_tokens, env.trajectory_max_tokens, max_seq_len,
                         env.invalid_action_reward)
-    return group, MultiTurnSetup(limits, RemoteEnvironments(group.workers), tuple(env.turn_stop_texts),
-                                 EnvSchedule(env.schedule))
+    schedule = EnvSchedule(env.schedule)
+    environments = RemoteEnvironments(group.workers, wait_on_close=schedule is not EnvSchedule.ASYNC)
+    return group, MultiTurnSetup(limits, environments, tuple(env.turn_stop_texts), schedule)
 
 
 def rollout_resources(config: RunConfig) -> dict[str, float]:

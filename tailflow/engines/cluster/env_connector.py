@@ -18,16 +18,18 @@ from tailflow.engines.rollout.trajectory_engine import EnvReply
 
 
 class RemoteEnvironments:
-    def __init__(self, workers: Sequence) -> None:
-        """`workers`: the environment workers' actor handles (`EnvGroup.workers`)."""
+    def __init__(self, workers: Sequence, wait_on_close: bool = True) -> None:
+        """`workers`: the environment workers' actor handles (`EnvGroup.workers`). `wait_on_close`: see
+        `close`."""
         if not workers:
             raise ValueError("RemoteEnvironments needs at least one environment worker")
         self.workers = list(workers)
+        self.wait_on_close = wait_on_close
         self.placement: dict[str, int] = {}
         self.pending: dict[str, ray.ObjectRef] = {}
 
     def __reduce__(self):
-        return RemoteEnvironments, (self.workers,)
+        return RemoteEnvironments, (self.workers, self.wait_on_close)
 
     def reset(self, key: str, seed: int) -> None:
         load = [0] * len(self.workers)
@@ -54,11 +56,14 @@ class RemoteEnvironments:
         return [reply_of(outcome) for outcome in ray.get([self.pending.pop(by_ref[ref]) for ref in done])]
 
     def close(self, key: str) -> None:
-        """End `key`'s environment. A call still running is waited for first (at most its timeout): closing under
-        it would kill it mid-step and count a failure that depends on timing, which a resumed run would not
-        repeat; awaited, the counters are a function of the seeds."""
+        """End `key`'s environment. With `wait_on_close` (the lockstep and turn-synchronous schedules) a call
+        still running is waited for first (at most its timeout): closing under it would kill it mid-step, and
+        whether the step had finished, and so what the worker counted, would depend on timing, which a resumed
+        run would not repeat. Without (the async schedule, itself timing-dependent) the environment is closed at
+        once, a running call killed and its reply never read: an aborted trajectory (redundant rollout stops
+        the slow ones) must not hold its caller for a slow environment's step."""
         pending = self.pending.pop(key, None)
-        if pending is not None:
+        if pending is not None and self.wait_on_close:
             ray.wait([pending])
         index = self.placement.pop(key, None)
         if index is not None:

@@ -18,6 +18,7 @@ from tailflow.config import EnvConfig
 from tailflow.engines.env.environment import EnvStep
 from tailflow.engines.env.faults import FaultPlan
 from tailflow.engines.env.host import EnvFailure, EnvHost, EnvLauncher, StepResult, start_and_reset
+from tailflow.engines.env.trajectory import StopReason
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,10 @@ class EnvironmentWorker:
         self.counters_so_far = EnvCounters()
         self.steps_taken: dict[str, int] = {}
         """Steps each live trajectory's environment has taken (the injected faults are drawn per step)."""
+        self.resetting: set[str] = set()
+        """Trajectories whose reset is running."""
+        self.closed_while_resetting: set[str] = set()
+        """Of those, the ones closed meanwhile: their environment is closed as soon as its reset returns."""
 
     # ---- calls ---------------------------------------------------------------------------------
 
@@ -112,29 +117,44 @@ class EnvironmentWorker:
             if not self.launcher.is_alive:  # killed from outside (the OOM killer): its environments went with it
                 self.launcher = EnvLauncher()
             launcher = self.launcher
+            self.resetting.add(trajectory_id)
         with self.call_slot():
             host, result = start_and_reset(launcher, config.class_path, dict(config.settings), seed, config.reset_timeout_s,
                                            config.reset_retries, config.reset_backoff_s)
         with self.lock:
-            if host is not None:
+            self.resetting.discard(trajectory_id)
+            closed = trajectory_id in self.closed_while_resetting
+            self.closed_while_resetting.discard(trajectory_id)
+            if host is not None and not closed:
                 self.hosts[trajectory_id] = host
             self.count(resets=1, reset_retries=result.attempts - 1)
             if result.failure is not None:
                 self.count_failure(result.failure)
+        if host is not None and closed:
+            host.close()
         return EnvResetOutcome(trajectory_id, result.observation, result.seconds, result.failure, result.attempts,
                                result.pid, os.getpid())
 
     def step(self, trajectory_id: str, action: str) -> EnvStepOutcome:
-        """The model's turn to the trajectory's environment; a failure or `done` ends (closes) the environment."""
+        """The model's turn to the trajectory's environment; a failure or `done` ends (closes) the environment.
+
+        A trajectory closed before or while its step runs (aborted: its caller does not wait for the step) gets
+        an `env_error` outcome that is not counted: the environment did not fail, its trajectory was stopped, and
+        whether the close came before, during or after the step is timing, which the counters must not show."""
         with self.lock:
             host = self.hosts.get(trajectory_id)
-        if host is None:
-            raise KeyError(f"no environment for trajectory {trajectory_id!r} on this worker (never reset, or ended)")
-        with self.lock:
             step_number = self.steps_taken.get(trajectory_id, 0)
             self.steps_taken[trajectory_id] = step_number + 1
+        if host is None:
+            return EnvStepOutcome(trajectory_id, "", 0.0, False, 0.0, failure=EnvFailure(
+                StopReason.ENV_ERROR, f"no environment for trajectory {trajectory_id!r} here (closed, or never reset)"))
         with self.call_slot():
             result = self.faulty_step(host, trajectory_id, step_number, action)
+        with self.lock:
+            closed_under_it = self.hosts.get(trajectory_id) is not host
+        if closed_under_it:
+            return EnvStepOutcome(trajectory_id, "", 0.0, False, result.seconds,
+                                  failure=result.failure or EnvFailure(StopReason.ENV_ERROR, "closed during the step"))
         outcome = self.step_outcome(trajectory_id, result.step, result.invalid_action, result.failure,
                                     result.seconds)
         if outcome.done or outcome.failure is not None:
@@ -183,6 +203,8 @@ class EnvironmentWorker:
         with self.lock:
             host = self.hosts.pop(trajectory_id, None)
             self.steps_taken.pop(trajectory_id, None)
+            if trajectory_id in self.resetting:
+                self.closed_while_resetting.add(trajectory_id)
         if host is not None:
             host.close()
 

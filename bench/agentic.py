@@ -1,0 +1,162 @@
+"""Environment-level asynchrony and redundant environments against turn-synchronous rollout (issue 41).
+
+    python bench/agentic.py [--iterations 10] [--seed 0] [--settings turn_sync,async,...] [--quick]
+
+Every setting runs configs/agentic.yaml (the tiny model on the built-in calculator, from its shipped warm start)
+with the same seed, data and number of iterations, one after the other in this process, its environments slowed
+by injected heavy-tailed latency (env.faults: each step sleeps a LogNormal draw, median 20 ms, sigma 1.5, in the
+environment's own process; 1% of steps take over 0.6 s). Only these keys differ:
+
+    turn_sync         env.schedule turn_sync: a barrier at every turn (the loop of a batch agent)
+    lockstep          env.schedule lockstep: tailflow's deterministic default (each engine step waits for the
+                      environment calls of the step before)
+    async             env.schedule async: environment-level asynchrony (each trajectory waits for its own)
+    faulty            async, plus 10% fail-slow environments (x20) and 5% fail-stop ones (SIGKILLed before one of
+                      their first 4 steps); no redundancy (tail batching off: the round waits for every task)
+    faulty+redundant  the same faults, with redundant rollout: tail batching on, 25% more tasks launched than the
+                      step trains (tail.prompt_ratio 1.25) and 2 trajectories per task beyond R0
+                      (tail.responses_launched 10); the first complete groups are kept, the rest stopped, a failed
+                      environment never counts as finished (engines/tail/completion.py)
+
+The environment workers may run 128 steps at once (env.max_concurrent_steps; a sleeping environment costs no CPU),
+so the injected latency, not the worker's cap, is what the schedules face.
+
+Printed per setting: rollout seconds per iteration (time/step_generate), trajectories trained per second of
+rollout, step seconds, environment failures, tokens stopped (tail/wasted_tokens), held-out accuracy at the end
+(200 tasks, one greedy trajectory each: binomial standard error ~3.5 points at 50%, so two runs differ by
+more than ~10 points only 5% of the time by chance).
+
+Targets (the issue): async >= 1.5x the trajectories per second of turn_sync; faulty+redundant's mean step within
+1.2x of the fault-free async step; async's accuracy not below turn_sync's by more than the noise. Last line:
+`RESULT env_async_speedup=<x> redundant_step_ratio=<y> unguarded_step_ratio=<z> accuracy_delta=<d>`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import yaml
+
+REPO_DIR = Path(__file__).resolve().parent.parent
+AGENTIC_CONFIG = REPO_DIR / "configs" / "agentic.yaml"
+
+ASYNC_SPEEDUP_TARGET = 1.5
+REDUNDANT_STEP_TARGET = 1.2
+ACCURACY_NOISE_POINTS = 2 * 3.5
+"""Two standard errors of one run's held-out accuracy over 200 tasks near 50%."""
+
+LATENCY = {"env.faults.step_latency_median_s": 0.02, "env.faults.step_latency_sigma": 1.5,
+           "env.max_concurrent_steps": 128}
+FAULTS = {"env.faults.fail_slow_fraction": 0.10, "env.faults.fail_slow_factor": 20.0,
+          "env.faults.fail_stop_fraction": 0.05, "env.faults.fail_stop_within_steps": 4}
+SETTINGS: dict[str, dict[str, Any]] = {
+    "turn_sync": LATENCY | {"env.schedule": "turn_sync"},
+    "lockstep": LATENCY | {"env.schedule": "lockstep"},
+    "async": LATENCY | {"env.schedule": "async"},
+    "faulty": LATENCY | FAULTS | {"env.schedule": "async"},
+    "faulty+redundant": LATENCY | FAULTS | {"env.schedule": "async", "tail.enabled": True, "tail.prompt_ratio": 1.25,
+                                            "tail.responses_launched": 10},
+}
+
+
+def config_tree(overrides: dict[str, Any]) -> dict[str, Any]:
+    """configs/agentic.yaml as a dict with dotted-key overrides applied."""
+    tree = yaml.safe_load(AGENTIC_CONFIG.read_text())
+    for dotted, value in overrides.items():
+        *sections, key = dotted.split(".")
+        node = tree
+        for section in sections:
+            node = node.setdefault(section, {})
+        node[key] = value
+    return tree
+
+
+@dataclass(frozen=True)
+class SettingResult:
+    setting: str
+    rows: list[dict[str, Any]]
+    final_accuracy: float
+    wall_s: float
+
+    def mean(self, key: str) -> float:
+        return mean(row[key] for row in self.rows)
+
+    @property
+    def trajectories_per_s(self) -> float:
+        """Trajectories handed to the trainer per second of rollout."""
+        kept = sum(sum(v for k, v in row.items() if k.startswith("env/stop/")) for row in self.rows)
+        return kept / sum(row["time/step_generate"] for row in self.rows)
+
+
+def run_setting(setting: str, iterations: int, seed: int, storage: Path) -> SettingResult:
+    from tailflow.flows.training import rl_training
+
+    overrides = SETTINGS[setting] | {"train.iterations": iterations, "train.eval_every": iterations,
+                                     "data.seed": seed, "train.seed": seed, "storage.uri": str(storage)}
+    run_id = f"agentic-bench-{setting.replace('+', '-')}-{seed}"
+    print(f"\n=== {setting} (load average {os.getloadavg()[0]:.2f}) ===", flush=True)
+    started = time.perf_counter()
+    summary = rl_training(config=config_tree(overrides), run_id=run_id)
+    wall = time.perf_counter() - started
+    rows = [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines() if line]
+    print(f"=== {setting}: {wall:.0f} s, held-out {summary.final_accuracy:.3f} ===", flush=True)
+    return SettingResult(setting, rows, summary.final_accuracy, wall)
+
+
+def print_table(results: dict[str, SettingResult]) -> None:
+    print(f"\n{'setting':17} {'rollout s/it':>13} {'traj/s':>8} {'step s':>8} {'env failures':>13} "
+          f"{'stopped tokens':>15} {'dropped groups':>15} {'held-out %':>11}")
+    for r in results.values():
+        print(f"{r.setting:17} {r.mean('time/step_generate'):13.2f} {r.trajectories_per_s:8.1f} "
+              f"{r.mean('time/step_total'):8.2f} {sum(row['env/failures'] for row in r.rows):13d} "
+              f"{sum(row['tail/wasted_tokens'] for row in r.rows):15d} "
+              f"{sum(row['env/groups_dropped'] for row in r.rows):15d} {100 * r.final_accuracy:11.1f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iterations", type=int, default=10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--quick", action="store_true", help="3 iterations: a smoke run, not a measurement")
+    parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    args = parser.parse_args()
+    iterations = 3 if args.quick else args.iterations
+    names = args.settings.split(",")
+    unknown = [n for n in names if n not in SETTINGS]
+    if unknown:
+        parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+    with tempfile.TemporaryDirectory(prefix="agentic-bench-") as storage:
+        results = {name: run_setting(name, iterations, args.seed, Path(storage)) for name in names}
+    print_table(results)
+    if args.out:
+        args.out.write_text(json.dumps({name: {"rows": r.rows, "final_accuracy": r.final_accuracy,
+                                               "wall_s": r.wall_s} for name, r in results.items()}))
+    nan = float("nan")
+    have = results.keys()
+    speedup = (results["async"].trajectories_per_s / results["turn_sync"].trajectories_per_s
+               if {"async", "turn_sync"} <= have else nan)
+    base_step = results["async"].mean("time/step_total") if "async" in have else nan
+    redundant = results["faulty+redundant"].mean("time/step_total") / base_step if "faulty+redundant" in have else nan
+    unguarded = results["faulty"].mean("time/step_total") / base_step if "faulty" in have else nan
+    delta = (100 * (results["async"].final_accuracy - results["turn_sync"].final_accuracy)
+             if {"async", "turn_sync"} <= have else nan)
+    met = [speedup >= ASYNC_SPEEDUP_TARGET, redundant <= REDUNDANT_STEP_TARGET, delta >= -ACCURACY_NOISE_POINTS]
+    print(f"\nverdict: async {speedup:.2f}x turn-synchronous trajectories/s (target >= {ASYNC_SPEEDUP_TARGET}); "
+          f"faulty step {unguarded:.2f}x fault-free without redundancy, {redundant:.2f}x with it (target <= "
+          f"{REDUNDANT_STEP_TARGET}); accuracy {delta:+.1f} points (noise {ACCURACY_NOISE_POINTS:.0f}): "
+          f"{'all targets met' if all(met) else 'targets missed: ' + ', '.join(n for n, ok in zip(('speedup', 'redundancy', 'accuracy'), met) if not ok)}"
+          f"{' (quick: a smoke run, not a measurement)' if args.quick else ''}")
+    print(f"RESULT env_async_speedup={speedup:.3f} redundant_step_ratio={redundant:.3f} "
+          f"unguarded_step_ratio={unguarded:.3f} accuracy_delta={delta:.2f}")
+
+
+if __name__ == "__main__":
+    main()
