@@ -485,6 +485,11 @@ class EnvConfig(Section):
     environment holds every trajectory's next step). async: environment-level asynchrony, each trajectory waits
     for its own environment only (faster with slow or heavy-tailed environments; not repeatable bit for bit,
     since which answers are in at a step depends on timing). turn_sync: a barrier at every turn, for comparison."""
+    reward: Literal["environment", "verifier", "sum"] = "environment"
+    """A trajectory's reward. environment: what its environment paid (the sum of its turns' rewards);
+    verifier: `reward.type`'s score of the model's last turn (its final answer) against the problem's reference
+    answer (needs a dataset: data.train_path); sum: the two added (the environment's per-turn rewards and
+    penalties on top of the verifier's; held-out accuracy counts the verifier's correct)."""
     faults: EnvFaults = EnvFaults()
     """Injected faults (benches, tests); none by default."""
     invalid_action_observation: str = "?\n"
@@ -534,6 +539,10 @@ class RunConfig(Section):
             )
         if self.env is not None:
             self._check_multi_turn_modes()
+            if self.env.reward != "environment" and not self.data.train_path:
+                raise ValueError(f"env.reward {self.env.reward!r} scores the model's last turn against the problem's "
+                                 "reference answer: it needs a dataset with answers (data.train_path); the "
+                                 "environment-drawn tasks have none (use env.reward environment)")
         return self
 
     def _check_multi_turn_modes(self) -> None:

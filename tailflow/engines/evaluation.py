@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Sequence
 
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.reward.streaming import StreamingScorer
+from tailflow.engines.reward.streaming import StreamingScorer, trajectory_reward_of
 from tailflow.engines.rollout.requests import greedy_requests
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ def held_out_accuracy(rollout: RolloutGroup, pool: RewardPool, tokenizer, proble
     timeout_s = config.reward.timeout_max_s if runs_code else None
     requests = greedy_requests(problems, config.rollout.max_new_tokens, tokenizer, config.data.prompt_template)
     completions = rollout.generate(requests)
-    scorer = StreamingScorer(pool, tokenizer, problems, lambda problem: timeout_s, streaming=False)
+    scorer = StreamingScorer(pool, tokenizer, problems, lambda problem: timeout_s, streaming=False,
+                             trajectory_reward=trajectory_reward_of(config))
     scored = scorer.score_round(problems, completions)
     return sum(group.responses[0].correct for group in scored.groups) / len(scored.groups)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from tailflow.engines.data.problem import Problem
-from tailflow.engines.reward.streaming import StreamingScorer
+from tailflow.engines.reward.streaming import StreamingScorer, trajectory_reward_of
 from tailflow.engines.reward.timeouts import TimeoutAnchors, TimeoutPolicy
 from tailflow.engines.rollout.protocol import Completion
 from tailflow.engines.tail.round import PlannedRound
@@ -65,7 +65,7 @@ class RoundWorkFactory:
         timeout_of = (lambda problem: timeouts.timeout_s(problem, anchors)) if timeouts else (lambda problem: None)
         watcher = self.watch(planned.problems) if self.watch is not None else None
         scorer = StreamingScorer(self.pool, self.tokenizer, planned.problems, timeout_of,
-                                 self.config.reward.streaming, watcher)
+                                 self.config.reward.streaming, watcher, trajectory_reward_of(self.config))
         train = self.config.train
         stream = StreamedStep(self.trainer, scorer, train.advantage, weight_version=launched_version,
                               skip_zero_advantage=train.skips_zero_advantage,

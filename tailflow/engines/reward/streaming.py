@@ -11,11 +11,18 @@ worker; the part of it before rollout ended ran alongside rollout.
 `time/reward_overlap_ratio` is that hidden scoring time over all scoring time.
 Responses of prompts the round later defers were scored for nothing; they
 are counted (`reward/unused_scores`), not used.
+
+A multi-turn trajectory's score (`trajectory_reward`, the config's `env.reward`): `environment`, what its
+environment paid (the sum of its turns' rewards), recorded at once without the pool; `verifier`, the reward
+function's score of the model's last turn (its final answer) against the problem's reference, as a single-turn
+response is scored; `sum`, the two added (the environment's per-turn rewards and penalties on top of the
+verifier's; `correct` is the verifier's).
 """
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Callable, Literal, Sequence
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.env.trajectory import StopReason, TrajectoryOutcome
@@ -25,7 +32,10 @@ from tailflow.engines.reward.worker import ScoreItem, ScoreOutcome
 from tailflow.engines.rollout.protocol import Completion, FinishReason
 
 if TYPE_CHECKING:
+    from tailflow.config import RunConfig
     from tailflow.engines.cluster.reward_pool import RewardPool
+
+TrajectoryReward = Literal["environment", "verifier", "sum"]
 
 
 class StreamingScorer:
@@ -33,8 +43,10 @@ class StreamingScorer:
 
     def __init__(self, pool: RewardPool, tokenizer, problems: Sequence[Problem],
                  timeout_of: Callable[[Problem], float | None], streaming: bool = True,
-                 watcher: Callable[[Sequence[Completion]], None] | None = None) -> None:
-        """`watcher` (live progress: flows/live_progress.py) sees every finished response, when streaming."""
+                 watcher: Callable[[Sequence[Completion]], None] | None = None,
+                 trajectory_reward: TrajectoryReward = "environment") -> None:
+        """`watcher` (live progress: flows/live_progress.py) sees every finished response, when streaming;
+        `trajectory_reward`: how a multi-turn trajectory is scored (module docstring)."""
         self.pool = pool
         self.tokenizer = tokenizer
         self.problems_by_id = {problem.problem_id: problem for problem in problems}
@@ -44,10 +56,14 @@ class StreamingScorer:
         self.texts: dict[str, str] = {}
         """Each response's text, decoded once when it is sent to the reward: its keys are the responses sent."""
         self.watcher = watcher if streaming else None
+        self.trajectory_reward = trajectory_reward
+        self.environment_rewards: dict[str, float] = {}
+        """`sum`: each trajectory's environment reward, added to the verifier's score when it arrives."""
 
     def item_for(self, completion: Completion) -> ScoreItem:
         problem = self.problems_by_id[completion.problem_id]
-        text = self.tokenizer.decode(completion.token_ids, skip_special_tokens=True)
+        tokens = completion.token_ids if completion.outcome is None else last_turn_tokens(completion)
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
         self.texts[completion.request_id] = text
         return ScoreItem(completion.request_id, text, problem, self.timeout_of(problem))
 
@@ -63,9 +79,13 @@ class StreamingScorer:
         self._collect(self.pool.ready(self.texts.keys() - self._outcomes.keys()))
 
     def _scored_by_environment(self, items: list[ScoreItem], completions: Sequence[Completion]) -> list[ScoreItem]:
-        """The items the reward pool must score: a multi-turn trajectory's score is what its environment paid
-        (`TrajectoryOutcome.reward`), recorded here at once; the rest go to the pool."""
+        """The items the reward pool must score: with `environment`, a multi-turn trajectory's score is what its
+        environment paid (`TrajectoryOutcome.reward`), recorded here at once; the rest go to the pool."""
         trajectories = {c.request_id: c.outcome for c in completions if c.outcome is not None}
+        if self.trajectory_reward != "environment":
+            if self.trajectory_reward == "sum":
+                self.environment_rewards.update((rid, outcome.reward) for rid, outcome in trajectories.items())
+            return items
         now = time.time()
         self._collect([ScoreOutcome(item.request_id, environment_result(trajectories[item.request_id]), now, now)
                        for item in items if item.request_id in trajectories])
@@ -80,7 +100,11 @@ class StreamingScorer:
         return groups_from_outcomes([problem], kept, self._outcomes, self.texts)[0]
 
     def _collect(self, outcomes: Sequence[ScoreOutcome]) -> None:
-        self._outcomes.update((outcome.request_id, outcome) for outcome in outcomes)
+        for outcome in outcomes:
+            environment = self.environment_rewards.pop(outcome.request_id, None)
+            if environment is not None:
+                outcome = replace(outcome, result=replace(outcome.result, reward=outcome.result.reward + environment))
+            self._outcomes[outcome.request_id] = outcome
 
     def finish(self, kept: Sequence[Completion]) -> tuple[dict[str, ScoreOutcome], ScoringStats]:
         """Outcomes of the kept completions (scoring any not yet sent), and the round's figures."""
@@ -109,6 +133,21 @@ class StreamingScorer:
         outcomes, stats = self.finish(completions)
         groups = groups_from_outcomes(problems, completions, outcomes, self.texts)
         return ScoredRound(groups, stats, time.perf_counter() - started)
+
+
+def trajectory_reward_of(config: RunConfig) -> TrajectoryReward:
+    """The run's `env.reward` (`environment` for a single-turn run: never read there)."""
+    return config.env.reward if config.env is not None else "environment"
+
+
+def last_turn_tokens(completion: Completion) -> tuple[int, ...]:
+    """A trajectory's last model turn (its final answer), found by its length among the model's tokens (a mask
+    run alone cannot tell two turns apart when an observation is empty); () if the model took no turn."""
+    lengths = completion.outcome.action_lengths
+    if not lengths:
+        return ()
+    model_tokens = [token for token, is_model in zip(completion.token_ids, completion.response_mask) if is_model]
+    return tuple(model_tokens[len(model_tokens) - lengths[-1]:])
 
 
 def environment_result(outcome: TrajectoryOutcome) -> RewardResult:

@@ -16,6 +16,10 @@ carries no problem (it may be empty). A group shares the seed, so it shares the 
 distribution (the number of terms, the largest term): the defaults keep trajectories short, a few turns each.
 
 Every observation is digits, "-" and a newline: inside the embedded model's vocabulary.
+
+With `task=False` it is a tool only: the task is the run's own problem (a dataset's prompt), `reset` shows
+nothing, and the final answer ends the trajectory unpaid: the verifier scores it against the problem's answer
+(`env.reward: verifier` or `sum`).
 """
 from __future__ import annotations
 
@@ -32,11 +36,14 @@ ANSWER = re.compile(r"#### (-?\d{1,12})")
 
 
 class Calculator(Environment):
-    def __init__(self, min_terms: int = 2, max_terms: int = 6, max_term_value: int = 99) -> None:
+    def __init__(self, min_terms: int = 2, max_terms: int = 6, max_term_value: int = 99, task: bool = True) -> None:
         self.task = ArithmeticTask(min_terms=min_terms, max_terms=max_terms, max_term_value=max_term_value)
         self.terms: tuple[int, ...] = ()
+        self.has_task = task
 
     def reset(self, seed: int) -> str:
+        if not self.has_task:
+            return ""
         problem = self.task.sample(random.Random(f"calculator:{seed}"), f"calculator-{seed}")
         self.terms = tuple(int(term) for term in problem.prompt.strip().split("+"))
         return problem.prompt
@@ -44,6 +51,8 @@ class Calculator(Environment):
     def step(self, action: str) -> EnvStep:
         text = action.strip()
         if answer := ANSWER.fullmatch(text):
+            if not self.has_task:
+                return EnvStep("", done=True)  # the verifier pays
             correct = int(answer.group(1)) == sum(self.terms)
             return EnvStep("", reward=1.0 if correct else 0.0, done=True, info={"correct": int(correct)})
         if operation := OPERATION.fullmatch(text):
