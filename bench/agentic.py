@@ -17,6 +17,9 @@ environment's own process; 1% of steps take over 0.6 s). Only these keys differ:
                       step trains (tail.prompt_ratio 1.25) and 2 trajectories per task beyond R0
                       (tail.responses_launched 10); the first complete groups are kept, the rest stopped, a failed
                       environment never counts as finished (engines/tail/completion.py)
+    redundant         the same redundancy without faults: what the extra trajectories cost by themselves (on 2 CPU
+                      cores they are decode work; on GPUs with batch room they are nearly free), so that
+                      faulty+redundant / redundant is what the faults still cost with redundancy
 
 The environment workers may run 128 steps at once (env.max_concurrent_steps; a sleeping environment costs no CPU),
 so the injected latency, not the worker's cap, is what the schedules face.
@@ -63,6 +66,8 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "faulty": LATENCY | FAULTS | {"env.schedule": "async"},
     "faulty+redundant": LATENCY | FAULTS | {"env.schedule": "async", "tail.enabled": True, "tail.prompt_ratio": 1.25,
                                             "tail.responses_launched": 10},
+    "redundant": LATENCY | {"env.schedule": "async", "tail.enabled": True, "tail.prompt_ratio": 1.25,
+                            "tail.responses_launched": 10},
 }
 
 
@@ -148,6 +153,12 @@ def main() -> None:
     unguarded = results["faulty"].mean("time/step_total") / base_step if "faulty" in have else nan
     delta = (100 * (results["async"].final_accuracy - results["turn_sync"].final_accuracy)
              if {"async", "turn_sync"} <= have else nan)
+    guarded = (results["faulty+redundant"].mean("time/step_total") / results["redundant"].mean("time/step_total")
+               if {"faulty+redundant", "redundant"} <= have else nan)
+    print(f"\nwhat the faults cost with redundancy, against the same redundancy without faults: {guarded:.2f}x "
+          f"(without redundancy, against no faults: {unguarded:.2f}x); redundancy alone costs "
+          f"{results['redundant'].mean('time/step_total') / base_step if 'redundant' in have else nan:.2f}x "
+          "the fault-free step here")
     met = [speedup >= ASYNC_SPEEDUP_TARGET, redundant <= REDUNDANT_STEP_TARGET, delta >= -ACCURACY_NOISE_POINTS]
     print(f"\nverdict: async {speedup:.2f}x turn-synchronous trajectories/s (target >= {ASYNC_SPEEDUP_TARGET}); "
           f"faulty step {unguarded:.2f}x fault-free without redundancy, {redundant:.2f}x with it (target <= "
