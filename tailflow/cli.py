@@ -256,14 +256,16 @@ def user_errors() -> tuple[type[Exception], ...]:
 
 
 def allowed_changes(values: list[str]) -> list[str]:
-    """`--allow-change a,b --allow-change c` -> [a, b, c], each checked against the config's keys."""
-    from tailflow.config import ConfigError, RunConfig
+    """`--allow-change a,b --allow-change c` -> [a, b, c], each checked against the config's keys (the `env`
+    section's too, though the default config has none; `env.settings.<name>` are the environment's own)."""
+    from tailflow.config import ConfigError, EnvConfig, EnvFaults, RunConfig
     from tailflow.flows.resume import flatten
 
-    known = flatten(RunConfig().model_dump(mode="json"))
+    known = (set(flatten(RunConfig().model_dump(mode="json"))) | {f"env.{name}" for name in EnvConfig.model_fields}
+             | {f"env.faults.{name}" for name in EnvFaults.model_fields})
     keys = [key.strip() for value in values for key in value.split(",") if key.strip()]
     for key in keys:
-        if key not in known:
+        if key not in known and not key.startswith("env.settings."):
             raise ConfigError(f"--allow-change: {key} is not a config key (see `tailflow config`)")
     return keys
 

@@ -208,8 +208,8 @@ class TrainConfig(Section):
     loss_agg: Literal["token_mean", "seq_mean_token_sum", "constant"] = "token_mean"
     """What the summed per-token losses of a step's batch are divided by: `token_mean`, the number of response
     tokens (DAPO; every token weighs the same); `seq_mean_token_sum`, the number of responses (each response's
-    token sum, averaged); `constant`, number of responses x rollout.max_new_tokens, the constant divisor of Dr.
-    GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"), which removes the length bias of dividing by
+    token sum, averaged); `constant`, number of responses x rollout.max_new_tokens (with `env`:
+    env.trajectory_max_tokens, a trajectory's bound), the constant divisor of Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"), which removes the length bias of dividing by
     each response's own length. Metrics (entropy, clip fraction) stay token means."""
     loss: Literal["ppo_clip", "ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr"] = "ppo_clip"
     """Policy loss (engines/train/losses.py gives each formula and its paper): `ppo_clip`, PPO's clip against the

@@ -226,3 +226,7 @@ def test_run_config_reaches_the_trainer():
 
     kwargs = trainer_kwargs(load_config(overrides=["train.loss_agg=constant", "rollout.max_new_tokens=64"]))
     assert (kwargs["train"].loss_agg, kwargs["max_new_tokens"]) == ("constant", 64)
+    agentic = trainer_kwargs(load_config(overrides=[
+        "train.loss_agg=constant", "rollout.max_new_tokens=64", "rollout.elastic=false",
+        "env.class_path=tailflow.engines.env.builtin.calculator:Calculator", "env.trajectory_max_tokens=300"]))
+    assert agentic["max_new_tokens"] == 300  # a trajectory may be longer than one response's cap

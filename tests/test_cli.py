@@ -57,3 +57,15 @@ def test_config_reference_prints_every_section(capsys):
     assert main(["config", "--reference"]) == 0
     out = capsys.readouterr().out
     assert all(f"## `{section}`" in out for section in ("model", "data", "rollout", "train", "tail"))
+
+
+def test_allowed_changes_know_the_env_section_and_its_settings():
+    """The default config has no `env`, yet an agentic run's resume may allow its keys (an environment's own
+    settings included); a typo there is still refused by name."""
+    from tailflow.cli import allowed_changes
+    from tailflow.config import ConfigError
+
+    keys = ["env.step_timeout_s", "env.faults.fail_slow_fraction", "env.settings.max_terms", "env.schedule"]
+    assert allowed_changes([",".join(keys)]) == keys
+    with pytest.raises(ConfigError, match="env.step_timeout is not a config key"):
+        allowed_changes(["env.step_timeout"])

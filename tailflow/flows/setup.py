@@ -349,8 +349,11 @@ def elastic_settings(config: RunConfig, store: ArtifactStore, run_id: str, worke
 
 
 def trainer_kwargs(config: RunConfig) -> dict:
+    """`max_new_tokens`: the longest response a sample can have (Dr. GRPO's constant divisor): a trajectory's
+    tokens after the prompt are bounded by env.trajectory_max_tokens, not by rollout.max_new_tokens."""
+    longest = config.env.trajectory_max_tokens if config.env is not None else config.rollout.max_new_tokens
     return dict(
-        train=config.train, max_new_tokens=config.rollout.max_new_tokens, temperature=config.rollout.temperature,
+        train=config.train, max_new_tokens=longest, temperature=config.rollout.temperature,
         backend="nccl" if torch_device(config.cluster.device) == "cuda" else "gloo",
     )
 
