@@ -100,11 +100,18 @@ class SettingResult:
         return kept / sum(row["time/step_generate"] for row in self.rows)
 
 
-def run_setting(setting: str, iterations: int, seed: int, storage: Path) -> SettingResult:
+QUICK = {"data.prompts_per_step": 4, "rollout.n": 4, "data.num_eval": 8, "tail.responses_launched": 5}
+"""--quick: 4 tasks x 4 trajectories (5 launched where redundant), 8 held-out tasks: the paths, not a measurement."""
+
+
+def run_setting(setting: str, iterations: int, seed: int, storage: Path, quick: bool = False) -> SettingResult:
     from tailflow.flows.training import rl_training
 
     overrides = SETTINGS[setting] | {"train.iterations": iterations, "train.eval_every": iterations,
                                      "data.seed": seed, "train.seed": seed, "storage.uri": str(storage)}
+    if quick:
+        overrides |= {key: value for key, value in QUICK.items()
+                      if key != "tail.responses_launched" or "tail.responses_launched" in overrides}
     run_id = f"agentic-bench-{setting.replace('+', '-')}-{seed}"
     print(f"\n=== {setting} (load average {os.getloadavg()[0]:.2f}) ===", flush=True)
     started = time.perf_counter()
@@ -130,16 +137,17 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--settings", default=",".join(SETTINGS))
-    parser.add_argument("--quick", action="store_true", help="3 iterations: a smoke run, not a measurement")
+    parser.add_argument("--quick", action="store_true",
+                        help="2 iterations of 4 tasks x 4 trajectories: a smoke run, not a measurement")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     args = parser.parse_args()
-    iterations = 3 if args.quick else args.iterations
+    iterations = 2 if args.quick else args.iterations
     names = args.settings.split(",")
     unknown = [n for n in names if n not in SETTINGS]
     if unknown:
         parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
     with tempfile.TemporaryDirectory(prefix="agentic-bench-") as storage:
-        results = {name: run_setting(name, iterations, args.seed, Path(storage)) for name in names}
+        results = {name: run_setting(name, iterations, args.seed, Path(storage), args.quick) for name in names}
     print_table(results)
     if args.out:
         args.out.write_text(json.dumps({name: {"rows": r.rows, "final_accuracy": r.final_accuracy,

@@ -117,17 +117,36 @@ def check_reports(run_dir, stdout: str, prompts: int, trajectories: int) -> None
 
 @pytest.mark.vllm
 def test_an_agentic_run_on_the_vllm_engine_trains_on_its_trajectories(tmp_path, cli_env):
-    """The same agentic run with `rollout.engine: vllm` (vLLM's CPU build, in the vLLM CI run): each model turn is
-    a vLLM request over the whole conversation (its prefix cache, not kept slots, reuses the shared part), and the
-    trajectories train. Costs ~1-2 min here: one CLI run of 2 iterations, most of it Ray, the actors and the vLLM
-    engine starting; only a whole run shows the vLLM worker and the environment workers meeting."""
+    """An agentic run with `rollout.engine: vllm` (vLLM's CPU build, in the vLLM CI run): each model turn is a vLLM
+    request over the whole conversation (its prefix cache, not kept slots, reuses the shared part), and the
+    trajectories train. It is also the run of a dataset with a verifier: arithmetic problems from files, the
+    calculator as a tool only (`task: false`), `env.reward: sum` (the math reward scores each trajectory's last
+    turn against the file's answer). Costs ~1-2 min here: one CLI run of 2 iterations, most of it Ray, the actors
+    and the vLLM engine starting; only a whole run shows the vLLM worker, the environment workers and the
+    verifier meeting."""
+    import json
+    import random
+
+    from tailflow.engines.data.arith import ArithmeticTask
+
+    task = ArithmeticTask(min_terms=2, max_terms=4, max_term_value=99)
+    for split, count in (("train", 32), ("eval", 8)):
+        draw = random.Random(split)
+        lines = [json.dumps({"id": p.problem_id, "prompt": p.prompt, "answer": p.answer})
+                 for p in (task.sample(draw, f"{split}-{i}") for i in range(count))]
+        (tmp_path / f"{split}.jsonl").write_text("\n".join(lines) + "\n")
     config = agentic_config(tmp_path)
     config["rollout"]["engine"] = "vllm"
     config["train"]["iterations"] = 2
+    config["data"] |= {"train_path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "eval.jsonl"),
+                       "id_field": "id"}
+    config["env"] |= {"settings": {"task": False}, "reward": "sum"}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(config))
     result = run_cli(["train", "-c", str(tmp_path / "run.yaml"), "--run-id", "agent-vllm"], cli_env, hang_s=900)
     assert result.returncode == 0, result.stdout[-4000:]
     assert "vLLM engine: vLLM 0.32.0 on cpu" in result.stdout
     state, rows = outcome(tmp_path, "agent-vllm")
     assert state.iteration == 2 and len(rows) == 2
-    assert 0 < rows[0]["reward/mean"] <= 1
+    assert 0 < rows[0]["reward/mean"] <= 1  # the verifier paid: the tool-only calculator pays nothing
+    trace = [json.loads(line) for line in (tmp_path / "agent-vllm" / "rollout_trace.jsonl").read_text().splitlines()]
+    assert all(p["prompt_tokens"] > 0 for p in trace[0]["prompts"])  # the files' prompts, not the environment's

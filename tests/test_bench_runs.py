@@ -54,3 +54,19 @@ def test_peer_tailflow_side_quick(cli_env):
     assert "prompt order: tailflow sync trained exactly the prompts handed to TRL, in order: yes" in stdout
     assert "tailflow sync" in stdout and "tailflow default" in stdout and "final held-out accuracy" in stdout
     assert stdout.strip().splitlines()[-1] == "TRL side skipped (--tailflow-only): no RESULT line"
+
+
+@pytest.mark.bench
+def test_agentic_quick(cli_env):
+    """bench/agentic.py's paths: environment-level async with injected latency, and the faulty run with redundant
+    rollout (fail-slow and fail-stop environments, tail batching over trajectories), 2 iterations of 4 tasks x 4
+    trajectories each, through the table to the RESULT line. Costs ~1.5 min here (two tailflow runs, each starting
+    Ray, the rollout, trainer, reward and environment actors and a Prefect flow); turn_sync and lockstep are left
+    to the full bench (their schedules are tested in tests/test_trajectory_engine.py)."""
+    stdout = run_bench("agentic.py", "--settings", "async,faulty+redundant", timeout=900, env=cli_env)
+    last_line = stdout.strip().splitlines()[-1]
+    match = re.fullmatch(r"RESULT env_async_speedup=nan redundant_step_ratio=(\d+\.\d{3}) unguarded_step_ratio=nan "
+                         r"accuracy_delta=nan", last_line)
+    assert match, last_line
+    assert float(match[1]) > 0
+    assert "faulty+redundant" in stdout and "verdict:" in stdout and "traj/s" in stdout
