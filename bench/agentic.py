@@ -45,9 +45,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-import yaml
+from common import REPO_DIR, config_tree
 
-REPO_DIR = Path(__file__).resolve().parent.parent
 AGENTIC_CONFIG = REPO_DIR / "configs" / "agentic.yaml"
 
 ASYNC_SPEEDUP_TARGET = 1.5
@@ -69,18 +68,6 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "redundant": LATENCY | {"env.schedule": "async", "tail.enabled": True, "tail.prompt_ratio": 1.25,
                             "tail.responses_launched": 10},
 }
-
-
-def config_tree(overrides: dict[str, Any]) -> dict[str, Any]:
-    """configs/agentic.yaml as a dict with dotted-key overrides applied."""
-    tree = yaml.safe_load(AGENTIC_CONFIG.read_text())
-    for dotted, value in overrides.items():
-        *sections, key = dotted.split(".")
-        node = tree
-        for section in sections:
-            node = node.setdefault(section, {})
-        node[key] = value
-    return tree
 
 
 @dataclass(frozen=True)
@@ -115,7 +102,7 @@ def run_setting(setting: str, iterations: int, seed: int, storage: Path, quick: 
     run_id = f"agentic-bench-{setting.replace('+', '-')}-{seed}"
     print(f"\n=== {setting} (load average {os.getloadavg()[0]:.2f}) ===", flush=True)
     started = time.perf_counter()
-    summary = rl_training(config=config_tree(overrides), run_id=run_id)
+    summary = rl_training(config=config_tree(AGENTIC_CONFIG, overrides), run_id=run_id)
     wall = time.perf_counter() - started
     rows = [json.loads(line) for line in (storage / run_id / "metrics.jsonl").read_text().splitlines() if line]
     print(f"=== {setting}: {wall:.0f} s, held-out {summary.final_accuracy:.3f} ===", flush=True)

@@ -46,8 +46,13 @@ back to what they have always measured."""
 def default_config_tree(overrides: dict[str, Any], synchronous: bool = True) -> dict[str, Any]:
     """configs/default.yaml as a dict, with dotted-key overrides applied (values as Python objects); with
     `synchronous`, SYNCHRONOUS first."""
-    tree = yaml.safe_load(DEFAULT_CONFIG.read_text())
-    for dotted, value in ({**SYNCHRONOUS, **overrides} if synchronous else overrides).items():
+    return config_tree(DEFAULT_CONFIG, {**SYNCHRONOUS, **overrides} if synchronous else overrides)
+
+
+def config_tree(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The YAML config at `path` as a dict, with dotted-key overrides applied (values as Python objects)."""
+    tree = yaml.safe_load(path.read_text())
+    for dotted, value in overrides.items():
         *sections, key = dotted.split(".")
         node = tree
         for section in sections:
