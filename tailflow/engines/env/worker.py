@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 
-from tailflow.config import EnvConfig
+from tailflow.config import EnvConfig, EnvFaults
 from tailflow.engines.env.environment import EnvStep
 from tailflow.engines.env.faults import FaultPlan
 from tailflow.engines.env.host import EnvFailure, EnvHost, EnvLauncher, StepResult, start_and_reset
@@ -91,6 +91,8 @@ def cut_to_bytes(text: str, max_bytes: int) -> tuple[str, bool]:
 class EnvironmentWorker:
     def __init__(self, config: EnvConfig) -> None:
         self.config = config
+        self.injects_faults = config.faults != EnvFaults()
+        """`env.faults` set (benches, tests): steps go through `faulty_step`'s fault plan."""
         self.launcher = EnvLauncher()
         """Forks this worker's environment processes; they all end when this process does."""
         self.hosts: dict[str, EnvHost] = {}
@@ -164,7 +166,7 @@ class EnvironmentWorker:
     def faulty_step(self, host: EnvHost, trajectory_id: str, step_number: int, action: str) -> StepResult:
         """The step, with the faults `env.faults` injects (engines/env/faults.py): none by default."""
         timeout_s, faults = self.config.step_timeout_s, self.config.faults
-        if faults == type(faults)():
+        if not self.injects_faults:
             return host.step(action, timeout_s)
         plan = FaultPlan.of(trajectory_id, faults)
         if plan.stop_at_step == step_number:

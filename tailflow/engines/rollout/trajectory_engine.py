@@ -243,16 +243,15 @@ class TrajectoryEngine:
     def submit(self, requests: Sequence[Request]) -> None:
         """Each request starts a trajectory, or continues an aborted one (its `prefix`: module docstring): its
         environment is reset (answered at the next `step`)."""
-        for request in requests:
+        episodes = []  # built (a continued one's recorded turns split and checked) before anything is queued
+        for arrival, request in enumerate(requests, start=self.num_arrived):
             if request.prefix is not None and request.prefix.outcome is None:
                 raise ValueError(f"request {request.request_id!r}: its prefix is a single-turn response's (no "
                                  "trajectory outcome): a trajectory continues only from an aborted trajectory")
-            if request.prefix is not None:
-                recorded_turns(request.prefix)  # refuse a malformed one before anything is queued
             if request.request_id in self.episodes:
                 raise ValueError(f"request {request.request_id!r} is already a trajectory in flight on this engine")
-        for request in requests:
-            episode = Episode(request, self.num_arrived, self.env_seed_of(request))
+            episodes.append(Episode(request, arrival, self.env_seed_of(request)))
+        for episode in episodes:
             self.num_arrived += 1
             self.episodes[episode.key] = episode
             self.environments.reset(episode.key, episode.env_seed)
