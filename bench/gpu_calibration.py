@@ -127,10 +127,17 @@ def calibrate_model(name: str, shape: dict, device: str, rows_axis=ROWS, context
     dtype = default_dtype(device)
     model = build_model(shape, device, dtype, seed)
     rows_axis = rows_that_fit(model, rows_axis, max(context_axis), device)
+    if device != "cpu":
+        free, total = torch.cuda.mem_get_info()
+        print(f"{name}: rows {rows_axis} fit 70% of {free / 2**30:.1f} GiB free (of {total / 2**30:.1f})", flush=True)
     rng = random.Random(seed)
+    engine = None
     decode: dict[tuple[int, int], float] = {}
     prefill: dict[tuple[int, int], float] = {}
     for rows in rows_axis:
+        engine = None  # the last row count's cache, graphs and fused weights go before the next are allocated
+        if device != "cpu":
+            torch.cuda.empty_cache()
         engine = NativeEngine(model, rows, max(context_axis) + 1, seed=seed, eos_token_ids=(), device=device)
         engine.runner.cache.k.normal_()
         engine.runner.cache.v.normal_()
