@@ -163,7 +163,7 @@ def prompt_order(config) -> list:
     prompts an iteration from the data cursor, over the datasets the run loads (problems that fit the model)."""
     from tailflow.engines.data.cursor import DataCursor, draw_prompts
     from tailflow.engines.store import open_store
-    from tailflow.flows.setup import load_inputs
+    from tailflow.driver.inputs import load_inputs
 
     datasets = load_inputs(config, open_store(config.storage.uri)).datasets
     cursor, problems = DataCursor(), []

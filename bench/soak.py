@@ -62,7 +62,7 @@ class Kill:
 def run_config(iterations: int, storage: str, quick: bool) -> dict:
     """Tiny and seeded: one rollout worker (bit for bit), two FSDP ranks (--quick: one, and one reward worker,
     the smoke test's fewest actors to start per launch), tail batching (the queue crosses commits)."""
-    from tailflow.flows.setup import shipped_warmstart_dir
+    from tailflow.driver.inputs import shipped_warmstart_dir
 
     config = {"model": {"path": str(shipped_warmstart_dir())},
               "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},

@@ -259,7 +259,7 @@ def allowed_changes(values: list[str]) -> list[str]:
     """`--allow-change a,b --allow-change c` -> [a, b, c], each checked against the config's keys (the `env`
     section's too, though the default config has none; `env.settings.<name>` are the environment's own)."""
     from tailflow.config import ConfigError, EnvConfig, EnvFaults, RunConfig
-    from tailflow.flows.resume import flatten
+    from tailflow.driver.resume import flatten
 
     known = (set(flatten(RunConfig().model_dump(mode="json"))) | {f"env.{name}" for name in EnvConfig.model_fields}
              | {f"env.faults.{name}" for name in EnvFaults.model_fields})
@@ -294,7 +294,7 @@ def run_resume(args, config) -> int:
 def run_to_its_end(run) -> int:
     """Run the training flow and print its summary. Cancelled (from the UI, with a server), the run has said
     where it stopped and how to resume: exit 1 without a traceback."""
-    from tailflow.flows.retry_policy import USER_ERRORS
+    from tailflow.driver.retry_policy import USER_ERRORS
     from tailflow.tasks.cancellable import RunCancelled
     from tailflow.terminal import quiet_tracebacks_of
 
@@ -393,7 +393,7 @@ def run_plan(args, config) -> int:
 
 def run_calibrate(args, config) -> int:
     from tailflow.engines.sim.calibrate import calibrate_cpu
-    from tailflow.flows.setup import shipped_warmstart_dir
+    from tailflow.driver.inputs import shipped_warmstart_dir
 
     table = calibrate_cpu(args.model or shipped_warmstart_dir(), num_threads=args.threads, quick=args.quick)
     Path(args.out).write_text(json.dumps(table.to_json(), indent=1) + "\n")

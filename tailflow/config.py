@@ -648,7 +648,7 @@ FLOW_OVERRIDES = "overrides"
 
 def flow_run_config(config_path: str | None, overrides: list[str], config: RunConfig | dict | None) -> RunConfig:
     """The config a flow run's parameters give: `config` whole if given, else `config_path` with `overrides`. Here,
-    not in the flow's module, because the flow's cancellation hook reads it too (flows/cancel.py)."""
+    not in the flow's module, because the flow's cancellation hook reads it too (driver/cancel.py)."""
     if isinstance(config, RunConfig):
         return config
     if config is not None:

@@ -84,7 +84,7 @@ def require_run(store: Any, run_id: str) -> None:
 
 
 def read_run_config(store: Any, run_id: str) -> RunConfig:
-    from tailflow.flows.resume import saved_config
+    from tailflow.driver.resume import saved_config
 
     try:
         return saved_config(store, run_id)

@@ -17,7 +17,7 @@ import pytest
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.engines.track.metrics import without_timing
-from tailflow.flows.setup import shipped_warmstart_dir
+from tailflow.driver.inputs import shipped_warmstart_dir
 
 
 def run_config(storage) -> dict:

@@ -3,7 +3,7 @@ subprocess: the test session's Ray has no GPUs, and Ray's resources are fixed wh
 
 This machine has no GPU, so Ray is started with two *logical* GPUs and `TAILFLOW_CUDA_STAND_IN=cpu` keeps the
 tensors on the CPU (the stand-in, named as such: placement.CUDA_STAND_IN). Everything else is the real path:
-`flows/setup.start_workers` reserves the placement groups, seats two trainer ranks and two rollout workers
+`driver/workers.start_workers` reserves the placement groups, seats two trainer ranks and two rollout workers
 colocated, the trainer ranks rendezvous at rank 0's node, the phases take turns (engines asleep for the step,
 the trainer parked for the rollout), a worker that leaves gives its seat to the next one, and shutting the groups
 down frees the GPUs. Prints one JSON line of what it saw.
@@ -22,7 +22,7 @@ def main(model_dir: str) -> None:
 
     from tailflow.engines.cluster.placement import CUDA_STAND_IN
 
-    os.environ[CUDA_STAND_IN] = "cpu"  # read by the driver, which hands each actor its device (flows/setup.py)
+    os.environ[CUDA_STAND_IN] = "cpu"  # read by the driver, which hands each actor its device (driver/workers.py)
     ray.init(num_cpus=6, num_gpus=2, include_dashboard=False, configure_logging=False,
              runtime_env={"env_vars": {"TQDM_DISABLE": "1"}})
     try:
@@ -49,7 +49,7 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
     from tailflow.engines.cluster.weight_sync import push_weights
     from tailflow.engines.rollout.protocol import Request, SamplingParams
     from tailflow.engines.train.batch import TrainSample
-    from tailflow.flows.setup import reserve_gpus, start_workers
+    from tailflow.driver.workers import reserve_gpus, start_workers
 
     config = load_config(None, ["cluster.device=gpu", "rollout.num_workers=2", "train.num_workers=2",
                                 f"model.path={model_dir}", "train.lr=1e-3"])

@@ -164,7 +164,7 @@ def tiny_run(storage_uri: str, iterations: int) -> list[str]:
     """Overrides for a run that takes seconds an iteration on 2 cores: the shipped warm start, 4 prompts x 4
     responses of at most 24 tokens, tail batching (its long-prompt queue crosses commits), one trainer rank and
     one rollout worker (bit for bit), one reward worker, asynchronous as configs/default.yaml."""
-    from tailflow.flows.setup import shipped_warmstart_dir
+    from tailflow.driver.inputs import shipped_warmstart_dir
 
     return [f"model.path={shipped_warmstart_dir()}", f"train.iterations={iterations}", "train.eval_every=1000",
             "train.num_workers=1", "train.lr=1e-3", "data.num_train=64", "data.num_eval=4", "data.prompts_per_step=4",

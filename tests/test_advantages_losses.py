@@ -222,7 +222,7 @@ def test_token_logprobs_align_with_next_token():
 
 def test_run_config_reaches_the_trainer():
     from tailflow.config import load_config
-    from tailflow.flows.setup import trainer_kwargs
+    from tailflow.driver.workers import trainer_kwargs
 
     kwargs = trainer_kwargs(load_config(overrides=["train.loss_agg=constant", "rollout.max_new_tokens=64"]))
     assert (kwargs["train"].loss_agg, kwargs["max_new_tokens"]) == ("constant", 64)

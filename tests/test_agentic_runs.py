@@ -17,7 +17,7 @@ from durable_cli import outcome, run_cli
 from tailflow.engines.env.trajectory import StopReason
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
-from tailflow.flows.setup import shipped_warmstart_dir
+from tailflow.driver.inputs import shipped_warmstart_dir
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from durable_cli import run_cli as run_cli_of
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.engines.track.rollout_trace import RolloutTraceLog
-from tailflow.flows.setup import shipped_warmstart_dir
+from tailflow.driver.inputs import shipped_warmstart_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.long]
 

@@ -23,7 +23,7 @@ def test_missing_config_file_is_named(tmp_path, capsys):
 
 
 def test_custom_dataset_errors_name_the_file(tmp_path, capsys):
-    from tailflow.flows.setup import shipped_warmstart_dir
+    from tailflow.driver.inputs import shipped_warmstart_dir
 
     train = tmp_path / "train.jsonl"
     train.write_text('{"question": "1+1", "answer": "2"}\n')
@@ -44,7 +44,7 @@ def test_eval_reports_the_shipped_warm_start_accuracy():
     claim."""
     import re
 
-    from tailflow.flows.setup import shipped_warmstart_dir
+    from tailflow.driver.inputs import shipped_warmstart_dir
 
     documented = re.search(r"Held-out greedy\s+accuracy: ([\d.]+)%", (shipped_warmstart_dir() / "RECIPE.md").read_text())
     result = subprocess.run([sys.executable, "-m", "tailflow.cli", "eval"], capture_output=True, text=True, timeout=300)

@@ -30,7 +30,7 @@ def tiny_model():
     from transformers import AutoTokenizer
 
     from tailflow.engines.models import load_model
-    from tailflow.flows.setup import shipped_warmstart_dir
+    from tailflow.driver.inputs import shipped_warmstart_dir
 
     shipped = shipped_warmstart_dir()
     return load_model(shipped), AutoTokenizer.from_pretrained(shipped)

@@ -255,10 +255,10 @@ def test_workers_cli_queues_commands_a_run_takes_once(tmp_path, capsys):
 
 
 def test_a_run_builds_its_rollout_groups_elastic_settings_from_its_config(tmp_path, capsys):
-    """What a run's rollout group is built with at start, resume and iteration restart (`setup.elastic_settings`)."""
+    """What a run's rollout group is built with at start, resume and iteration restart (`workers.elastic_settings`)."""
     from tailflow.config import load_config
-    from tailflow.flows.run_log import say
-    from tailflow.flows.setup import elastic_settings
+    from tailflow.driver.run_log import say
+    from tailflow.driver.workers import elastic_settings
 
     store = LocalStore(tmp_path)
     fixed = elastic_settings(load_config(None, ["rollout.elastic=false"]), store, "r1", workers_added=2)

@@ -116,7 +116,7 @@ def single_turn_row(iteration: int) -> dict:
 
 def test_console_line_and_closing_summary_show_turns_only_for_agentic_runs():
     from tailflow.cli import environment_line
-    from tailflow.flows.run_log import progress_line
+    from tailflow.driver.run_log import progress_line
     from tailflow.flows.training import env_summary
 
     assert "turns mean 2.0" in progress_line(agentic_row(0))
@@ -129,7 +129,7 @@ def test_console_line_and_closing_summary_show_turns_only_for_agentic_runs():
 
 def test_iteration_artifact_and_run_table_show_the_environment_only_when_present():
     from tailflow.engines.run_state import RunState
-    from tailflow.flows.artifacts import TABLE_COLUMNS, iteration_markdown, metrics_table
+    from tailflow.driver.artifacts import TABLE_COLUMNS, iteration_markdown, metrics_table
 
     state = RunState(run_id="r")
     text = iteration_markdown(agentic_row(0), state)

@@ -15,7 +15,7 @@ import pytest
 from tailflow.config import ConfigError, load_config
 from tailflow.engines.cluster.placement import CUDA_STAND_IN, takes_turns, torch_device
 from tailflow.engines.models import write_random_tiny_model
-from tailflow.flows.setup import rollout_resources, trainer_kwargs
+from tailflow.driver.workers import rollout_resources, trainer_kwargs
 
 
 def test_a_gpu_config_is_accepted_and_computes_on_cuda_unless_the_stand_in_is_set(monkeypatch):

@@ -29,7 +29,7 @@ def test_a_round_counts_prompts_with_r0_finished_responses_and_what_is_still_in_
 
 
 def test_off_a_terminal_the_round_line_is_a_plain_line(tmp_path, monkeypatch, capsys):
-    from tailflow.flows.live_progress import live_progress
+    from tailflow.driver.live_progress import live_progress
 
     monkeypatch.setenv("TAILFLOW_PROGRESS_EVERY_S", "0")
     config = config_from_dict({"storage": {"uri": str(tmp_path)}, "data": {"prompts_per_step": 2},
@@ -50,8 +50,8 @@ def test_the_progress_artifact_moves_within_a_round(tmp_path, prefect_api):
     from prefect import flow
     from prefect.client.orchestration import get_client
 
-    from tailflow.flows.artifacts import RunArtifacts
-    from tailflow.flows.live_progress import latest_artifact_id, live_progress
+    from tailflow.driver.artifacts import RunArtifacts
+    from tailflow.driver.live_progress import latest_artifact_id, live_progress
 
     config = config_from_dict({"storage": {"uri": str(tmp_path)}, "data": {"prompts_per_step": 2},
                                "rollout": {"n": 2}, "train": {"iterations": 4}, "tail": {"responses_launched": 3}})
@@ -84,7 +84,7 @@ def test_actor_warnings_and_errors_reach_the_flow_runs_logs(tmp_path, prefect_ap
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.runtime import flow_run
 
-    from tailflow.flows.live_progress import live_progress
+    from tailflow.driver.live_progress import live_progress
 
     @ray.remote(num_cpus=0)
     class Noisy:

@@ -24,7 +24,7 @@ FAMILIES = ("qwen2", "qwen3", "llama")
 def warmstart_dir() -> str:
     from importlib import resources
 
-    return str(resources.files("tailflow") / "assets" / "warmstart")  # flows/setup.shipped_warmstart_dir's
+    return str(resources.files("tailflow") / "assets" / "warmstart")  # driver/inputs.shipped_warmstart_dir's
 
 
 def assert_bit_equal(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:

@@ -100,7 +100,7 @@ def test_lease_and_store_warnings_reach_the_flow_runs_logs(prefect_api, tmp_path
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.runtime import flow_run
 
-    from tailflow.flows.run_log import warnings_in_run_logs
+    from tailflow.driver.run_log import warnings_in_run_logs
 
     @flow(persist_result=False)
     def holder() -> str:
@@ -133,7 +133,7 @@ def test_a_local_run_gets_paths_to_copy_not_file_links(prefect_api, tmp_path):
     from prefect import flow
     from prefect.client.orchestration import get_client
 
-    from tailflow.flows.links import StoredFile, checkpoint_file, publish_file_link
+    from tailflow.driver.links import StoredFile, checkpoint_file, publish_file_link
 
     store = LocalStore(tmp_path)
 
@@ -161,7 +161,7 @@ def test_s3_links_are_presigned_for_the_configured_lifetime_and_open(monkeypatch
     from moto.server import ThreadedMotoServer
 
     from tailflow.engines.store import S3Store
-    from tailflow.flows.links import checkpoint_file
+    from tailflow.driver.links import checkpoint_file
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -193,7 +193,7 @@ def make_checkpoint(folder):
 
 def test_s3_without_or_with_refused_credentials_is_one_line_and_not_retried(monkeypatch, tmp_path):
     from tailflow.engines.store import S3Store, StoreAccessError
-    from tailflow.flows.retry_policy import USER_ERRORS
+    from tailflow.driver.retry_policy import USER_ERRORS
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)

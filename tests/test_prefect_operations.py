@@ -34,7 +34,7 @@ from prefect_server import (REPO, api, operated_server, run_logs, subflow_runs, 
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.engines.track.metrics import without_timing
-from tailflow.flows.setup import shipped_warmstart_dir
+from tailflow.driver.inputs import shipped_warmstart_dir
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 

@@ -16,7 +16,7 @@ import time
 import pytest
 from prefect_server import free_port
 
-from tailflow.flows.setup import shipped_warmstart_dir
+from tailflow.driver.inputs import shipped_warmstart_dir
 
 pytestmark = pytest.mark.slow
 

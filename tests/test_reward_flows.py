@@ -7,7 +7,7 @@ import pytest
 
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
-from tailflow.flows.setup import shipped_warmstart_dir
+from tailflow.driver.inputs import shipped_warmstart_dir
 
 pytestmark = pytest.mark.slow
 
@@ -79,7 +79,7 @@ def test_code_reward_run(prefect_api, tmp_path, random_code_model_dir):
 def test_code_datasets_come_from_the_configured_file():
     """~0 s: no run, it only loads two APPS rows from tests/data (in this slow module by topic, not by cost)."""
     from tailflow.config import config_from_dict
-    from tailflow.flows.setup import load_datasets
+    from tailflow.driver.inputs import load_datasets
 
     data_file = str(__import__("pathlib").Path(__file__).parent / "data" / "apps_sample.jsonl")
     config = config_from_dict({"model": {"path": "/any"}, "reward": {"type": "code"},

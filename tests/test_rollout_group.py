@@ -64,7 +64,7 @@ def test_a_sigterm_in_an_iterations_code_stops_a_ray_get_at_once(ray_session):
     """Why the Cancel test left an iteration Running: inside a subflow Prefect's SIGTERM bridge replaces Ray's
     handler, and a `ray.get` (a rollout poll, here) held the bridge's exception until its result came, which,
     Ray's processes stopped by the same signal, it never did; the runner SIGKILLed the driver 30 s later. In an
-    iteration's code (`exits_on_sigterm`, flows/cancel.py) the signal raises SystemExit, which `ray.get` passes
+    iteration's code (`exits_on_sigterm`, driver/cancel.py) the signal raises SystemExit, which `ray.get` passes
     on at once, whatever it waits for."""
     import os
     import signal

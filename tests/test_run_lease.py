@@ -126,7 +126,7 @@ def test_the_flow_refuses_a_second_writer_before_writing_anything(store, prefect
     """Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
     first test on each xdist worker that asks for it): the fast subset starts no server; this test's own part is
     ~2 s."""
-    from tailflow.flows.setup import shipped_warmstart_dir
+    from tailflow.driver.inputs import shipped_warmstart_dir
     from tailflow.flows.training import rl_training
 
     with hold_lease(store, "busy", "flow run first (abc)", heartbeat_s=3600):
@@ -140,7 +140,7 @@ def test_the_flow_refuses_a_second_writer_before_writing_anything(store, prefect
 def test_the_cli_refuses_a_second_writer_in_one_line(tmp_path):
     """Costs ~25 s here (one `tailflow train` process, whose imports and start-up are most of it, refused by the
     held lease): the one-line refusal and the exit code are the CLI's, so they need the CLI's own process."""
-    from tailflow.flows.setup import shipped_warmstart_dir
+    from tailflow.driver.inputs import shipped_warmstart_dir
 
     store = LocalStore(tmp_path / "runs")
     with hold_lease(store, "busy", "flow run first (abc)", heartbeat_s=3600):

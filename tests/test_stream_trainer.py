@@ -254,7 +254,7 @@ def test_a_streamed_run_with_tail_batching(prefect_api, tmp_path):
     needs a real run."""
     from tailflow.engines.runs.commit import read_committed_state
     from tailflow.engines.store import LocalStore
-    from tailflow.flows.setup import shipped_warmstart_dir
+    from tailflow.driver.inputs import shipped_warmstart_dir
     from tailflow.flows.training import rl_training
 
     config = {

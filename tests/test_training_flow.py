@@ -10,7 +10,7 @@ from tailflow.engines.runs.checkpoint import weights_sha256
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.engines.track.metrics import without_timing
-from tailflow.flows.setup import shipped_warmstart_dir
+from tailflow.driver.inputs import shipped_warmstart_dir
 
 pytestmark = pytest.mark.slow
 
@@ -104,7 +104,7 @@ def test_two_iterations_through_prefect(spine_run, tiny_model_dir):
 def test_a_run_without_resumable_commits_is_not_overwritten(tiny_model_dir, tmp_path):
     """~0 s: no run, only `prepare_run_dir` on a temp directory (in this slow module by topic, not by cost)."""
     from tailflow.config import ConfigError, config_from_dict
-    from tailflow.flows.setup import prepare_run_dir
+    from tailflow.driver.context import prepare_run_dir
 
     config = config_from_dict(tiny_run_config(tiny_model_dir, tmp_path))
     (tmp_path / "taken").mkdir()

@@ -5,7 +5,7 @@ import pytest
 
 from tailflow.config import ConfigError, load_config
 from tailflow.engines.store import LocalStore
-from tailflow.flows.setup import resolve_model_path, shipped_warmstart_dir
+from tailflow.driver.inputs import resolve_model_path, shipped_warmstart_dir
 
 
 @pytest.mark.slow

@@ -88,7 +88,7 @@ class RunContext:
         raise AttributeError(f"RunContext is immutable (tried to set {name}); build a new one with `replacing`")
 
     def replacing(self, **changes) -> RunContext:
-        """The same run with some parts replaced: new worker groups after an actor died (`flows/setup.py` then
+        """The same run with some parts replaced: new worker groups after an actor died (`driver/context.py` then
         builds the round observers and the pipeline over them again)."""
         unknown = set(changes) - set(self.__slots__)
         if unknown:

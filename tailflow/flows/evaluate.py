@@ -8,10 +8,11 @@ from __future__ import annotations
 from prefect import flow
 
 from tailflow.config import load_config
+from tailflow.driver.inputs import load_inputs
+from tailflow.driver.workers import start_rollout_and_reward
 from tailflow.engines.cluster.runtime import start_ray
 from tailflow.engines.evaluation import held_out_accuracy
 from tailflow.engines.store import open_store
-from tailflow.flows.setup import load_inputs, start_rollout_and_reward
 
 
 @flow(name="evaluate", persist_result=False)

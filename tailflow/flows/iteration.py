@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from prefect import flow
 
+from tailflow.driver.artifacts import publish_iteration_summary, publish_rollout_membership
+from tailflow.driver.cancel import aborted_on_cancel
 from tailflow.engines.outcome import IterationOutcome
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.track.summary import metrics_row
-from tailflow.flows.artifacts import publish_iteration_summary, publish_rollout_membership
-from tailflow.flows.cancel import aborted_on_cancel
 from tailflow.tasks.commit import commit
 from tailflow.tasks.evaluate import evaluate_policy
 from tailflow.tasks.rollout import pause_rollout, resume_rollout, take_round
@@ -32,7 +32,7 @@ from tailflow.tasks.train import train_policy
 @flow(flow_run_name="iter-{iteration:04d}", persist_result=False)
 def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0) -> RunState:
     """`state` is the last commit; `attempt` > 0 when an actor died in an earlier try of this iteration."""
-    with aborted_on_cancel():  # a Cancel stops the subflow without a crash report (flows/cancel.py)
+    with aborted_on_cancel():  # a Cancel stops the subflow without a crash report (driver/cancel.py)
         taken = take_round(ctx, state, iteration)
         scored = collect_scores(ctx, taken)
         trained = train_policy(ctx, scored, taken.observer, iteration, state.weight_version)

@@ -9,6 +9,18 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from tailflow.config import FLOW_OVERRIDES, ConfigError, RunConfig, flow_run_config, load_config
+from tailflow.driver.artifacts import RunArtifacts
+from tailflow.driver.cancel import end_left_subflows, ended_on_cancel
+from tailflow.driver.context import build_context, new_run_id, prepare_run_dir, restart_workers
+from tailflow.driver.live_progress import live_progress
+from tailflow.driver.preflight import check_inputs
+from tailflow.driver.resume import (check_config_for_resume, commit_initial_state, finished_state, restore_commit,
+                                    restore_weights)
+from tailflow.driver.retry_policy import no_retry_on_user_error
+from tailflow.driver.run_hooks import after_iteration, publish_report
+from tailflow.driver.run_log import flow_run_run_id, print_resume, print_start, say
+from tailflow.driver.workers import shutdown_workers
+from tailflow.driver.writer import run_writer
 from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.run_state import RunState
 from tailflow.engines.run_context import RunContext
@@ -18,18 +30,7 @@ from tailflow.engines.store import open_store
 from tailflow.engines.track import MetricsLogger
 from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
-from tailflow.flows.artifacts import RunArtifacts
-from tailflow.flows.cancel import end_left_subflows, ended_on_cancel
 from tailflow.flows.iteration import iteration
-from tailflow.flows.live_progress import live_progress
-from tailflow.flows.preflight import check_inputs
-from tailflow.flows.resume import (check_config_for_resume, commit_initial_state, finished_state, restore_commit,
-                                   restore_weights)
-from tailflow.flows.retry_policy import no_retry_on_user_error
-from tailflow.flows.run_hooks import after_iteration, publish_report
-from tailflow.flows.run_log import flow_run_run_id, print_resume, print_start, say
-from tailflow.flows.setup import build_context, new_run_id, prepare_run_dir, restart_workers, shutdown_workers
-from tailflow.flows.writer import run_writer
 from tailflow.tasks.cancellable import cancel_requested
 from tailflow.tasks.evaluate import evaluate_policy
 
@@ -78,7 +79,7 @@ class RunSummary:
 
 
 @flow(name="rl_training", flow_run_name=run_name, retries=2, retry_delay_seconds=10,
-      on_cancellation=[end_left_subflows],  # an iteration the run's process could not end (flows/cancel.py)
+      on_cancellation=[end_left_subflows],  # an iteration the run's process could not end (driver/cancel.py)
       persist_result=False)  # whether an iteration ran comes from the run's store, never Prefect's results
 def rl_training(
     config_path: str | None = None,

@@ -8,8 +8,6 @@ two CPU cores; `tailflow warmstart` regenerates it.
 """
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import tempfile
 from pathlib import Path
@@ -18,22 +16,12 @@ from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
 from tailflow.config import RunConfig, load_config
-from tailflow.engines.data.arith import ArithmeticTask, default_splits
+from tailflow.driver.inputs import recipe_key, recipe_of
+from tailflow.engines.data.arith import default_splits
 from tailflow.engines.data.tokenizer import build_char_tokenizer
 from tailflow.engines.models import build_tiny_model
 from tailflow.engines.store import open_store
 from tailflow.engines.train.sft import SFTConfig, sft_train
-
-
-def recipe_of(config: RunConfig) -> dict:
-    """Everything the warm-start weights depend on: a change to the task's generator is a new recipe."""
-    return {**config.warmstart.model_dump(), "data_seed": config.data.seed, "num_train": config.data.num_train,
-            "task": dataclasses.asdict(ArithmeticTask())}
-
-
-def recipe_key(recipe: dict) -> str:
-    digest = hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()[:12]
-    return f"warmstart/{digest}"
 
 
 @task(cache_policy=NO_CACHE, persist_result=False)

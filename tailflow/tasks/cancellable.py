@@ -1,12 +1,12 @@
 """The training run's tasks, made so that a Cancel stops them without an error.
 
 Prefect 3 logs every end of a task run but Completed at ERROR ("Task run failed with exception", "Crash
-detected!", "Task run was aborted"). A Cancel's signal (flows/cancel.py) lands wherever the driver is, most
+detected!", "Task run was aborted"). A Cancel's signal (driver/cancel.py) lands wherever the driver is, most
 often in a task's body: Ray's SIGTERM handler raises SystemExit there, or, inside Ray's C code, a SystemError
 (seen in the Cancel test: `train_policy` "failed" while nothing had). So the UI showed an error for a Cancel.
 A `run_task`'s body that stops while the run is being cancelled returns `STOPPED` instead (its task run ends
 Completed), and calling the task raises `RunCancelled` in the flow that called it, which ends the iteration
-and the run Cancelled with the run's one line (flows/cancel.py). Any other error passes unchanged.
+and the run Cancelled with the run's one line (driver/cancel.py). Any other error passes unchanged.
 """
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def hold_off_termination() -> None:
     where the run had noticed the Cancel between two iterations and the signal landed in the lease's release,
     leaving the run Crashed. Ray's processes still get the signal and exit. Only the main thread can set a
     handler (the flow's, where the signal is delivered); from another nothing changes. Prefect's engine puts
-    the handler it replaced back when a subflow ends, so the parent holds off again (flows/cancel.py)."""
+    the handler it replaced back when a subflow ends, so the parent holds off again (driver/cancel.py)."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 

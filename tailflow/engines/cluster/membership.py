@@ -29,7 +29,7 @@ def say_on_stderr(line: str) -> None:
 @dataclass(frozen=True)
 class ElasticSettings:
     """How a rollout group's members may change while it runs. A run builds them from `rollout.elastic` and its
-    store (`flows/setup.elastic_settings`); evaluation, tests and benches take the defaults or their own."""
+    store (`driver/workers.elastic_settings`); evaluation, tests and benches take the defaults or their own."""
 
     is_elastic: bool = True
     """False: a dead worker fails the group's call with `ACTOR_FAILURES` (the flow then restarts the iteration),

@@ -18,7 +18,7 @@ one node per trainer rank (STRICT_SPREAD).
 `check_fits` compares what the actors ask for with what the Ray cluster has,
 before any actor starts, and names the numbers when it cannot fit; otherwise
 Ray would leave the actors pending forever. `cluster.device: gpu` runs reserve
-the layout (`GpuReservation`) in `flows/setup.py`; that path has run on Ray's
+the layout (`GpuReservation`) in `driver/workers.py`; that path has run on Ray's
 logical GPUs with tensors on the CPU (tests/test_gpu_wiring.py), never on a
 real GPU.
 """

@@ -45,7 +45,7 @@ class StreamingScorer:
                  timeout_of: Callable[[Problem], float | None], streaming: bool = True,
                  watcher: Callable[[Sequence[Completion]], None] | None = None,
                  trajectory_reward: TrajectoryReward = "environment") -> None:
-        """`watcher` (live progress: flows/live_progress.py) sees every finished response, when streaming;
+        """`watcher` (live progress: driver/live_progress.py) sees every finished response, when streaming;
         `trajectory_reward`: how a multi-turn trajectory is scored (module docstring)."""
         self.pool = pool
         self.tokenizer = tokenizer

@@ -1,4 +1,4 @@
-"""A round's progress from its finished responses: what the live line (flows/live_progress.py) shows.
+"""A round's progress from its finished responses: what the live line (driver/live_progress.py) shows.
 
 The streamed scorer (engines/reward/streaming.py) sees every response the moment its engine finishes it and
 hands it to the watcher it was built with; the watcher counts here. No Prefect or terminal code lives here.

@@ -152,7 +152,7 @@ def environment_facts(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
 
 def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, bytes]]) -> str:
     """The page, its plots (title, PNG bytes) inlined: one URL shows everything, e.g. a link presigned for
-    report.html alone on a private bucket (flows/links.py), where the plots' own URLs would answer 403."""
+    report.html alone on a private bucket (driver/links.py), where the plots' own URLs would answer 403."""
     evals = series(rows, "eval/accuracy")[1]
     rounds = "".join("L" if row.get("tail/round") == 1 else "S" for row in rows)
     facts = [("iterations committed", str(len(rows))), ("rounds (S short, L long)", rounds or "-"),

@@ -13,13 +13,13 @@ from typing import Any
 import yaml
 
 from tailflow.config import ConfigError, RunConfig, config_from_dict, config_to_yaml
+from tailflow.driver.run_log import say
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import read_checkpoint
 from tailflow.engines.runs.commit import commit_state, read_committed_state
 from tailflow.engines.runs.layout import config_key
 from tailflow.engines.track.rollout_trace import RolloutTraceLog
-from tailflow.flows.run_log import say
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:

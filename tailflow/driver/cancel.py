@@ -29,8 +29,8 @@ from contextlib import contextmanager
 from datetime import datetime
 from typing import Iterator
 
+from tailflow.driver.run_log import flow_run_run_id, say
 from tailflow.engines.runs.commit import read_committed_state
-from tailflow.flows.run_log import flow_run_run_id, say
 from tailflow.tasks.cancellable import RunCancelled, cancel_requested, exits_on_sigterm, hold_off_termination
 
 

@@ -20,11 +20,11 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 from tailflow.config import RunConfig
+from tailflow.driver.run_log import say
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
 from tailflow.engines.track.live import RoundCount, RoundWatcher
-from tailflow.flows.run_log import say
 
 ARTIFACT_EVERY_S = 2.0
 
@@ -77,7 +77,7 @@ class LiveProgress:
         """The run's `<run>-progress` artifact (RunArtifacts made it) moved to `iterations` of the planned."""
         from prefect.artifacts import update_progress_artifact
 
-        from tailflow.flows.artifacts import artifact_key
+        from tailflow.driver.artifacts import artifact_key
 
         if self.progress_id is None:
             self.progress_id = latest_artifact_id(f"{artifact_key(self.run_id)}-progress")

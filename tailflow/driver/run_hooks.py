@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from tailflow.driver.cancel import stop_if_cancelled
+from tailflow.driver.live_progress import LiveProgress
+from tailflow.driver.run_log import iteration_flow_run_id, progress_line, say
 from tailflow.engines.runs.lease import HeldLease
-from tailflow.flows.cancel import stop_if_cancelled
-from tailflow.flows.live_progress import LiveProgress
-from tailflow.flows.run_log import iteration_flow_run_id, progress_line, say
 
 
 def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease, live: LiveProgress) -> None:
@@ -31,11 +31,11 @@ def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease, live: Liv
 
 
 def publish_report(ctx) -> None:
-    """Redraw the report and the run's index; link it from the flow run (a link that opens: flows/links.py). A
+    """Redraw the report and the run's index; link it from the flow run (a link that opens: driver/links.py). A
     report is not worth a run: a failure to draw it is said, not raised."""
     from tailflow.engines.track.report import write_report
-    from tailflow.flows.artifacts import artifact_key
-    from tailflow.flows.links import StoredFile, publish_file_link
+    from tailflow.driver.artifacts import artifact_key
+    from tailflow.driver.links import StoredFile, publish_file_link
 
     try:
         report = write_report(ctx.store, ctx.run_id)

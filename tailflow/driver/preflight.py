@@ -11,11 +11,11 @@ run itself (a few seconds for the default 20,000 problems).
 from __future__ import annotations
 
 from tailflow.config import RunConfig
+from tailflow.driver.inputs import load_inputs
 from tailflow.engines.cluster.attach import check_attach
 from tailflow.engines.rollout.vllm_engine import require_vllm
 from tailflow.engines.store import open_store
 from tailflow.engines.track.tensorboard import require_tensorboard
-from tailflow.flows.setup import load_inputs
 
 
 def check_inputs(config: RunConfig) -> None:

@@ -12,8 +12,8 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from tailflow.driver.links import checkpoint_file, publish_file_link
 from tailflow.engines.run_state import RunState
-from tailflow.flows.links import checkpoint_file, publish_file_link
 
 SHOWN = (
     "time/step_total", "time/step_generate", "time/step_reward", "time/step_train", "time/step_model_update",
@@ -129,7 +129,7 @@ def metrics_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 class RunArtifacts:
-    """The parent flow run's artifacts: progress, the metrics table, links to the checkpoint (flows/links.py) and
+    """The parent flow run's artifacts: progress, the metrics table, links to the checkpoint (driver/links.py) and
     W&B.
 
     Keys are per run id, so the Artifacts page shows one history per run whichever flow run (first

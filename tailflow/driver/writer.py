@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from tailflow.config import RunConfig
+from tailflow.driver.run_log import say, warnings_in_run_logs
 from tailflow.engines.runs.lease import HeldLease, Lease, hold_lease
 from tailflow.engines.store import open_store
-from tailflow.flows.run_log import say, warnings_in_run_logs
 
 
 @contextmanager
