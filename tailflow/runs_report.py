@@ -21,7 +21,7 @@ from tailflow.config import ConfigError, RunConfig, apply_override, config_from_
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, SHARDS_DIR, WEIGHTS_FILE, weights_sha256
 from tailflow.engines.runs.commit import CommitError, read_committed_state
-from tailflow.engines.runs.layout import config_key, latest_key
+from tailflow.engines.runs.layout import config_key, latest_key, saved_config
 from tailflow.engines.store.local import PROCESS_UMASK
 
 QUEUE_PREVIEW = 5
@@ -84,8 +84,6 @@ def require_run(store: Any, run_id: str) -> None:
 
 
 def read_run_config(store: Any, run_id: str) -> RunConfig:
-    from tailflow.driver.resume import saved_config
-
     try:
         return saved_config(store, run_id)
     except yaml.YAMLError as error:

@@ -129,7 +129,8 @@ def test_weights_sha256_depends_only_on_the_weights(random_tiny_model_dir, tmp_p
 
 def test_a_resume_with_a_changed_config_is_refused_unless_the_keys_are_named(tmp_path):
     from tailflow.config import ConfigError, config_to_yaml, load_config
-    from tailflow.driver.resume import check_config_for_resume, saved_config
+    from tailflow.driver.resume import check_config_for_resume
+    from tailflow.engines.runs.layout import saved_config
 
     store = LocalStore(tmp_path)
     started = load_config(None, [f"storage.uri={tmp_path}", "train.iterations=10"])

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
-
-from tailflow.config import ConfigError, RunConfig, config_from_dict, config_to_yaml
+from tailflow.config import ConfigError, RunConfig, config_to_yaml
 from tailflow.driver.run_log import say
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import read_checkpoint
 from tailflow.engines.runs.commit import commit_state, read_committed_state
-from tailflow.engines.runs.layout import config_key
+from tailflow.engines.runs.layout import config_key, saved_config
 from tailflow.engines.track.rollout_trace import RolloutTraceLog
 
 
@@ -35,14 +33,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def changed_keys(saved: RunConfig, requested: RunConfig) -> list[str]:
     old, new = flatten(saved.model_dump(mode="json")), flatten(requested.model_dump(mode="json"))
     return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
-
-
-def saved_config(store: Any, run_id: str) -> RunConfig:
-    key = config_key(run_id)
-    try:
-        return config_from_dict(yaml.safe_load(store.read_text(key)) or {}, source=store.uri(key))
-    except FileNotFoundError:
-        raise ConfigError(f"run {run_id} has a commit but no {store.uri(key)}") from None
 
 
 def check_config_for_resume(store: Any, run_id: str, requested: RunConfig, allow_change: list[str],

@@ -13,6 +13,13 @@
 """
 from __future__ import annotations
 
+from typing import Any
+
+import yaml
+
+from tailflow.config import ConfigError, RunConfig, config_from_dict
+
+
 def checkpoint_key(run_id: str, iteration: int) -> str:
     return f"{run_id}/checkpoints/iter-{iteration:04d}"
 
@@ -29,6 +36,15 @@ def latest_key(run_id: str) -> str:
 
 def config_key(run_id: str) -> str:
     return f"{run_id}/config.yaml"
+
+
+def saved_config(store: Any, run_id: str) -> RunConfig:
+    """The config in `<run>/config.yaml` (a run with a commit has one)."""
+    key = config_key(run_id)
+    try:
+        return config_from_dict(yaml.safe_load(store.read_text(key)) or {}, source=store.uri(key))
+    except FileNotFoundError:
+        raise ConfigError(f"run {run_id} has a commit but no {store.uri(key)}") from None
 
 
 def metrics_key(run_id: str) -> str:
