@@ -1,10 +1,12 @@
 """Which package may import which (docs/architecture.md): checked over every import statement in tailflow/.
 
-- Prefect appears only in flows/, tasks/ and the command line's Prefect helpers, never in engines/.
+- Prefect appears only in flows/, tasks/, driver/ and the command line's Prefect helpers, never in engines/.
 - Ray appears only in engines/cluster/: the groups hand plain data to everything else.
 - engines/ never imports flows/, tasks/ or the command line; of the rest of the package, only `tailflow.config`.
 - tasks/ never imports flows/.
-- tasks/ and flows/ import the simulator (engines/sim) only to plan and simulate (tasks/simulate.py, flows/plan.py).
+- Only flows/ itself and the command line (cli.py) import flows/: driver/, which holds the run's wiring, never does.
+- tasks/, flows/ and driver/ import the simulator (engines/sim) only to plan and simulate (tasks/simulate.py,
+  flows/plan.py).
 - engines/ holds no module-level registry: no `global`, no module-level container that starts empty.
 - No import circle anywhere in tailflow/.
 Imports inside functions and under TYPE_CHECKING count too.
@@ -58,9 +60,18 @@ def test_tasks_do_not_import_flows():
     assert offenders(modules("tasks"), roots("tailflow.flows")) == []
 
 
-def test_only_planning_and_simulating_import_the_simulator_from_tasks_and_flows():
+def test_only_the_flows_and_the_command_line_import_flows():
+    """flows/ holds only the flows; what they call (driver/, tasks/, engines/) and the rest of the package never
+    reach back into it, so a flow module is imported only by its own package and by the command that starts it."""
+    allowed = ("tailflow/flows/", "tailflow/cli.py")
+    outside = {path: names for path, names in modules(".").items() if not path.startswith(allowed)}
+    assert offenders(outside, roots("tailflow.flows")) == []
+
+
+def test_only_planning_and_simulating_import_the_simulator_from_tasks_flows_and_driver():
     allowed = {"tailflow/tasks/simulate.py", "tailflow/flows/plan.py"}
-    found = {path: names for path, names in {**modules("tasks"), **modules("flows")}.items() if path not in allowed}
+    found = {path: names for path, names in {**modules("tasks"), **modules("flows"), **modules("driver")}.items()
+             if path not in allowed}
     assert offenders(found, roots("tailflow.engines.sim")) == []
 
 
@@ -143,6 +154,7 @@ def test_the_rules_see_imports_where_they_are():
     """The scanner itself: a module known to import each of these is seen to."""
     assert "ray" in imports_of(PACKAGE / "engines" / "cluster" / "trainer_group.py")
     assert "prefect" in imports_of(PACKAGE / "flows" / "iteration.py")
+    assert "tailflow.flows.training" in imports_of(PACKAGE / "cli.py")  # imported inside a function
     assert any(name.startswith("tailflow.engines.cluster") for name in imports_of(PACKAGE / "engines" / "run_context.py"))
     assert module_level_registries(PACKAGE / "engines" / "faults.py") == []
     assert "tailflow.engines.reward.scoring" in import_graph()["tailflow.engines.reward.streaming"]
