@@ -70,15 +70,15 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
                               calls.append((samples, options)) or SimpleNamespace(result=lambda: "stats", ready=lambda: True))),
                           fault_point=lambda phase, iteration: None,
                           pipeline=SimpleNamespace(max_staleness=0, roll_while=lambda busy, steps: OverlapStats()))
-    work = SimpleNamespace(stream=None)  # the round's observer: no stream trainer
+    observer = SimpleNamespace(stream=None)  # the round's observer (a RoundWork): no stream trainer
 
     def scored(versions):
         return ScoredRound([group("a", [1.0, 0.0], versions)], stats=None, seconds=0.0)
 
     with pytest.raises(ValueError, match="a#1 \\(version 4\\)"):
-        train_policy.fn(ctx, scored([5, 4]), work, iteration=5, weight_version=5)
+        train_policy.fn(ctx, scored([5, 4]), observer, iteration=5, weight_version=5)
     assert calls == []
-    assert train_policy.fn(ctx, scored([5, 5]), work, iteration=5, weight_version=5).stats == "stats"
+    assert train_policy.fn(ctx, scored([5, 5]), observer, iteration=5, weight_version=5).stats == "stats"
     assert calls[0] == "sleep" and len(calls) == 2 and len(calls[1][0]) == 2
     assert calls[1][1] == dict(skip_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0)
 

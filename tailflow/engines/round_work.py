@@ -1,4 +1,4 @@
-"""A round's observer: its scorer, and with the stream trainer its optimizer step, built when it is launched.
+"""A run's round observer: its scorer, and with the stream trainer its optimizer step, built when it is launched.
 
 The rollout pipeline asks `RoundWorkFactory` for one per round when it launches it and shows it every response
 as it finishes, in every mode: docs/architecture.md, "The one rollout driver".
@@ -21,6 +21,7 @@ from tailflow.engines.reward.streaming import StreamingScorer, trajectory_reward
 from tailflow.engines.reward.timeouts import TimeoutAnchors, TimeoutPolicy
 from tailflow.engines.rollout.protocol import Completion
 from tailflow.engines.tail.round import PlannedRound
+from tailflow.engines.tail.taken import TakenRound
 from tailflow.engines.track.live import RoundWatcher
 from tailflow.engines.train.stream import StreamedStep
 
@@ -32,6 +33,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class RoundWork:
+    """A run's `RoundObserver` (engines/tail/observer.py): what the pipeline shows a round's responses to, and
+    what the tasks then collect the scores from (tasks/score.py) and finish the step of (tasks/train.py)."""
+
     scorer: StreamingScorer
     stream: StreamedStep | None = None
     """The round's optimizer step fed during rollout (train.stream); None: trained after scoring."""
@@ -46,6 +50,15 @@ class RoundWork:
     def on_completed(self, completed: Sequence[tuple[str, tuple[Completion, ...]]]) -> None:
         if self.stream is not None:
             self.stream.on_completed(completed)
+
+
+def observer_of(taken: TakenRound) -> RoundWork:
+    """`taken`'s observer as a run built it (`RoundWorkFactory`): the pipeline types it as any `RoundObserver`."""
+    observer = taken.observer
+    if not isinstance(observer, RoundWork):
+        raise TypeError(f"round {taken.iteration}'s observer is a {type(observer).__name__}, not the RoundWork a "
+                        "run's RoundWorkFactory builds for every round")
+    return observer
 
 
 class RoundWorkFactory:

@@ -26,16 +26,16 @@ class TrainedStep:
 
 
 @run_task
-def train_policy(ctx: RunContext, scored: ScoredRound, work: RoundWork, iteration: int,
+def train_policy(ctx: RunContext, scored: ScoredRound, observer: RoundWork, iteration: int,
                  weight_version: int) -> TrainedStep:
     """One step on the round's groups. `weight_version`: the weights the trainer holds (the responses may be at
     most the pipeline's `max_staleness` versions older; with tail.continue_deferred no bound: a continued response
-    is as old as its prompt's wait in the queue). Streamed (`work.stream`): the groups sent during rollout
+    is as old as its prompt's wait in the queue). Streamed (`observer.stream`): the groups sent during rollout
     are trained already, only the rest is sent. Asynchronous: the rollout runs on meanwhile, as long as the
     step takes or exactly `rollout.async_steps_per_train` engine steps (the deterministic mode)."""
     ctx.fault_point("train", iteration)
-    if work.stream is not None:
-        return TrainedStep(work.stream.finish(scored), OverlapStats())
+    if observer.stream is not None:
+        return TrainedStep(observer.stream.finish(scored), OverlapStats())
     bound = ctx.config.tail.trained_token_age_bound(ctx.pipeline.max_staleness)
     pending = start_step(ctx, scored, weight_version, max_staleness=bound)
     overlap = ctx.pipeline.roll_while(pending.ready, ctx.config.rollout.async_steps_per_train)

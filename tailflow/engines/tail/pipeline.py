@@ -43,12 +43,11 @@ from tailflow.engines.rollout.rollout_stats import summarize_rollout
 from tailflow.engines.tail.carry import CarriedGroup, carried_groups, continued_lengths, continued_requests, \
     finished_carried
 from tailflow.engines.tail.completion import CompletionRule, WaitForAllRule, rule_for
+from tailflow.engines.tail.observer import RoundObserver, Unobserved
 from tailflow.engines.tail.pipeline_state import PipelineState, SavedCompletion, SavedRound
 from tailflow.engines.tail.round import PlannedRound, begin_round, settle_round
 from tailflow.engines.tail.state import TailSettings, TailState, in_flight_cap
 from tailflow.engines.tail.taken import OverlapStats, TakenRound, staleness_of
-
-KeptGroups = Sequence[tuple[str, tuple[Completion, ...]]]
 
 
 class StreamingRollout(Protocol):
@@ -61,28 +60,6 @@ class StreamingRollout(Protocol):
     def has_unfinished(self) -> bool:
         """Any engine still holds a request (running or waiting)."""
     def stats(self) -> list[EngineStats]: ...
-
-
-class RoundObserver(Protocol):
-    """Sees one round as it runs: finished responses (finish order), then the prompts they completed."""
-
-    watches_each_response: bool
-    """False: the round may run as one batch call and nothing is shown until it ends."""
-
-    def on_finished(self, completions: Sequence[Completion]) -> None: ...
-    def on_completed(self, completed: KeptGroups) -> None: ...
-
-
-class Unobserved:
-    """The observer of a round nobody watches."""
-
-    watches_each_response = False
-
-    def on_finished(self, completions: Sequence[Completion]) -> None:
-        pass
-
-    def on_completed(self, completed: KeptGroups) -> None:
-        pass
 
 
 class RolloutStalled(RuntimeError):

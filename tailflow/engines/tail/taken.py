@@ -8,12 +8,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Sequence
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion, Request
 from tailflow.engines.rollout.rollout_stats import RolloutStats
 from tailflow.engines.tail.completion import RoundResult
+from tailflow.engines.tail.observer import RoundObserver
 from tailflow.engines.tail.round import PlannedRound
 
 
@@ -37,8 +38,9 @@ class TakenRound:
     """Partials of the requests the rule aborted."""
     finish_steps: dict[str, tuple[int, int]]
     """Finished request id -> (worker, engine step of the round), where the rollout reports it (traces)."""
-    observer: Any
-    """The round's observer (its scorer and, with the stream trainer, its step), built when it was launched."""
+    observer: RoundObserver
+    """The round's observer, built when it was launched: in a run a `RoundWork` (its scorer and, with the stream
+    trainer, its step; `round_work.observer_of` narrows to it), in the simulator a `StreamedRound`."""
     staleness: dict[int, int]
     """Versions between the trained weights and a response's oldest token -> number of responses."""
     mixed_version_responses: int
