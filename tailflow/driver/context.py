@@ -13,7 +13,7 @@ from tailflow.driver.inputs import load_inputs, sampling_params
 from tailflow.driver.workers import elastic_settings, start_workers
 from tailflow.engines.cluster.placement import check_cluster_fits
 from tailflow.engines.cluster.runtime import start_ray
-from tailflow.engines.reward.timeouts import TimeoutPolicy
+from tailflow.engines.reward.timeouts import TimeoutAnchors, TimeoutPolicy
 from tailflow.engines.rollout.protocol import Request
 from tailflow.engines.rollout.requests import sampling_requests
 from tailflow.engines.round_work import RoundWorkFactory
@@ -77,10 +77,11 @@ def with_pipeline(ctx: RunContext) -> RunContext:
         return sampling_requests(planned.problems, planned.plan.responses_per_prompt, ctx.sampling, ctx.tokenizer,
                                  config.train.seed, planned.plan.iteration, config.data.prompt_template)
 
-    round_work = RoundWorkFactory(config, ctx.reward_pool, ctx.trainer, ctx.tokenizer, ctx.reward.runs_code,
-                                  ctx.watch)
+    round_work = RoundWorkFactory(config, ctx.reward_pool, ctx.trainer, ctx.tokenizer,
+                                  ctx.timeouts if ctx.reward.runs_code else None, ctx.watch)
+    # take_round hands the pipeline the hook of the last commit's anchors before any round is launched
     pipeline = RolloutPipeline(ctx.rollout, ctx.tail, config.rollout.async_ratio, config.rollout.partial,
-                               ctx.train_problems, make_requests, round_work)
+                               ctx.train_problems, make_requests, round_work.launching_from(TimeoutAnchors()))
     return ctx.replacing(round_work=round_work, pipeline=pipeline)
 
 

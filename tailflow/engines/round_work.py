@@ -4,12 +4,13 @@ The rollout pipeline asks `RoundWorkFactory` for one per round when it launches 
 as it finishes, in every mode: docs/architecture.md, "The one rollout driver".
 
 A round's code tests get the timeout the anchors of the last commit before
-its launch imply (`anchors`, set by the iteration that takes rounds from that
-commit): every response of a synchronous round, whatever order the reward
-workers finish in, gets the same timeout. (A resumed asynchronous run scores
-the finished responses of rounds launched ahead again with the anchors it
-resumed from, one commit newer: for code rewards whose runs come near the
-timeout, that can score differently from the uninterrupted run.)
+its launch imply: the iteration that takes rounds from that commit gives the
+pipeline the hook `launching_from(anchors)` (tasks/rollout.py), so every
+response of a synchronous round, whatever order the reward workers finish in,
+gets the same timeout. (A resumed asynchronous run scores the finished
+responses of rounds launched ahead again with the anchors it resumed from, one
+commit newer: for code rewards whose runs come near the timeout, that can
+score differently from the uninterrupted run.)
 """
 from __future__ import annotations
 
@@ -62,19 +63,27 @@ def observer_of(taken: TakenRound) -> RoundWork:
 
 
 class RoundWorkFactory:
-    """Builds each launched round's `RoundWork` from the run's reward pool, trainer and settings."""
+    """Builds each launched round's `RoundWork` from the run's reward pool, trainer and settings; holds nothing
+    that changes during the run (the anchors a round is scored with come with each call)."""
 
-    def __init__(self, config: RunConfig, pool: RewardPool, trainer: TrainerGroup, tokenizer, runs_code: bool,
+    def __init__(self, config: RunConfig, pool: RewardPool, trainer: TrainerGroup, tokenizer,
+                 timeouts: TimeoutPolicy | None,
                  watch: Callable[[Sequence[Problem]], RoundWatcher] | None = None) -> None:
-        """`watch` (live progress) gives a watcher for a round launching these problems."""
+        """`timeouts`: the code reward's adaptive timeout (the context's `timeouts`; None: the reward runs no
+        code); `watch` (live progress) gives a watcher for a round launching these problems."""
         self.config, self.pool, self.trainer, self.tokenizer = config, pool, trainer, tokenizer
-        self.timeouts = TimeoutPolicy.from_config(config.reward) if runs_code else None
+        self.timeouts = timeouts
         self.watch = watch
-        self.anchors = TimeoutAnchors()
-        """The code reward's timeout anchors of the last commit (the iteration taking rounds sets them)."""
 
-    def __call__(self, planned: PlannedRound, launched_version: int) -> RoundWork:
-        anchors, timeouts = self.anchors, self.timeouts
+    def launching_from(self, anchors: TimeoutAnchors) -> Callable[[PlannedRound, int], RoundWork]:
+        """The pipeline's `observe` hook for the rounds launched (or replayed) after the commit that holds
+        `anchors`, the code reward's timeout anchors (`RunState.reward_anchors`)."""
+        return lambda planned, launched_version: self.build(planned, launched_version, anchors)
+
+    def build(self, planned: PlannedRound, launched_version: int, anchors: TimeoutAnchors) -> RoundWork:
+        """Round `planned`'s observer, launched under weights `launched_version`, its code tests timed out by
+        `anchors`."""
+        timeouts = self.timeouts
         timeout_of = (lambda problem: timeouts.timeout_s(problem, anchors)) if timeouts else (lambda problem: None)
         watcher = self.watch(planned.problems) if self.watch is not None else None
         scorer = StreamingScorer(self.pool, self.tokenizer, planned.problems, timeout_of,

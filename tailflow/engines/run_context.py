@@ -66,7 +66,8 @@ class RunContext:
     watch: Callable[[Sequence[Problem]], RoundWatcher] | None
     """Live progress: a watcher for each round's finished responses (None: nobody watches)."""
     round_work: RoundWorkFactory | None
-    """Builds each launched round's observer (scorer, stream trainer step) over these workers."""
+    """Builds each launched round's observer (scorer, stream trainer step) over these workers; each iteration
+    hands the pipeline its hook for the last commit's timeout anchors (`launching_from`, tasks/rollout.py)."""
     pipeline: RolloutPipeline | None
     """The rounds on `rollout`, synchronous or running ahead of training (engines/tail/pipeline.py); None only
     while the context is being built. It is the one part of a run that lives across iterations outside the

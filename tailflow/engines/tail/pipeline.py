@@ -139,6 +139,11 @@ class RolloutPipeline:
         """Deferred prompts' first R0 responses, waiting for the long round that continues them, by problem id
         (`settings.continue_deferred`: carry.py); committed in `PipelineState.carried`."""
 
+    def observe_with(self, observe: Callable[[PlannedRound, int], RoundObserver]) -> None:
+        """Rounds launched or replayed from now on get their observer from `observe` (a run hands over the hook
+        of the last commit's settings before it takes each round: tasks/rollout.py)."""
+        self.observe = observe
+
     @property
     def is_async(self) -> bool:
         return self.alpha > 0
