@@ -190,8 +190,10 @@ class RewardConfig(Section):
 
 OFF_POLICY_LOSSES = ("ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr")
 """The train.loss values that correct for the behaviour (rollout) policy with its log-probs: they allow responses
-sampled by other weights (async training) or by a truncated distribution (top-p, top-k). The one list
-(engines/train/losses.py and the trainer import it)."""
+sampled by other weights (async training) or by a truncated distribution (top-p, top-k). The table of losses is
+engines/train/losses.py's `LOSSES` (this module imports nothing of engines/: that one imports torch); this tuple
+and `TrainConfig.loss`'s names repeat its `off_policy` column and its names, and
+tests/test_offpolicy_losses.py fails until they agree."""
 
 
 class TrainConfig(Section):

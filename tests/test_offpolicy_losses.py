@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from tailflow.config import OFF_POLICY_LOSSES, ConfigError, TrainConfig, load_config
-from tailflow.engines.train.losses import (POLICY_LOSSES, cispo_loss, decoupled_ppo_loss, ppo_clip_loss, tis_loss,
-                                           topr_loss)
+from tailflow.engines.train.losses import (LOSSES, POLICY_LOSSES, PROXIMAL_LOSSES, cispo_loss, decoupled_ppo_loss,
+                                           ppo_clip_loss, tis_loss, topr_loss)
 
 R1, R2 = math.exp(0.5), math.exp(-1.0)
 BEHAVIOUR = torch.tensor([[-1.5, -1.0]])
@@ -73,8 +73,12 @@ def test_ppo_against_the_behaviour_log_probs_clips_where_they_differ():
 
 
 def test_config_and_losses_agree_on_the_losses_and_what_is_off_policy():
-    assert TrainConfig.model_fields["loss"].annotation.__args__ == POLICY_LOSSES
+    """The table of losses (losses.LOSSES) is the one list; config.py, which imports nothing of engines/, spells
+    its names and its off-policy ones again: adding or changing a loss fails here until both agree."""
+    assert TrainConfig.model_fields["loss"].annotation.__args__ == tuple(LOSSES) == POLICY_LOSSES
+    assert OFF_POLICY_LOSSES == tuple(name for name, spec in LOSSES.items() if spec.off_policy)
     assert set(OFF_POLICY_LOSSES) < set(POLICY_LOSSES)
+    assert PROXIMAL_LOSSES == ("ppo_clip", "decoupled_ppo")  # the ones the trainer computes proximal log-probs for
 
 
 def test_truncated_sampling_needs_an_importance_correction():

@@ -32,9 +32,12 @@ and constant's sum is over model tokens too (its constant is the caller's).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 import torch
+
+if TYPE_CHECKING:
+    from tailflow.config import TrainConfig
 
 MAX_LOG_RATIO = 20.0
 """k3 exponentiates a log-ratio; clamp it so one wild token cannot give inf."""
@@ -128,13 +131,6 @@ def ppo_clip_loss(
             approx_kl=token_sum_over_total((ratio - 1.0) - log_ratio, mask, num_tokens_total).item(),
         )
     return loss, stats
-
-
-PolicyLoss = Literal["ppo_clip", "ppo_behaviour", "decoupled_ppo", "tis", "cispo", "topr"]
-POLICY_LOSSES: tuple[str, ...] = PolicyLoss.__args__
-PROXIMAL_LOSSES = ("ppo_clip", "decoupled_ppo")
-"""The losses that clip against the proximal policy (the weights at the start of the step): with several
-optimizer updates per step the trainer computes its log-probs once before the first; the others never read it."""
 
 
 def decoupled_ppo_loss(
@@ -246,6 +242,81 @@ def topr_loss(logprobs, behaviour_logprobs, advantages, mask, num_tokens_total=N
     weight = torch.where(positive, torch.ones_like(ratio), torch.clamp(ratio, 0.0, 1.0))
     return weighted_pg_loss(logprobs, weight, behaviour_logprobs, advantages, mask, num_tokens_total,
                             loss_denominator, truncated=~positive & (ratio > 1.0))
+
+
+@dataclass(frozen=True)
+class PolicyLossInputs:
+    """What a policy loss may read for one micro-batch ([B, T] unless said): the trainer fills it once and the
+    table below picks what each loss takes."""
+
+    logprobs: torch.Tensor
+    """The current policy's log-probs (with grad)."""
+    proximal: torch.Tensor
+    """The log-probs of the weights at the start of the step (no grad)."""
+    behaviour: torch.Tensor
+    """The rollout engine's log-probs of the sampled tokens (the behaviour policy)."""
+    advantages: torch.Tensor
+    """[B], one per response."""
+    mask: torch.Tensor
+    num_tokens_total: int | None
+    """What the reported token means divide by."""
+    loss_denominator: int | None
+    """What the loss divides by (`loss_denominator()`)."""
+
+    @property
+    def args(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages, mask), the two arguments every loss takes after its log-probs."""
+        return self.advantages, self.mask
+
+    @property
+    def totals(self) -> dict[str, int | None]:
+        """The divisors, as every loss takes them (keywords)."""
+        return dict(num_tokens_total=self.num_tokens_total, loss_denominator=self.loss_denominator)
+
+
+@dataclass(frozen=True)
+class LossSpec:
+    """One `train.loss`: how the trainer calls it, and what it needs."""
+
+    compute: Callable[[PolicyLossInputs, TrainConfig], tuple[torch.Tensor, PPOStats]]
+    """The loss and its stats for one micro-batch, with `train.clip_low`, `clip_high`, `is_cap` as it takes them."""
+    off_policy: bool
+    """It corrects for the behaviour (rollout) policy with its log-probs, so it allows responses sampled by other
+    weights (async training) or by a truncated distribution (top-p, top-k); the trainer refuses samples without
+    those log-probs or sampled at another temperature."""
+    proximal: bool
+    """It clips against the proximal policy (the weights at the start of the step): with several optimizer updates
+    per step the trainer computes its log-probs once before the first; the others never read it."""
+
+
+LOSSES: dict[str, LossSpec] = {
+    "ppo_clip": LossSpec(
+        lambda x, t: ppo_clip_loss(x.logprobs, x.proximal, *x.args, t.clip_low, t.clip_high, **x.totals),
+        off_policy=False, proximal=True),
+    "ppo_behaviour": LossSpec(
+        lambda x, t: ppo_clip_loss(x.logprobs, x.behaviour, *x.args, t.clip_low, t.clip_high, **x.totals),
+        off_policy=True, proximal=False),
+    "decoupled_ppo": LossSpec(
+        lambda x, t: decoupled_ppo_loss(x.logprobs, x.proximal, x.behaviour, *x.args, t.clip_low, t.clip_high,
+                                        t.is_cap, **x.totals),
+        off_policy=True, proximal=True),
+    "tis": LossSpec(
+        lambda x, t: tis_loss(x.logprobs, x.behaviour, *x.args, **x.totals),
+        off_policy=True, proximal=False),
+    "cispo": LossSpec(
+        lambda x, t: cispo_loss(x.logprobs, x.behaviour, *x.args, t.clip_low, t.clip_high, **x.totals),
+        off_policy=True, proximal=False),
+    "topr": LossSpec(
+        lambda x, t: topr_loss(x.logprobs, x.behaviour, *x.args, **x.totals),
+        off_policy=True, proximal=False),
+}
+"""Every `train.loss`, the one table: the trainer dispatches on it, and the lists below are read off it.
+tailflow/config.py imports nothing of engines/ (this module imports torch), so it spells the names
+(`TrainConfig.loss`) and the off-policy ones (`OFF_POLICY_LOSSES`) again; tests/test_offpolicy_losses.py fails
+until they equal this table's."""
+POLICY_LOSSES: tuple[str, ...] = tuple(LOSSES)
+OFF_POLICY_LOSSES: tuple[str, ...] = tuple(name for name, spec in LOSSES.items() if spec.off_policy)
+PROXIMAL_LOSSES: tuple[str, ...] = tuple(name for name, spec in LOSSES.items() if spec.proximal)
 
 
 def kl_penalty(

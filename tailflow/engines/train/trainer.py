@@ -35,7 +35,7 @@ from typing import Sequence
 import torch
 import torch.distributed as dist
 
-from tailflow.config import OFF_POLICY_LOSSES, TrainConfig
+from tailflow.config import TrainConfig
 from tailflow.engines.train.batch import (
     MicroBatch,
     TrainSample,
@@ -44,16 +44,12 @@ from tailflow.engines.train.batch import (
     split_by_token_budget,
 )
 from tailflow.engines.train.losses import (
-    PROXIMAL_LOSSES,
-    cispo_loss,
-    decoupled_ppo_loss,
+    LOSSES,
+    PolicyLossInputs,
     entropy_from_logits,
     kl_penalty,
     loss_denominator,
-    ppo_clip_loss,
-    tis_loss,
     token_logprobs,
-    topr_loss,
 )
 from tailflow.engines.train.host_moves import HostMoves, moves_for
 from tailflow.engines.train.policy_model import PolicyModel, build_policy_model
@@ -208,7 +204,7 @@ class PolicyTrainer:
             return self.train_step([samples[i] for i in update.indices], update.num_tokens, update.num_sequences,
                                    update.num_metric_tokens)
         self._check_rollout_logprobs(samples)  # all of them before the first update steps
-        proximal = self._proximal_logprobs(samples) if self.train.loss in PROXIMAL_LOSSES else None
+        proximal = self._proximal_logprobs(samples) if LOSSES[self.train.loss].proximal else None
         sums = dict.fromkeys(SUMMED_STATS, 0.0)
         grad_norms = []
         for update in updates:
@@ -274,7 +270,7 @@ class PolicyTrainer:
         distribution that sampled the token (its recorded log-prob): refuse, before any gradient, samples without
         a log-prob for every response token or sampled at another (or an unknown) temperature."""
         loss = self.train.loss
-        if loss not in OFF_POLICY_LOSSES:
+        if not LOSSES[loss].off_policy:
             return
         if any(sample.rollout_logprobs is None for sample in samples):
             raise ValueError(f"train.loss {loss!r} needs the rollout log-prob of every response token; "
@@ -349,25 +345,13 @@ class PolicyTrainer:
 
     def _policy_loss(self, logprobs: torch.Tensor, batch: MicroBatch, inputs: MicroBatchInputs,
                      metric_tokens: int, denominator: int):
-        """`train.loss`, one line each: the on-policy clip, or a correction for the behaviour policy. The loss
-        divides by `denominator`, the reported token means by `metric_tokens`."""
-        args = (batch.advantages, batch.response_mask)
+        """`train.loss` as the table of losses (losses.LOSSES) calls it: the on-policy clip, or a correction for the
+        behaviour policy. The loss divides by `denominator`, the reported token means by `metric_tokens`."""
         proximal = logprobs.detach() if inputs.proximal_logprobs is None else inputs.proximal_logprobs
-        behaviour = inputs.behaviour_logprobs
-        totals = dict(num_tokens_total=metric_tokens, loss_denominator=denominator)
-        train = self.train
-        if train.loss == "ppo_clip":
-            return ppo_clip_loss(logprobs, proximal, *args, train.clip_low, train.clip_high, **totals)
-        if train.loss == "ppo_behaviour":
-            return ppo_clip_loss(logprobs, behaviour, *args, train.clip_low, train.clip_high, **totals)
-        if train.loss == "decoupled_ppo":
-            return decoupled_ppo_loss(logprobs, proximal, behaviour, *args, train.clip_low, train.clip_high,
-                                      train.is_cap, **totals)
-        if train.loss == "tis":
-            return tis_loss(logprobs, behaviour, *args, **totals)
-        if train.loss == "cispo":
-            return cispo_loss(logprobs, behaviour, *args, train.clip_low, train.clip_high, **totals)
-        return topr_loss(logprobs, behaviour, *args, **totals)
+        loss_inputs = PolicyLossInputs(logprobs, proximal, inputs.behaviour_logprobs, batch.advantages,
+                                       batch.response_mask, num_tokens_total=metric_tokens,
+                                       loss_denominator=denominator)
+        return LOSSES[self.train.loss].compute(loss_inputs, self.train)
 
     def _accumulate_gradients(
         self, batch: MicroBatch, inputs: MicroBatchInputs, metric_tokens: int, denominator: int
