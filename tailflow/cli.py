@@ -249,7 +249,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from tailflow.engines.store import StoreError
     from tailflow.engines.sim.costs import CostModelError
     from tailflow.engines.track.rollout_trace import TraceError
-    from tailflow.runs_report import RunError
+    from tailflow.stored_runs import RunError
 
     return (ConfigError, DatasetError, UnsupportedModelError, StoreError, FileNotFoundError, RunError, CommitError,
             CostModelError, TraceError)
@@ -282,7 +282,7 @@ def run_resume(args, config) -> int:
     """storage.uri may always differ from the saved config: the run was found in this store, so it lives here."""
     from tailflow.engines.store import open_store
     from tailflow.flows.training import rl_training
-    from tailflow.runs_report import config_for_resume
+    from tailflow.stored_runs import config_for_resume
 
     allow_change = allowed_changes(args.allow_change)
     store = open_store(config.storage.uri)
@@ -311,7 +311,7 @@ def run_report(args, config) -> int:
     from tailflow.engines.runs.layout import config_key
     from tailflow.engines.store import open_store
     from tailflow.engines.track.report import write_report
-    from tailflow.runs_report import RunError
+    from tailflow.stored_runs import RunError
 
     store = open_store(config.storage.uri)
     if not store.exists(config_key(args.run_id)):
@@ -325,15 +325,15 @@ def run_report(args, config) -> int:
 
 def run_runs(args, config) -> int:
     from tailflow.engines.store import open_store
-    from tailflow.runs_report import list_runs, report_run
+    from tailflow.stored_runs import list_runs, read_run
 
     store = open_store(config.storage.uri)
     if args.runs_command == "list":
         print_run_table(store.uri(), list_runs(store))
     elif args.json:
-        print(json.dumps(asdict(report_run(store, args.run_id)), indent=2))
+        print(json.dumps(asdict(read_run(store, args.run_id)), indent=2))
     else:
-        print_run_report(report_run(store, args.run_id))
+        print_stored_run(read_run(store, args.run_id))
     return 0
 
 
@@ -403,7 +403,7 @@ def run_calibrate(args, config) -> int:
 
 def run_export(args, config) -> int:
     from tailflow.engines.store import open_store
-    from tailflow.runs_report import export_checkpoint
+    from tailflow.stored_runs import export_checkpoint
 
     result = export_checkpoint(open_store(config.storage.uri), args.run_id, args.directory)
     print(f"exported run {args.run_id} after {result.iteration} iterations ({result.checkpoint})\n"
@@ -416,48 +416,48 @@ def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
 
-def run_table_row(report) -> list[str]:
-    from tailflow.runs_report import UnreadableRun
+def run_table_row(run) -> list[str]:
+    from tailflow.stored_runs import UnreadableRun
 
-    if isinstance(report, UnreadableRun):
-        return [report.run_id, "?", "-", "-", "-", f"unreadable: {report.reason}"]
-    iterations = f"{report.iteration}/{report.iterations_planned}"
-    if not report.committed:
-        return [report.run_id, iterations, "-", "-", "-", "no commit (not started)"]
-    last_round = ("long" if report.round_history[-1] else "short") if report.round_history else "-"
-    return [report.run_id, iterations, last_round, str(report.long_queue_size), percent(report.last_eval_accuracy),
-            report.latest_checkpoint or "initial model"]
+    if isinstance(run, UnreadableRun):
+        return [run.run_id, "?", "-", "-", "-", f"unreadable: {run.reason}"]
+    iterations = f"{run.iteration}/{run.iterations_planned}"
+    if not run.committed:
+        return [run.run_id, iterations, "-", "-", "-", "no commit (not started)"]
+    last_round = ("long" if run.round_history[-1] else "short") if run.round_history else "-"
+    return [run.run_id, iterations, last_round, str(run.long_queue_size), percent(run.last_eval_accuracy),
+            run.latest_checkpoint or "initial model"]
 
 
-def print_run_table(store_uri: str, reports: list) -> None:
-    if not reports:
+def print_run_table(store_uri: str, runs: list) -> None:
+    if not runs:
         print(f"no runs in {store_uri}")
         return
-    rows = [["RUN", "ITERS", "LAST", "QUEUE", "EVAL", "CHECKPOINT"]] + [run_table_row(r) for r in reports]
+    rows = [["RUN", "ITERS", "LAST", "QUEUE", "EVAL", "CHECKPOINT"]] + [run_table_row(r) for r in runs]
     widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)) + "  " + row[-1])
 
 
-def print_run_report(report) -> None:
-    from tailflow.runs_report import rounds_text
+def print_stored_run(run) -> None:
+    from tailflow.stored_runs import rounds_text
 
-    print(f"run {report.run_id}\n  config: {report.config}")
-    if not report.committed:
+    print(f"run {run.run_id}\n  config: {run.config}")
+    if not run.committed:
         print(f"  no commit yet: not started, or stopped before its first commit "
-              f"(0 of {report.iterations_planned} iterations)")
+              f"(0 of {run.iterations_planned} iterations)")
         return
-    oldest = f", oldest: {', '.join(report.long_queue_oldest)}" if report.long_queue_oldest else ""
-    more = ", ..." if report.long_queue_size > len(report.long_queue_oldest) else ""
-    print(f"  iterations: {report.iteration} of {report.iterations_planned} committed\n"
-          f"  rounds: {rounds_text(report.round_history)}\n"
-          f"  long queue: {report.long_queue_size} prompts{oldest}{more}\n"
-          f"  checkpoint: {report.latest_checkpoint or 'none yet (the initial model)'}\n"
-          f"  weights sha256: {report.weights_sha256 or '-'}\n"
-          f"  eval accuracy: {percent(report.initial_eval_accuracy)} initial, "
-          f"{percent(report.last_eval_accuracy)} last")
-    if report.reward_timeout_anchor_s is not None:
-        print(f"  code timeout anchor: {report.reward_timeout_anchor_s:.3f}s (quantile of recent correct executions)")
+    oldest = f", oldest: {', '.join(run.long_queue_oldest)}" if run.long_queue_oldest else ""
+    more = ", ..." if run.long_queue_size > len(run.long_queue_oldest) else ""
+    print(f"  iterations: {run.iteration} of {run.iterations_planned} committed\n"
+          f"  rounds: {rounds_text(run.round_history)}\n"
+          f"  long queue: {run.long_queue_size} prompts{oldest}{more}\n"
+          f"  checkpoint: {run.latest_checkpoint or 'none yet (the initial model)'}\n"
+          f"  weights sha256: {run.weights_sha256 or '-'}\n"
+          f"  eval accuracy: {percent(run.initial_eval_accuracy)} initial, "
+          f"{percent(run.last_eval_accuracy)} last")
+    if run.reward_timeout_anchor_s is not None:
+        print(f"  code timeout anchor: {run.reward_timeout_anchor_s:.3f}s (quantile of recent correct executions)")
 
 
 def environment_line(env) -> str:

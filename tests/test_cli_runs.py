@@ -95,16 +95,16 @@ def test_runs_list_of_an_empty_store(tmp_path, capsys):
 def test_runs_show_json_reports_the_commit(store_uri, capsys):
     code, out, _ = run_cli(capsys, "runs", "show", "demo", "--json", "--set", f"storage.uri={store_uri}")
     assert code == 0
-    report = json.loads(out)
+    shown = json.loads(out)
     checkpoint = Path(store_uri) / "demo/checkpoints/iter-0006"
-    assert report["run_id"] == "demo"
-    assert report["iteration"] == 7 and report["iterations_planned"] == 20
-    assert report["round_history"] == ROUNDS
-    assert report["long_queue_size"] == 7 and report["long_queue_oldest"] == QUEUED[:5]  # oldest first
-    assert report["latest_checkpoint"] == str(checkpoint)
-    assert report["weights_sha256"] == weights_sha256(checkpoint)
-    assert (report["initial_eval_accuracy"], report["last_eval_accuracy"]) == (0.375, 0.41)
-    assert report["config"] == str(Path(store_uri) / "demo/config.yaml")
+    assert shown["run_id"] == "demo"
+    assert shown["iteration"] == 7 and shown["iterations_planned"] == 20
+    assert shown["round_history"] == ROUNDS
+    assert shown["long_queue_size"] == 7 and shown["long_queue_oldest"] == QUEUED[:5]  # oldest first
+    assert shown["latest_checkpoint"] == str(checkpoint)
+    assert shown["weights_sha256"] == weights_sha256(checkpoint)
+    assert (shown["initial_eval_accuracy"], shown["last_eval_accuracy"]) == (0.375, 0.41)
+    assert shown["config"] == str(Path(store_uri) / "demo/config.yaml")
 
 
 def test_runs_show_text(store_uri, capsys):

@@ -174,9 +174,9 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease, li
 
 def config_to_resume(config_path: str | None, overrides: list[str], config: RunConfig | dict | None,
                      run_id: str | None, allow_change: list[str] | None) -> tuple[RunConfig, list[str]]:
-    """The config a `resume=True` flow run continues with (as `tailflow resume`: `runs_report.config_for_resume`);
+    """The config a `resume=True` flow run continues with (as `tailflow resume`: `stored_runs.config_for_resume`);
     the run must exist and have committed."""
-    from tailflow.runs_report import RunError, config_for_resume
+    from tailflow.stored_runs import RunError, config_for_resume
 
     if not run_id:
         raise ConfigError("run_id: resume=True needs the id of the run to resume")

@@ -33,7 +33,7 @@ STEP_PARTS = (("time/step_generate", "generate"), ("time/step_reward", "reward")
 
 
 @dataclass(frozen=True)
-class RunReport:
+class ReportFiles:
     """What `write_report` wrote: store keys of the page and of each plot."""
     page: str
     plots: tuple[str, ...]
@@ -169,7 +169,7 @@ def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, by
             f"{images}</body></html>\n")
 
 
-def write_report(store: Any, run_id: str) -> RunReport:
+def write_report(store: Any, run_id: str) -> ReportFiles:
     """Draw the plots and `report.html` into `<run_id>/`, then refresh the run's `index.html`."""
     rows = read_rows(store, run_id)
     plots = [("reward", "Reward and held-out accuracy", lambda ax: plot_reward(ax, rows)),
@@ -186,7 +186,7 @@ def write_report(store: Any, run_id: str) -> RunReport:
     page = f"{run_id}/{REPORT}"
     store.write_text(page, page_html(run_id, rows, drawn))
     write_index(store, run_id)
-    return RunReport(page, tuple(keys), len(rows))
+    return ReportFiles(page, tuple(keys), len(rows))
 
 
 def run_files(store: Any, key: str) -> list[str]:

@@ -2,8 +2,8 @@
 
 Everything here trusts only what a run's `latest.json` names (the commit
 protocol, `tailflow.engines.runs.commit`): a checkpoint or state written after
-the last commit is invisible, so a report, a resume and an export all agree on
-one iteration. The CLI parses and prints; this module reads the store and
+the last commit is invisible, so `tailflow runs`, a resume and an export all
+agree on one iteration. The CLI parses and prints; this module reads the store and
 returns named records.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tailflow.engines.runs.layout import config_key, latest_key, saved_config
 from tailflow.engines.store.local import PROCESS_UMASK
 
 QUEUE_PREVIEW = 5
-"""How many of the oldest queued prompt ids a report names."""
+"""How many of the oldest queued prompt ids a `StoredRun` names."""
 
 
 class RunError(ValueError):
@@ -33,7 +33,7 @@ class RunError(ValueError):
 
 
 @dataclass(frozen=True)
-class RunReport:
+class StoredRun:
     """One run as its last commit describes it (`tailflow runs show --json` prints these fields)."""
 
     run_id: str
@@ -61,7 +61,7 @@ class RunReport:
 
 @dataclass(frozen=True)
 class UnreadableRun:
-    """A run directory `tailflow runs list` could not report on (the reason is one line)."""
+    """A run directory `tailflow runs list` could not read (the reason is one line)."""
 
     run_id: str
     reason: str
@@ -90,13 +90,13 @@ def read_run_config(store: Any, run_id: str) -> RunConfig:
         raise ConfigError(f"{store.uri(config_key(run_id))} is not valid YAML: {error}") from None
 
 
-def report_run(store: Any, run_id: str) -> RunReport:
+def read_run(store: Any, run_id: str) -> StoredRun:
     require_run(store, run_id)
     config = read_run_config(store, run_id)
     state = read_committed_state(store, run_id)
     committed = state is not None
     state = state or RunState(run_id=run_id)
-    return RunReport(
+    return StoredRun(
         run_id=run_id,
         config=store.uri(config_key(run_id)),
         committed=committed,
@@ -113,18 +113,18 @@ def report_run(store: Any, run_id: str) -> RunReport:
     )
 
 
-def list_runs(store: Any) -> list[RunReport | UnreadableRun]:
+def list_runs(store: Any) -> list[StoredRun | UnreadableRun]:
     """Every directory under the store root with a config.yaml, by run id; one broken run does not hide
     the others."""
-    reports: list[RunReport | UnreadableRun] = []
+    runs: list[StoredRun | UnreadableRun] = []
     for name in store.list_dir():
         if not store.exists(config_key(name)):
             continue  # not a run: a warm-start cache, or something else sharing the store
         try:
-            reports.append(report_run(store, name))
+            runs.append(read_run(store, name))
         except (CommitError, TypeError, ValueError) as error:  # ValueError: a ConfigError, or a bad queue record
-            reports.append(UnreadableRun(name, " ".join(str(error).split())))
-    return reports
+            runs.append(UnreadableRun(name, " ".join(str(error).split())))
+    return runs
 
 
 def rounds_text(history: list[int], limit: int = 60) -> str:
