@@ -371,7 +371,7 @@ def run_sandbox(args, config=None) -> int:
 def run_plan(args, config) -> int:
     """The `plan` flow's search and outputs, run in-process (no Prefect server needed)."""
     from tailflow.engines.sim.plan import PlanRequest, plan, smallest_tp
-    from tailflow.engines.sim.plan_report import text_table, write_plan
+    from tailflow.engines.sim.plan_pages import text_table, write_plan
     from tailflow.engines.sim.simulate import StreamingSettings
     from tailflow.engines.sim.sources import LengthSpec, load_lengths, longest_request, policy_sizes
 
@@ -384,9 +384,9 @@ def run_plan(args, config) -> int:
     streaming = StreamingSettings(reward=args.stream != "off", train=args.stream == "reward+train")
     request = PlanRequest(args.gpus, args.hardware, args.model, tp, p0, r0, args.grid, args.rounds, seed=args.seed,
                           pricing=args.pricing, streaming=streaming, measured_path=args.measured, jobs=args.jobs)
-    report = plan(request, lengths, description, progress=lambda line: print(f"[plan] {line}", flush=True))
-    page, heatmap = write_plan(report, args.out)
-    print(text_table(report))
+    result = plan(request, lengths, description, progress=lambda line: print(f"[plan] {line}", flush=True))
+    page, heatmap = write_plan(result, args.out)
+    print(text_table(result))
     print(f"wrote {page} and {heatmap}")
     return 0
 

@@ -29,7 +29,7 @@ def plan_tail_batching(gpus: int, hardware: str, model: str, tp: int | None = No
     tp = tp or smallest_tp(hardware, model, gpus, longest_request(load_lengths(spec)[0]))
     request = PlanRequest(gpus, hardware, model, tp, p0, r0, grid, rounds, seed=seed, pricing=pricing,
                           measured_path=measured_path, jobs=jobs)
-    report = search_settings(request, spec)
-    summary = publish_plan(report, out_dir)
+    result = search_settings(request, spec)
+    summary = publish_plan(result, out_dir)
     print(summary.table)
     return summary

@@ -109,7 +109,11 @@ class TpChoice:
 
 
 @dataclass(frozen=True)
-class PlanReport:
+class PlanResult:
+    """What `plan` found for a `PlanRequest`: every setting's cell beside the synchronous baseline, the
+    recommendation, the rollout TP at it; `cost`, `lengths` and `pricing` say what it was computed from.
+    `plan_pages.py` writes it for a person (table, plan.md, heatmap)."""
+
     request: PlanRequest
     cost: str
     lengths: str
@@ -226,7 +230,7 @@ def choose_tp(request: PlanRequest, lengths: LengthSource, prompt_ratio: float, 
 
 
 def plan(request: PlanRequest, lengths: LengthSource, lengths_description: str,
-         progress: Callable[[str], None] = lambda line: None) -> PlanReport:
+         progress: Callable[[str], None] = lambda line: None) -> PlanResult:
     """Search the grid. A length source's draws depend only on (seed, round, request), so every setting sees
     the same responses for the same prompts."""
     jobs = request.jobs or os.cpu_count() or 1
@@ -236,7 +240,7 @@ def plan(request: PlanRequest, lengths: LengthSource, lengths_description: str,
         progress(f"synchronous step at TP {request.tp}: {baseline_run.infeasible}")
         cells = [PlanCell(p, n, infeasible=baseline_run.infeasible) for p, n in settings]
         where = f"{request.model} on {request.num_gpus} x {request.hardware}, TP {request.tp}"
-        return PlanReport(request, where, lengths_description, f"{request.pricing} (nothing ran to price)",
+        return PlanResult(request, where, lengths_description, f"{request.pricing} (nothing ran to price)",
                           baseline_run, cells, None, choose_tp(request, lengths, 1.0, r0, jobs, progress))
     cluster = rollout_cluster(request, request.tp)
     table = cluster.cost.table if isinstance(cluster.cost, TableCost) else None
@@ -259,5 +263,5 @@ def plan(request: PlanRequest, lengths: LengthSource, lengths_description: str,
     recommended = max(feasible, key=lambda c: c.speedup) if feasible else None
     best = recommended or baseline
     tp_choices = choose_tp(request, lengths, best.prompt_ratio, best.responses_launched, jobs, progress)
-    return PlanReport(request, cluster.description, lengths_description, pricing, baseline, cells, recommended,
+    return PlanResult(request, cluster.description, lengths_description, pricing, baseline, cells, recommended,
                       tp_choices)

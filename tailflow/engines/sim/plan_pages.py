@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tailflow.engines.sim.plan import PlanCell, PlanReport, TpChoice
+from tailflow.engines.sim.plan import PlanCell, PlanResult, TpChoice
 
 HEADER = ("prompt ratio", "responses", "rollout s/step", "step s", "speedup", "long rounds", "wasted tok/step",
           "preempt/step")
@@ -18,18 +18,18 @@ def cell_values(cell: PlanCell) -> tuple[str, ...]:
                    f"{cell.wasted_tokens:,.0f}", f"{cell.preemptions:.0f}")
 
 
-def reasons(report: PlanReport) -> list[str]:
+def reasons(result: PlanResult) -> list[str]:
     """Why each infeasible setting could not run, once per reason."""
-    found = dict.fromkeys(c.infeasible for c in [report.baseline, *report.cells] if c.infeasible)
+    found = dict.fromkeys(c.infeasible for c in [result.baseline, *result.cells] if c.infeasible)
     return [f"infeasible: {reason}" for reason in found]
 
 
-def recommendation(report: PlanReport) -> str:
-    best, r = report.recommended, report.request
-    ran = [t for t in report.tp_choices if not t.infeasible]
+def recommendation(result: PlanResult) -> str:
+    best, r = result.recommended, result.request
+    ran = [t for t in result.tp_choices if not t.infeasible]
     if best is None:
         hint = f"rollout TP {', '.join(str(t.tp) for t in ran)} can run it" if ran else "no TP up to 16 can run it"
-        why = report.baseline.infeasible or "see the rows above"
+        why = result.baseline.infeasible or "see the rows above"
         return f"recommendation: none: no setting runs at rollout TP {r.tp} ({why}); {hint}"
     if best.speedup <= 1.0:
         return "recommendation: keep tail batching off (tail.enabled: false): no setting beats the synchronous step"
@@ -38,7 +38,7 @@ def recommendation(report: PlanReport) -> str:
     tp_long = min(ran, key=lambda t: t.long_round_s).tp if ran else None
     return (f"recommendation: tail.prompt_ratio={best.prompt_ratio:g} tail.responses_launched={best.responses_launched} "
             f"(P0={r.prompts_per_step}, R0={r.responses_kept}): {best.speedup:.2f}x the synchronous step "
-            f"({report.baseline.step_s:.1f} s -> {best.step_s:.1f} s), {cadence}; "
+            f"({result.baseline.step_s:.1f} s -> {best.step_s:.1f} s), {cadence}; "
             f"rollout TP {tp_short} for short rounds, {tp_long} for long rounds")
 
 
@@ -49,44 +49,44 @@ def tp_line(t: TpChoice) -> str:
             f"long rounds {t.long_round_s:.1f} s ({t.preemptions_long:.0f} preemptions)")
 
 
-def text_table(report: PlanReport) -> str:
-    rows = [HEADER] + [cell_values(c) for c in report.cells]
+def text_table(result: PlanResult) -> str:
+    rows = [HEADER] + [cell_values(c) for c in result.cells]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     lines = ["  ".join(value.rjust(width) for value, width in zip(row, widths)) for row in rows]
-    return "\n".join([f"cost model: {report.cost}", f"lengths: {report.lengths}", f"pricing: {report.pricing}",
-                      *lines, *reasons(report), "rollout TP at the recommended setting:",
-                      *map(tp_line, report.tp_choices), recommendation(report)])
+    return "\n".join([f"cost model: {result.cost}", f"lengths: {result.lengths}", f"pricing: {result.pricing}",
+                      *lines, *reasons(result), "rollout TP at the recommended setting:",
+                      *map(tp_line, result.tp_choices), recommendation(result)])
 
 
-def markdown(report: PlanReport, heatmap_name: str | None = None) -> str:
-    r = report.request
+def markdown(result: PlanResult, heatmap_name: str | None = None) -> str:
+    r = result.request
     lines = [f"# Tail-batching plan: {r.model} on {r.num_gpus} x {r.hardware} (TP {r.tp})", "",
-             f"Cost model: {report.cost}. Lengths: {report.lengths}. Pricing: {report.pricing}. "
+             f"Cost model: {result.cost}. Lengths: {result.lengths}. Pricing: {result.pricing}. "
              f"P0={r.prompts_per_step}, R0={r.responses_kept}, {r.grid} grid, at least {r.rounds} simulated rounds "
              "per setting (whole cycles).", "",
              "| " + " | ".join(HEADER) + " |", "|" + " --- |" * len(HEADER)]
-    lines += ["| " + " | ".join(cell_values(c)) + " |" for c in report.cells]
-    lines += ["", *reasons(report), "", "| rollout TP | short round s | long round s | preemptions short / long |",
+    lines += ["| " + " | ".join(cell_values(c)) + " |" for c in result.cells]
+    lines += ["", *reasons(result), "", "| rollout TP | short round s | long round s | preemptions short / long |",
               "| --- | --- | --- | --- |"]
     lines += [f"| {t.tp} | infeasible: {t.infeasible} | | |" if t.infeasible else
               f"| {t.tp} | {t.short_round_s:.1f} | {t.long_round_s:.1f} | {t.preemptions_short:.0f} / "
-              f"{t.preemptions_long:.0f} |" for t in report.tp_choices]
-    lines += ["", f"**{recommendation(report)}**"]
+              f"{t.preemptions_long:.0f} |" for t in result.tp_choices]
+    lines += ["", f"**{recommendation(result)}**"]
     if heatmap_name:
         lines += ["", f"Heatmap: `{heatmap_name}`"]
     return "\n".join(lines) + "\n"
 
 
-def write_heatmap(report: PlanReport, path: str | Path) -> Path:
+def write_heatmap(result: PlanResult, path: str | Path) -> Path:
     """Speedup over synchronous, prompt ratio (rows) x responses launched (columns)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ratios = sorted({c.prompt_ratio for c in report.cells})
-    responses = sorted({c.responses_launched for c in report.cells})
-    by_key = {(c.prompt_ratio, c.responses_launched): c.speedup for c in report.cells}
+    ratios = sorted({c.prompt_ratio for c in result.cells})
+    responses = sorted({c.responses_launched for c in result.cells})
+    by_key = {(c.prompt_ratio, c.responses_launched): c.speedup for c in result.cells}
     grid = [[by_key.get((p, n), float("nan")) for n in responses] for p in ratios]
     figure, axes = plt.subplots(figsize=(1.2 + 0.9 * len(responses), 1.0 + 0.6 * len(ratios)))
     image = axes.imshow(grid, cmap="viridis", aspect="auto", origin="lower")
@@ -98,7 +98,7 @@ def write_heatmap(report: PlanReport, path: str | Path) -> Path:
         for j, value in enumerate(row):
             axes.text(j, i, "n/a" if math.isnan(value) else f"{value:.2f}", ha="center", va="center", color="white",
                       fontsize=8)
-    r = report.request
+    r = result.request
     axes.set_title(f"simulated step speedup: {r.model}, {r.num_gpus} x {r.hardware}", fontsize=9)
     figure.colorbar(image, ax=axes)
     figure.tight_layout()
@@ -109,10 +109,10 @@ def write_heatmap(report: PlanReport, path: str | Path) -> Path:
     return path
 
 
-def write_plan(report: PlanReport, out_dir: str | Path) -> tuple[Path, Path]:
+def write_plan(result: PlanResult, out_dir: str | Path) -> tuple[Path, Path]:
     """`<out_dir>/plan.md` and `<out_dir>/plan_heatmap.png`."""
     out = Path(out_dir)
-    heatmap = write_heatmap(report, out / "plan_heatmap.png")
+    heatmap = write_heatmap(result, out / "plan_heatmap.png")
     page = out / "plan.md"
-    page.write_text(markdown(report, heatmap.name))
+    page.write_text(markdown(result, heatmap.name))
     return page, heatmap
