@@ -200,7 +200,7 @@ def main() -> int:
             seconds = time.perf_counter() - started - rollout.join_wait_s
             tokens = sum(s.tokens_generated for s in group.stats()) - before
             expected = play_round(reference, iteration, requests, args)
-            report = group.take_membership()
+            changes = group.take_membership()
             launched = {r.problem_id for r in requests}
             completed = [pid for pid, _ in result.completed]
             trained_or_queued = set(completed) | set(result.deferred_problem_ids)
@@ -210,17 +210,17 @@ def main() -> int:
             both = set(ours) & set(theirs)
             compared += len(both)
             mismatched += sum(ours[rid] != theirs[rid] for rid in both)
-            moves = [e for e in report.events if e.kind is EventKind.MIGRATE]
+            moves = [e for e in changes.events if e.kind is EventKind.MIGRATE]
             migrations += sum(e.num_requests for e in moves)
             moved_tokens += sum(e.num_tokens for e in moves)
-            left_with_notice = {e.worker_id for e in report.events if e.kind is EventKind.LEAVE}
+            left_with_notice = {e.worker_id for e in changes.events if e.kind is EventKind.LEAVE}
             notice_moves += sum(e.num_requests for e in moves if e.worker_id in left_with_notice)
             lost_moves += sum(e.num_requests for e in moves if e.worker_id not in left_with_notice)
             count = max(workers_before, len(members.workers))
             schedule.append(count)
             tokens_at[count] += tokens
             seconds_at[count] += seconds
-            rates = " ".join(f"w{wid}={rate:.0f}" for wid, rate in report.tokens_per_s.items())
+            rates = " ".join(f"w{wid}={rate:.0f}" for wid, rate in changes.tokens_per_s.items())
             print(f"iter {iteration:2d}  change={change or '-':6s} workers {workers_before}->{len(members.workers)}  "
                   f"{tokens:5d} tokens in {seconds:5.2f}s  migrated {sum(e.num_requests for e in moves):2d} requests "
                   f"/{sum(e.num_tokens for e in moves):4d} tokens  tokens/s per worker: {rates}"

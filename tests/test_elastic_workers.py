@@ -214,9 +214,9 @@ def test_join_notice_remove_and_zero_workers(ray_session, model_dir, tmp_path):
     assert all(c.oldest_weight_version == 3 == c.weight_version for c in finished)
     kinds = [e.kind for e in members.log.events]
     assert kinds.count(EventKind.PAUSE) == 1 and EventKind.RESUME in kinds
-    report = group.take_membership()
-    assert report.metrics()["rollout/migrated_requests"] == sum(e.num_requests for e in report.events
-                                                                if e.kind is EventKind.MIGRATE)
+    changes = group.take_membership()
+    assert changes.metrics()["rollout/migrated_requests"] == sum(e.num_requests for e in changes.events
+                                                                 if e.kind is EventKind.MIGRATE)
 
 
 @pytest.mark.slow  # its own Ray, five workers started: ~1-2 min on 2 cores
@@ -296,8 +296,8 @@ def test_in_flight_keeps_a_valid_prefix_through_lost_reports():
     ledger.add([Request("a#0", (1, 2), SamplingParams(max_new_tokens=9, seed=1),
                         ResponsePrefix((7,), (-0.5,), (2,)))])
     ledger.extend(TokenDelta("a#0", 1, (8, 9), (-1.0, -2.0), (3, 3)))
-    ledger.extend(TokenDelta("a#0", 5, (4,), (-1.0,), (3,)))  # a report was lost: the gap is not bridged
-    ledger.extend(TokenDelta("a#0", 2, (9, 5), (-2.0, -3.0), (3, 3)))  # a repeated report overlaps
+    ledger.extend(TokenDelta("a#0", 5, (4,), (-1.0,), (3,)))  # a streamed step was lost: the gap is not bridged
+    ledger.extend(TokenDelta("a#0", 2, (9, 5), (-2.0, -3.0), (3, 3)))  # a repeated streamed step overlaps
     (continued,) = ledger.continued(["a#0"])
     assert continued.prefix == ResponsePrefix((7, 8, 9, 5), (-0.5, -1.0, -2.0, -3.0), (2, 3, 3, 3))
     partial = ledger.partial("a#0", 3)

@@ -82,21 +82,21 @@ def publish_iteration_summary(row: dict[str, Any], state: RunState) -> None:
     )
 
 
-def membership_markdown(run_id: str, iteration: int, report: Any) -> str:
-    """An elastic rollout group's iteration (`cluster/membership_log.py` `MembershipReport`): the workers, their
+def membership_markdown(run_id: str, iteration: int, changes: Any) -> str:
+    """An elastic rollout group's iteration (`cluster/membership_log.py` `MembershipChanges`): the workers, their
     tokens/s, and every join, leave, loss and migration in order."""
     lines = [f"# {run_id} · iteration {iteration} · rollout workers", "", "| metric | value |", "| --- | --- |"]
-    for name, value in report.metrics().items():
+    for name, value in changes.metrics().items():
         lines.append(f"| `{name}` | {value:.4g} |" if isinstance(value, float) else f"| `{name}` | {value} |")
-    lines += ["", "Joins, leaves and migrations:" if report.events else "No worker joined or left.", ""]
-    lines += [f"- `{event.line()}`" for event in report.events]
+    lines += ["", "Joins, leaves and migrations:" if changes.events else "No worker joined or left.", ""]
+    lines += [f"- `{event.line()}`" for event in changes.events]
     return "\n".join(lines)
 
 
-def publish_rollout_membership(run_id: str, iteration: int, report: Any) -> None:
+def publish_rollout_membership(run_id: str, iteration: int, changes: Any) -> None:
     create_markdown_artifact(
         key=f"{artifact_key(run_id)}-rollout-workers",
-        markdown=membership_markdown(run_id, iteration, report),
+        markdown=membership_markdown(run_id, iteration, changes),
         description=f"rollout workers in iteration {iteration} of run {run_id}: joins, leaves, migrations",
     )
 

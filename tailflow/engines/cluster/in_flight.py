@@ -32,7 +32,8 @@ class InFlight:
             self.streamed[request.request_id] = request.prefix or NO_TOKENS
 
     def extend(self, delta: TokenDelta) -> None:
-        """Add streamed tokens (a gap, from a lost report, is left to regenerate: what is known stays a prefix)."""
+        """Add streamed tokens (a gap, from a lost streamed step, is left to regenerate: what is known stays a
+        prefix)."""
         known = self.streamed.get(delta.request_id)
         if known is None or delta.start > len(known.token_ids):
             return

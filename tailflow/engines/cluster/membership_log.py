@@ -51,7 +51,7 @@ class MembershipEvent:
 
 
 @dataclass(frozen=True)
-class MembershipReport:
+class MembershipChanges:
     """What changed since the last `take`, and the counters the metrics row reads."""
 
     events: tuple[MembershipEvent, ...]
@@ -82,11 +82,11 @@ class MembershipLog:
         self.tokens[worker_id] = self.tokens.get(worker_id, 0) + num_tokens
         self.busy_s[worker_id] = self.busy_s.get(worker_id, 0.0) + seconds
 
-    def take(self, num_workers: int) -> MembershipReport:
+    def take(self, num_workers: int) -> MembershipChanges:
         """The events and counters since the last take (which they are then cleared of)."""
         rates = {wid: self.tokens[wid] / self.busy_s[wid] for wid in sorted(self.tokens) if self.busy_s[wid] > 0}
         migrations = [event for event in self.events if event.kind is EventKind.MIGRATE]
-        report = MembershipReport(tuple(self.events), num_workers, sum(event.num_requests for event in migrations),
+        changes = MembershipChanges(tuple(self.events), num_workers, sum(event.num_requests for event in migrations),
                                   sum(event.num_tokens for event in migrations), rates)
         self.events, self.tokens, self.busy_s = [], {}, {}
-        return report
+        return changes

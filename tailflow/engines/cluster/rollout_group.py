@@ -26,7 +26,7 @@ from typing import Any, Callable, Sequence
 from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.cluster.in_flight import InFlight
 from tailflow.engines.cluster.membership import ElasticSettings, Membership, WorkerLaunch
-from tailflow.engines.cluster.membership_log import EventKind, MembershipReport
+from tailflow.engines.cluster.membership_log import EventKind, MembershipChanges
 from tailflow.engines.rollout.protocol import Completion, EngineStats, Request
 
 JOIN_HEADROOM = 8
@@ -178,17 +178,17 @@ class RolloutGroup:
         ids = {rank: self.membership.worker_ids[rank] for rank in ranks}
         busy = {rank for rank, load in enumerate(self.in_flight_per_worker()) if load}
         started = time.perf_counter()
-        reports = self._each(ranks, lambda rank: workers[rank].step_streamed.remote(max_steps))
+        steps = self._each(ranks, lambda rank: workers[rank].step_streamed.remote(max_steps))
         seconds = time.perf_counter() - started
         tagged, leaving = [], []
-        for rank, report in reports.items():
+        for rank, step in steps.items():
             if rank in busy:
-                self.membership.log.count_work(ids[rank], report.num_tokens, seconds)
-            for delta in report.progress:
+                self.membership.log.count_work(ids[rank], step.num_tokens, seconds)
+            for delta in step.progress:
                 self.in_flight.extend(delta)
-            if report.is_leaving:
+            if step.is_leaving:
                 leaving.append(ids[rank])
-            tagged += [(f.offset, rank, index, f) for index, f in enumerate(report.finished)]
+            tagged += [(f.offset, rank, index, f) for index, f in enumerate(step.finished)]
         tagged.sort(key=lambda item: item[:3])
         for _, rank, _, f in tagged:
             self._forget(f.completion.request_id)
@@ -379,7 +379,7 @@ class RolloutGroup:
                     self.elastic.say(f"[tailflow] workers remove {command.remove}: no such live worker "
                                      f"({self.membership.worker_ids})")
 
-    def take_membership(self) -> MembershipReport:
+    def take_membership(self) -> MembershipChanges:
         """Joins, leaves and migrations since the last take, and their counters (once per iteration)."""
         return self.membership.log.take(len(self.membership.workers))
 

@@ -61,7 +61,8 @@ no signal: the group watches drains itself (`cluster/node_drain.py`)."""
 
 @dataclass(frozen=True)
 class TokenDelta:
-    """Tokens a request in flight gained since the last report: `token_ids` start at response position `start`."""
+    """Tokens a request in flight gained since the last `step_streamed`: `token_ids` start at response position
+    `start`."""
 
     request_id: str
     start: int
@@ -71,7 +72,7 @@ class TokenDelta:
 
 
 @dataclass(frozen=True)
-class StepReport:
+class StreamedStep:
     """One `step_streamed` call: what finished, what the rest gained, and whether the worker is leaving."""
 
     finished: list[FinishedAt]
@@ -136,11 +137,11 @@ class RolloutWorker:
         """Told it will be preempted (as the signal does): finish nothing new."""
         self.is_leaving = True
 
-    def step_streamed(self, max_steps: int) -> StepReport:
+    def step_streamed(self, max_steps: int) -> StreamedStep:
         """As `step_many_tagged`, plus each request's tokens since the last call. A worker under notice runs
         no step and reports `is_leaving`: its group aborts its requests (whole partials) and moves them."""
         if self.is_leaving:
-            return StepReport([], [], 0, is_leaving=True)
+            return StreamedStep([], [], 0, is_leaving=True)
         before = self.engine.stats().tokens_generated
         finished = self.step_many_tagged(max_steps)
         for f in finished:
@@ -152,7 +153,7 @@ class RolloutWorker:
                 progress.append(TokenDelta(request_id, start, tuple(token_ids[start:]), tuple(logprobs[start:]),
                                            tuple(versions[start:])))
                 self.reported[request_id] = len(token_ids)
-        return StepReport(finished, progress, self.engine.stats().tokens_generated - before)
+        return StreamedStep(finished, progress, self.engine.stats().tokens_generated - before)
 
     def step_many(self, max_steps: int) -> list[Completion]:
         """Up to `max_steps` steps (fewer if the engine goes idle); finished completions in order.

@@ -36,24 +36,21 @@ class TailState(BaseModel):
 @dataclass(frozen=True)
 class TailSettings:
     """The round-shaping settings of a run (the config's data/rollout/tail fields, read once at setup) or of a
-    simulated one: the one record of them the policy, the pipeline and the simulator read."""
+    simulated one: the one record of them the policy, the pipeline and the simulator read. Each field means what
+    its key says in the configuration reference (docs/configuration.md): `data.prompts_per_step` (P0),
+    `rollout.n` (R0, here `responses_kept`), `data.seed` (here `data_seed`), the rest `tail.*` of the same name."""
 
     prompts_per_step: int
-    """P0: prompts trained per step."""
     responses_kept: int
-    """R0: responses kept (and trained) per prompt."""
     prompt_ratio: float = 1.25
-    """Short rounds launch ceil(prompt_ratio * P0) prompts."""
     responses_launched: int | None = None
-    """Responses launched per prompt in a short round; None: the config's default, R0 + ceil(R0 / 4)."""
+    """None: filled in at construction with the config's default, R0 + ceil(R0 / 4)."""
     enabled: bool = True
-    """Tail batching on; off, every step is the synchronous baseline."""
     data_seed: int = 0
-    """The seeded order fresh prompts are drawn in."""
     steps_per_poll: int = 2
-    """Engine steps between looks at what finished (the round driver's granularity)."""
+    """The round driver's granularity."""
     continue_deferred: bool = False
-    """A deferred prompt keeps its first R0 responses and its long round continues them (carry.py)."""
+    """Implemented in carry.py."""
 
     def __post_init__(self) -> None:
         if self.responses_launched is None:
