@@ -279,16 +279,14 @@ def run_train(args, config) -> int:
 
 
 def run_resume(args, config) -> int:
-    """storage.uri may always differ from the saved config: the run was found in this store, so it lives here."""
-    from tailflow.engines.store import open_store
+    """The run's saved config unless -c is given, in the store where the run was found (`resume_config`)."""
+    from tailflow.driver.resume import resume_config
     from tailflow.flows.training import rl_training
-    from tailflow.stored_runs import config_for_resume
 
-    allow_change = allowed_changes(args.allow_change)
-    store = open_store(config.storage.uri)
-    resumed = config_for_resume(store, args.run_id, args.config, args.overrides, config.storage.uri)
+    resumed, allow_change = resume_config(args.run_id, args.config, args.overrides,
+                                          allowed_changes(args.allow_change))
     return run_to_its_end(lambda: rl_training(config=resumed.model_dump(mode="json"), run_id=args.run_id,
-                                              allow_change=allow_change + ["storage.uri"], take_over=args.take_over))
+                                              allow_change=allow_change, take_over=args.take_over))
 
 
 def run_to_its_end(run) -> int:

@@ -1,4 +1,5 @@
-"""What the artifact store says about runs: for `tailflow runs`, `resume` and `export`.
+"""What the artifact store says about runs: for `tailflow runs` and `export` (the config a resume continues
+with is `tailflow.driver.resume.resume_config`'s).
 
 Everything here trusts only what a run's `latest.json` names (the commit
 protocol, `tailflow.engines.runs.commit`): a checkpoint or state written after
@@ -15,21 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from tailflow.config import ConfigError, RunConfig, apply_override, config_from_dict, load_config, override_origins
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, SHARDS_DIR, WEIGHTS_FILE, weights_sha256
 from tailflow.engines.runs.commit import CommitError, read_committed_state
-from tailflow.engines.runs.layout import config_key, latest_key, saved_config
+from tailflow.engines.runs.layout import RunError, config_key, read_run_config, require_run
 from tailflow.engines.store.local import PROCESS_UMASK
 
 QUEUE_PREVIEW = 5
 """How many of the oldest queued prompt ids a `StoredRun` names."""
-
-
-class RunError(ValueError):
-    """A run that does not exist, or cannot do what was asked (nothing to resume, no checkpoint to export)."""
 
 
 @dataclass(frozen=True)
@@ -74,20 +68,6 @@ class ExportResult:
     """URI of the exported checkpoint."""
     iteration: int
     weights_sha256: str
-
-
-def require_run(store: Any, run_id: str) -> None:
-    if not run_id or "/" in run_id or run_id in (".", ".."):
-        raise RunError(f"run id {run_id!r} is not a run directory name")
-    if not (store.exists(config_key(run_id)) or store.exists(latest_key(run_id))):
-        raise RunError(f"run {run_id} does not exist in {store.uri()}")
-
-
-def read_run_config(store: Any, run_id: str) -> RunConfig:
-    try:
-        return saved_config(store, run_id)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{store.uri(config_key(run_id))} is not valid YAML: {error}") from None
 
 
 def read_run(store: Any, run_id: str) -> StoredRun:
@@ -138,27 +118,6 @@ def rounds_text(history: list[int], limit: int = 60) -> str:
     skipped = f"... ({start} earlier) " if start else ""
     num_long = sum(1 for kind in history if kind)
     return f"{skipped}{groups} ({len(history) - num_long} short, {num_long} long)"
-
-
-def config_for_resume(store: Any, run_id: str, config_path: str | None, overrides: list[str],
-                      store_uri: str, overrides_origin: str = "--set") -> RunConfig:
-    """The config `tailflow resume` continues with: `-c FILE` plus `--set` as given, else the run's saved config
-    with the `--set` overrides on top. storage.uri is always `store_uri`, where the run was found (a moved or
-    copied run resumes where it is). Refuses a run without a commit: there is nothing to resume.
-    `overrides_origin`: what an error calls the overrides (`overrides` for a flow's parameter)."""
-    require_run(store, run_id)
-    if read_committed_state(store, run_id) is None:
-        raise RunError(f"run {run_id} has nothing to resume in {store.uri()}: it never committed an iteration; "
-                       f"start it again with `tailflow train --run-id {run_id}`")
-    if config_path is not None:
-        tree = load_config(config_path, overrides, overrides_origin).model_dump(mode="json")
-    else:
-        tree = read_run_config(store, run_id).model_dump(mode="json")
-        for assignment in overrides:
-            apply_override(tree, assignment, overrides_origin)
-    tree["storage"]["uri"] = store_uri
-    return config_from_dict(tree, source=config_path or store.uri(config_key(run_id)),
-                            origins=override_origins(overrides, overrides_origin))
 
 
 def check_export_target(directory: Path) -> None:

@@ -4,19 +4,23 @@ A run id that has a commit (`latest.json`) resumes: same config (a changed
 key is refused unless named in `allow_change`), the committed state, the
 committed checkpoint's weights and optimizer in every actor, metrics rows past
 the commit dropped, the driver's RNG restored. A run id with no commit starts
-from the beginning (a crash before the first commit lost nothing).
+from the beginning (a crash before the first commit lost nothing). An explicit
+resume (`tailflow resume`, a flow run with `resume=True`) takes its config from
+`resume_config`: the run's saved config unless one is given.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from tailflow.config import ConfigError, RunConfig, config_to_yaml
+from tailflow.config import (ConfigError, RunConfig, apply_override, config_from_dict, config_to_yaml, flow_run_config,
+                             load_config, override_origins)
 from tailflow.driver.run_log import say
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.runs.checkpoint import read_checkpoint
 from tailflow.engines.runs.commit import commit_state, read_committed_state
-from tailflow.engines.runs.layout import config_key, saved_config
+from tailflow.engines.runs.layout import RunError, config_key, read_run_config, require_run, saved_config
+from tailflow.engines.store import open_store
 from tailflow.engines.track.rollout_trace import RolloutTraceLog
 
 
@@ -33,6 +37,39 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def changed_keys(saved: RunConfig, requested: RunConfig) -> list[str]:
     old, new = flatten(saved.model_dump(mode="json")), flatten(requested.model_dump(mode="json"))
     return sorted(key for key in old.keys() | new.keys() if old.get(key) != new.get(key))
+
+
+def resume_config(run_id: str, config_path: str | None, overrides: list[str], allow_change: list[str],
+                  config: RunConfig | dict | None = None,
+                  overrides_origin: str = "--set") -> tuple[RunConfig, list[str]]:
+    """The config a resume (`tailflow resume`, a `resume=True` flow run) continues with, and the keys it may change
+    from the run's saved config: `allow_change` plus storage.uri, which may always differ (the run was found in
+    this store, so it lives here: a moved or copied run resumes where it is).
+
+    The config is `config` whole when given (a flow's parameter, taken as it is), else `-c config_path` plus the
+    overrides as given, else the run's saved config with the overrides on top; storage.uri is always the store
+    the run was found in (that of `config_path` plus the overrides). Refuses (RunError) a run that does not exist
+    or never committed: there is nothing to resume. `overrides_origin`: what an error calls the overrides
+    (`--set` on the command line, `overrides` for a flow's parameter)."""
+    allow_change = [*allow_change, "storage.uri"]
+    if config is not None:
+        return flow_run_config(None, [], config), allow_change
+    given = load_config(config_path, overrides, overrides_origin)
+    store = open_store(given.storage.uri)
+    require_run(store, run_id)
+    if read_committed_state(store, run_id) is None:
+        raise RunError(f"run {run_id} has nothing to resume in {store.uri()}: it never committed an iteration; "
+                       f"start it again with `tailflow train --run-id {run_id}`")
+    if config_path is not None:
+        tree = given.model_dump(mode="json")
+    else:
+        tree = read_run_config(store, run_id).model_dump(mode="json")
+        for assignment in overrides:
+            apply_override(tree, assignment, overrides_origin)
+    tree["storage"]["uri"] = given.storage.uri
+    resumed = config_from_dict(tree, source=config_path or store.uri(config_key(run_id)),
+                               origins=override_origins(overrides, overrides_origin))
+    return resumed, allow_change
 
 
 def check_config_for_resume(store: Any, run_id: str, requested: RunConfig, allow_change: list[str],

@@ -8,14 +8,14 @@ from typing import Any
 from prefect import flow
 from prefect.runtime import flow_run
 
-from tailflow.config import FLOW_OVERRIDES, ConfigError, RunConfig, flow_run_config, load_config
+from tailflow.config import FLOW_OVERRIDES, ConfigError, RunConfig, flow_run_config
 from tailflow.driver.artifacts import RunArtifacts
 from tailflow.driver.cancel import end_left_subflows, ended_on_cancel
 from tailflow.driver.context import build_context, new_run_id, prepare_run_dir, restart_workers
 from tailflow.driver.live_progress import live_progress
 from tailflow.driver.preflight import check_inputs
 from tailflow.driver.resume import (check_config_for_resume, commit_initial_state, finished_state, restore_commit,
-                                    restore_weights)
+                                    restore_weights, resume_config)
 from tailflow.driver.retry_policy import no_retry_on_user_error
 from tailflow.driver.run_hooks import after_iteration, publish_report
 from tailflow.driver.run_log import flow_run_run_id, print_resume, print_start, say
@@ -25,7 +25,7 @@ from tailflow.engines.cluster import ACTOR_FAILURES
 from tailflow.engines.run_state import RunState
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.runs.commit import read_committed_state
-from tailflow.engines.runs.layout import config_key, metrics_key
+from tailflow.engines.runs.layout import RunError, config_key, metrics_key
 from tailflow.engines.store import open_store
 from tailflow.engines.track import MetricsLogger
 from tailflow.engines.cluster.placement import takes_turns
@@ -174,20 +174,15 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease, li
 
 def config_to_resume(config_path: str | None, overrides: list[str], config: RunConfig | dict | None,
                      run_id: str | None, allow_change: list[str] | None) -> tuple[RunConfig, list[str]]:
-    """The config a `resume=True` flow run continues with (as `tailflow resume`: `stored_runs.config_for_resume`);
-    the run must exist and have committed."""
-    from tailflow.stored_runs import RunError, config_for_resume
-
+    """The config a `resume=True` flow run continues with, and the keys it may change (`resume_config`, as
+    `tailflow resume`); the run must exist and have committed. A refusal is a ConfigError, which no retry of the
+    flow run repeats (driver/retry_policy.py)."""
     if not run_id:
         raise ConfigError("run_id: resume=True needs the id of the run to resume")
-    if config is not None:
-        return flow_run_config(None, [], config), [*(allow_change or []), "storage.uri"]
-    store_uri = load_config(config_path, overrides, FLOW_OVERRIDES).storage.uri
     try:
-        resumed = config_for_resume(open_store(store_uri), run_id, config_path, overrides, store_uri, FLOW_OVERRIDES)
+        return resume_config(run_id, config_path, overrides, allow_change or [], config, FLOW_OVERRIDES)
     except RunError as error:
         raise ConfigError(str(error)) from None
-    return resumed, [*(allow_change or []), "storage.uri"]
 
 
 def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunContext, RunState]:

@@ -20,6 +20,10 @@ import yaml
 from tailflow.config import ConfigError, RunConfig, config_from_dict
 
 
+class RunError(ValueError):
+    """A run that does not exist, or cannot do what was asked (nothing to resume, no checkpoint to export)."""
+
+
 def checkpoint_key(run_id: str, iteration: int) -> str:
     return f"{run_id}/checkpoints/iter-{iteration:04d}"
 
@@ -45,6 +49,23 @@ def saved_config(store: Any, run_id: str) -> RunConfig:
         return config_from_dict(yaml.safe_load(store.read_text(key)) or {}, source=store.uri(key))
     except FileNotFoundError:
         raise ConfigError(f"run {run_id} has a commit but no {store.uri(key)}") from None
+
+
+def require_run(store: Any, run_id: str) -> None:
+    """Refuse a run id that is not a run directory name, or names no run in `store` (neither config nor commit)."""
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise RunError(f"run id {run_id!r} is not a run directory name")
+    if not (store.exists(config_key(run_id)) or store.exists(latest_key(run_id))):
+        raise RunError(f"run {run_id} does not exist in {store.uri()}")
+
+
+def read_run_config(store: Any, run_id: str) -> RunConfig:
+    """`saved_config`, with a config.yaml that is not YAML a ConfigError naming the file (for the commands that
+    read a run: `tailflow runs`, a resume)."""
+    try:
+        return saved_config(store, run_id)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{store.uri(config_key(run_id))} is not valid YAML: {error}") from None
 
 
 def metrics_key(run_id: str) -> str:
