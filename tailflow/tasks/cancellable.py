@@ -145,13 +145,55 @@ STOPPED = Stopped()
 
 
 class CancellableTask(Task):
-    """A Prefect task whose call raises `RunCancelled` where its body was stopped by a Cancel."""
+    """A Prefect task whose call raises `RunCancelled` where its body was stopped by a Cancel.
+
+    SIGTERM waits while Prefect's engine starts and ends the task run (`engine_sigterm_deferred`): raised there,
+    the engine logged "Crash detected!" at ERROR for a Cancel (seen in the Cancel test, the signal landing as
+    `train_policy` began). Inside the body the flow's own handling applies (`flow_sigterm_inside`)."""
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        result = super().__call__(*args, **kwargs)
+        with engine_sigterm_deferred():
+            result = super().__call__(*args, **kwargs)
         if isinstance(result, Stopped):
             raise RunCancelled("the run is being cancelled")
         return result
+
+
+ENGINE_DEFERRALS: list[DeferredTermination] = []
+"""The SIGTERM deferrals of the task calls in progress in the main thread, innermost last."""
+
+
+@contextmanager
+def engine_sigterm_deferred() -> Iterator[None]:
+    """Around a task run in Prefect's engine: a SIGTERM is recorded, then handed to the flow's handler, at the body's
+    start (one that came while the run started) or after the run ended (one that came while it ended), where the
+    flow's code stops on it; none is handed on once the run holds off termination (a Cancel it knows of)."""
+    with deferred_termination() as deferred:
+        ENGINE_DEFERRALS.append(deferred)
+        try:
+            yield
+        finally:
+            ENGINE_DEFERRALS.pop()
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+                deferred.drop()  # the body learnt of the Cancel (`cancel_requested`): the run winds down
+
+
+@contextmanager
+def flow_sigterm_inside() -> Iterator[None]:
+    """In a task's body: SIGTERM handled by the flow's handler again, one recorded while the run started first."""
+    deferred = ENGINE_DEFERRALS[-1] if ENGINE_DEFERRALS else None
+    if deferred is None or signal.getsignal(signal.SIGTERM) != deferred.record:
+        yield  # not called through CancellableTask, another thread, or someone else's handler meanwhile
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL if deferred.previous is None else deferred.previous)
+    try:
+        if deferred.received:
+            deferred.received = False
+            os.kill(os.getpid(), signal.SIGTERM)  # lands in the flow's handler, as if it came just now
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) != signal.SIG_IGN:  # unless the body held off termination
+            signal.signal(signal.SIGTERM, deferred.record)
 
 
 def run_task(fn: Callable) -> CancellableTask:
@@ -160,7 +202,8 @@ def run_task(fn: Callable) -> CancellableTask:
     @functools.wraps(fn)
     def body(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with flow_sigterm_inside():
+                return fn(*args, **kwargs)
         except BaseException as error:
             if isinstance(error, RunCancelled) or not cancel_requested():
                 raise
