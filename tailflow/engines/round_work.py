@@ -22,7 +22,6 @@ from tailflow.engines.reward.streaming import StreamingScorer, trajectory_reward
 from tailflow.engines.reward.timeouts import TimeoutAnchors, TimeoutPolicy
 from tailflow.engines.rollout.protocol import Completion
 from tailflow.engines.tail.round import PlannedRound
-from tailflow.engines.tail.taken import TakenRound
 from tailflow.engines.track.live import RoundWatcher
 from tailflow.engines.train.stream import StreamedStep
 
@@ -51,15 +50,6 @@ class RoundWork:
     def on_completed(self, completed: Sequence[tuple[str, tuple[Completion, ...]]]) -> None:
         if self.stream is not None:
             self.stream.on_completed(completed)
-
-
-def observer_of(taken: TakenRound) -> RoundWork:
-    """`taken`'s observer as a run built it (`RoundWorkFactory`): the pipeline types it as any `RoundObserver`."""
-    observer = taken.observer
-    if not isinstance(observer, RoundWork):
-        raise TypeError(f"round {taken.iteration}'s observer is a {type(observer).__name__}, not the RoundWork a "
-                        "run's RoundWorkFactory builds for every round")
-    return observer
 
 
 class RoundWorkFactory:

@@ -18,7 +18,7 @@ from prefect import flow
 from tailflow.driver.artifacts import publish_iteration_summary, publish_rollout_membership
 from tailflow.driver.cancel import aborted_on_cancel
 from tailflow.engines.outcome import IterationOutcome
-from tailflow.engines.round_work import observer_of
+from tailflow.engines.round_work import RoundWork
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.track.summary import metrics_row
@@ -36,7 +36,7 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
     with aborted_on_cancel():  # a Cancel stops the subflow without a crash report (driver/cancel.py)
         taken = take_round(ctx, state, iteration)
         scored = collect_scores(ctx, taken)
-        trained = train_policy(ctx, scored, observer_of(taken), iteration, state.weight_version)
+        trained = train_policy(ctx, scored, taken.observer_as(RoundWork), iteration, state.weight_version)
         stopped = pause_rollout(ctx)
         synced = sync_weights(ctx, state.weight_version + 1, iteration)
         evaluated = evaluate_policy(ctx) if ctx.config.train.evaluates_after(iteration) else None

@@ -29,7 +29,7 @@ from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
 from tailflow.engines.sim.placeholder import PlaceholderTokens
 from tailflow.engines.sim.sim_run import SimRun, SimStep
-from tailflow.engines.sim.streamed import StreamedRound, streamed_round_of
+from tailflow.engines.sim.streamed import StreamedRound
 from tailflow.engines.tail import RoundKind
 from tailflow.engines.tail.launch import launch_order
 from tailflow.engines.tail.pipeline import RolloutPipeline
@@ -170,12 +170,12 @@ class PolicySimulation:
         scored_s = taken_s + trainer.reward_s(record.num_kept, record.trained_tokens)
         scored: dict[str, float] = {}
         if streaming.reward:
-            observer = streamed_round_of(taken)
+            observer = taken.observer_as(StreamedRound)
             scored = observer.scored_at(lambda c: trainer.reward_s(1, tokens([c])), streaming.reward_workers)
             scored_s = max([taken_s] + [scored[c.request_id] for c in taken.completions])
         if not streaming.train:
             return scored_s, scored_s + trainer.train_s(record.trained_tokens)
-        observer = streamed_round_of(taken)
+        observer = taken.observer_as(StreamedRound)
         streamed = observer.trained_at(scored, lambda kept: trainer.train_s(tokens(kept)), started_s)
         return scored_s, max(scored_s, streamed)
 

@@ -19,7 +19,6 @@ import heapq
 from typing import Callable, Sequence
 
 from tailflow.engines.rollout.protocol import Completion
-from tailflow.engines.tail.taken import TakenRound
 
 
 def drain(arrivals: Sequence[float], service_s: Sequence[float], num_servers: int,
@@ -66,12 +65,3 @@ class StreamedRound:
         order = sorted(range(len(ready)), key=ready.__getitem__)
         done = drain([ready[i] for i in order], [train_s(self.completed[i][1]) for i in order], 1, free_at)
         return max(done, default=free_at)
-
-
-def streamed_round_of(taken: TakenRound) -> StreamedRound:
-    """`taken`'s observer as the simulator built it (streaming on): the pipeline types it as any `RoundObserver`."""
-    observer = taken.observer
-    if not isinstance(observer, StreamedRound):
-        raise TypeError(f"simulated round {taken.iteration}'s observer is a {type(observer).__name__}, not the "
-                        "StreamedRound the simulator builds for every round when it streams")
-    return observer

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Sequence, TypeVar
 
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.rollout.protocol import Completion, Request
@@ -16,6 +16,8 @@ from tailflow.engines.rollout.rollout_stats import RolloutStats
 from tailflow.engines.tail.completion import RoundResult
 from tailflow.engines.tail.observer import RoundObserver
 from tailflow.engines.tail.round import PlannedRound
+
+ObserverT = TypeVar("ObserverT", bound=RoundObserver)
 
 
 @dataclass(frozen=True)
@@ -40,7 +42,7 @@ class TakenRound:
     """Finished request id -> (worker, engine step of the round), where the rollout reports it (traces)."""
     observer: RoundObserver
     """The round's observer, built when it was launched: in a run a `RoundWork` (its scorer and, with the stream
-    trainer, its step; `round_work.observer_of` narrows to it), in the simulator a `StreamedRound`."""
+    trainer, its step), in the simulator a `StreamedRound`: `observer_as` narrows to the one expected."""
     staleness: dict[int, int]
     """Versions between the trained weights and a response's oldest token -> number of responses."""
     mixed_version_responses: int
@@ -55,6 +57,14 @@ class TakenRound:
     @property
     def iteration(self) -> int:
         return self.planned.plan.iteration
+
+    def observer_as(self, kind: type[ObserverT]) -> ObserverT:
+        """The observer as whoever launched the round built it (a run's `RoundWork`, the simulator's
+        `StreamedRound`), where the pipeline types it as any `RoundObserver`."""
+        if not isinstance(self.observer, kind):
+            raise TypeError(f"round {self.iteration}'s observer is a {type(self.observer).__name__}, not the "
+                            f"{kind.__name__} expected")
+        return self.observer
 
 
 @dataclass(frozen=True)
