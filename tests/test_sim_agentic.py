@@ -1,15 +1,19 @@
 """The agentic rollout simulator (engines/sim/agentic.py): the three environment schedules on hand-computable
-cases, their order when environments vary, and trajectories read from a rollout trace."""
+cases, their order when environments vary, trajectories read from a rollout trace, and `tailflow plan --env-trace`."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from sim_unit_cost import UnitCost
 
+from tailflow.cli import main
 from tailflow.engines.sim.agentic import SCHEDULES, SimTrajectory, SimTurn, compare_schedules, simulate_rollout
+from tailflow.engines.sim.sources import env_trace
 from tailflow.engines.sim.trace import sample_trajectories, trajectories_from_trace
-from tailflow.engines.track.rollout_trace import (TraceError, TracePrompt, TraceResponse, TraceRound,
+from tailflow.engines.store import LocalStore
+from tailflow.engines.track.rollout_trace import (RolloutTraceLog, TraceError, TracePrompt, TraceResponse, TraceRound,
                                                   TraceTurn, read_trace, write_trace)
 
 
@@ -104,7 +108,11 @@ def test_trajectories_from_a_written_trace(tmp_path):
                             trajectory((5, 1, 0.01), prompt_tokens=12, reset_s=0.25)]  # the aborted one left out
     drawn = sample_trajectories(trajectories, 50, seed=3)
     assert drawn == sample_trajectories(trajectories, 50, seed=3) and set(drawn) == set(trajectories)
-
+    # a run folder reads the run's log, with (P0, R0) from its config when it has one
+    log = RolloutTraceLog(LocalStore(tmp_path / "store"), "run-a")
+    log.append(AGENTIC_ROUND)
+    rounds, where, p0, r0 = env_trace(str(tmp_path / "store" / "run-a"), None, 4)
+    assert (rounds, p0, r0) == ([AGENTIC_ROUND], 32, 4) and where.endswith("run-a/rollout_trace.jsonl")
 
 
 def test_a_single_turn_trace_is_refused_naming_the_file(tmp_path):
@@ -114,3 +122,21 @@ def test_a_single_turn_trace_is_refused_naming_the_file(tmp_path):
     with pytest.raises(TraceError, match=f"^{path}: no multi-turn trajectories"):
         trajectories_from_trace(read_trace(path), str(path))
 
+
+def test_plan_env_trace_prints_the_three_schedules(tmp_path, capsys):
+    path = tmp_path / "rollout_trace.jsonl"
+    write_trace(path, [AGENTIC_ROUND])
+    code = main(["plan", "--env-trace", str(path), "--gpus", "2", "--model", "qwen2.5-7b", "--hardware", "h100",
+                 "--prompts-per-step", "4", "--responses", "4"])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    assert stdout.startswith("SIMULATED agentic rollout: 16 trajectories")
+    rows = [line.split()[0] for line in stdout.splitlines() if re.match(r"\w+ +[\d.]+ +[\d.]+ +\d+% ", line)]
+    assert rows == list(SCHEDULES)
+    assert "async / lockstep:" in stdout and "plan_heatmap" not in stdout  # the table only: no search without lengths
+    single = tmp_path / "single.jsonl"
+    write_trace(single, [TraceRound(0, "sync", 64, None, (TracePrompt("q0", 12, (
+        TraceResponse(0, 30, "eos", 30, 0, "kept"),)),))])
+    code = main(["plan", "--env-trace", str(single), "--gpus", "2", "--model", "qwen2.5-7b"])
+    err = capsys.readouterr().err
+    assert code == 2 and str(single) in err and len(err.strip().splitlines()) == 1
