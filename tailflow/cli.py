@@ -176,7 +176,7 @@ def run_workers(args, config) -> int:
 
 
 def plan_arguments(plan) -> None:
-    source = plan.add_argument_group("lengths (exactly one)")
+    source = plan.add_argument_group("lengths (exactly one, or none with --env-trace)")
     source.add_argument("--run", metavar="RUN_ID", help="a run in storage.uri: its rollout_trace.jsonl")
     source.add_argument("--trace", metavar="FILE", help="a rollout_trace.jsonl file")
     source.add_argument("--rollpacker", metavar="FILE", help="RollPacker's response-length-and-rewards JSONL")
@@ -202,6 +202,10 @@ def plan_arguments(plan) -> None:
     plan.add_argument("--jobs", type=int, default=None, help="settings simulated side by side (default: one per CPU)")
     plan.add_argument("--out", default="plan", help="folder for plan.md and plan_heatmap.png")
     plan.add_argument("--seed", type=int, default=0)
+    plan.add_argument("--env-trace", metavar="FILE_OR_RUN_DIR",
+                      help="an agentic run's rollout_trace.jsonl, or its run folder: predict env.schedule lockstep, "
+                           "turn_sync and async for P0 x R0 of its trajectories on this cluster (SIMULATED); with "
+                           "no lengths source, instead of the tail-batching search")
     config_arguments(plan)
 
 
@@ -367,7 +371,12 @@ def run_sandbox(args, config=None) -> int:
 
 
 def run_plan(args, config) -> int:
-    """The `plan` flow's search and outputs, run in-process (no Prefect server needed)."""
+    """The `plan` flow's search and outputs, run in-process (no Prefect server needed); with `--env-trace`, the
+    environment schedules' table first (and only that when no lengths source is given)."""
+    if args.env_trace:
+        print(env_schedules(args), flush=True)
+        if not (args.run or args.trace or args.rollpacker or args.paper):
+            return 0
     from tailflow.engines.sim.plan import PlanRequest, plan, smallest_tp
     from tailflow.engines.sim.plan_pages import text_table, write_plan
     from tailflow.engines.sim.simulate import StreamingSettings
@@ -387,6 +396,23 @@ def run_plan(args, config) -> int:
     print(text_table(result))
     print(f"wrote {page} and {heatmap}")
     return 0
+
+
+def env_schedules(args) -> str:
+    """`plan --env-trace`: the agentic run's trajectories under each environment schedule at this plan's scale."""
+    from tailflow.engines.sim.agentic import describe_trajectories
+    from tailflow.engines.sim.plan import PlanRequest, env_schedule_plan, smallest_tp
+    from tailflow.engines.sim.sources import env_trace
+    from tailflow.engines.sim.trace import trajectories_from_trace
+
+    rounds, where, p0, r0 = env_trace(args.env_trace, args.prompts_per_step, args.responses)
+    trajectories = trajectories_from_trace(rounds, where)
+    longest = max(t.context_tokens for t in trajectories)
+    tp = args.tp or smallest_tp(args.hardware, args.model, args.gpus, longest)
+    request = PlanRequest(args.gpus, args.hardware, args.model, tp, p0, r0, seed=args.seed,
+                          measured_path=args.measured)
+    source = f"{where}: {len(trajectories)} trajectories, {describe_trajectories(trajectories)}"
+    return env_schedule_plan(request, trajectories, source)
 
 
 def run_calibrate(args, config) -> int:

@@ -11,7 +11,9 @@ for short and long rounds: the recommended setting again at every TP (powers
 of two to 16; past 8 the all-reduces cross nodes), keeping the best TP for
 each round kind. A setting that cannot run (a request that can never fit a
 replica's KV budget, weights that do not fit at that TP) is a row saying why,
-never an error. Settings run side by side on `jobs` processes.
+never an error. Settings run side by side on `jobs` processes. With an agentic
+run's trace, `env_schedule_plan` predicts its environment schedules on the same
+cluster and cost model (`agentic.py`).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from multiprocessing import get_context
 from statistics import mean
 from typing import Callable, Sequence
 
+from tailflow.engines.sim.agentic import SimTrajectory, compare_schedules, rows_per_replica, schedule_table
 from tailflow.engines.sim.costs import CostModel, CostModelError, Infeasible, NonRolloutCost
 from tailflow.engines.sim.group import SimGroup
 from tailflow.engines.sim.lengths import LengthSource
@@ -33,6 +36,7 @@ from tailflow.engines.sim.simulate import PolicySimulation, StreamingSettings
 from tailflow.engines.sim.sim_run import SimRun
 from tailflow.engines.sim.step_time import PAPER_TABLE1, StageShares, mean_step_time
 from tailflow.engines.sim.table_cost import TableCost
+from tailflow.engines.sim.trace import sample_trajectories
 from tailflow.engines.tail.planner import ceil_product
 from tailflow.engines.tail.state import TailSettings
 
@@ -265,3 +269,16 @@ def plan(request: PlanRequest, lengths: LengthSource, lengths_description: str,
     tp_choices = choose_tp(request, lengths, best.prompt_ratio, best.responses_launched, jobs, progress)
     return PlanResult(request, cluster.description, lengths_description, pricing, baseline, cells, recommended,
                       tp_choices)
+
+
+def env_schedule_plan(request: PlanRequest, trajectories: Sequence[SimTrajectory], source: str) -> str:
+    """`--env-trace`: P0 x R0 trajectories resampled from an agentic run's (`source` says from what) on this
+    plan's rollout replicas and cost model, under each environment schedule (engines/sim/agentic.py): the table."""
+    cluster = rollout_cluster(request, request.tp)
+    rows = rows_per_replica(trajectories, cluster.kv_budget_tokens, NUM_SLOTS)
+    num = request.prompts_per_step * request.responses_kept
+    drawn = sample_trajectories(trajectories, num, request.seed)
+    results = compare_schedules(drawn, cluster.cost, rows, cluster.num_replicas)
+    header = [f"  P0={request.prompts_per_step} x R0={request.responses_kept}, resampled whole (seed {request.seed}) "
+              f"from {source}", f"  {cluster.description}; {rows} rows a replica"]
+    return schedule_table(results, header)

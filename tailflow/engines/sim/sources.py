@@ -95,3 +95,24 @@ def policy_sizes(spec: LengthSpec, prompts_per_step: int | None, responses_kept:
 def longest_request(lengths: LengthSource) -> int:
     """Prompt + cap of the longest request the source can make: what one replica's KV budget must hold."""
     return max(lengths.prompt_tokens(p) for p in lengths.problem_ids()) + lengths.max_new_tokens
+
+
+def env_trace(path: str, prompts_per_step: int | None, responses_kept: int | None) -> tuple[list, str, int, int]:
+    """`--env-trace`: a rollout_trace.jsonl file, or a run folder holding one (every iteration's last row, as the
+    run's log reads it). Its rounds, the trace file's name, and (P0, R0): as given, else a run folder's own
+    config's, else tailflow's defaults (32, 8)."""
+    from pathlib import Path
+
+    from tailflow.engines.runs.layout import config_key, rollout_trace_key
+    from tailflow.engines.track.rollout_trace import read_trace
+
+    folder = Path(path)
+    default = (32, 8)
+    if folder.is_dir():
+        run_id, storage_uri = folder.name, str(folder.parent)
+        rounds, where = run_trace(run_id, storage_uri), str(folder.parent / rollout_trace_key(run_id))
+        if (folder.parent / config_key(run_id)).exists():
+            default = run_policy_sizes(run_id, storage_uri)
+    else:
+        rounds, where = read_trace(folder), str(folder)
+    return rounds, where, prompts_per_step or default[0], responses_kept or default[1]
