@@ -28,10 +28,28 @@ A third run, side by side, is `tail.responses_launched` = `rollout.n`
 prompts are deferred. That removes the selection within a prompt, not the one
 between prompts (a kept group is one whose draws happened to finish first, and
 a deferred prompt's draws are discarded and drawn again), so it is not an
-unbiased sample either; `tail.continue_deferred` is the setting that trains
-the deferred prompts' first draws (README, tail batching; this bench has no
-arm for it yet, and the RESULT keys named `unbiased_*` are this R = R0 run's,
-kept for the readers of older results). Tail batching keeps
+unbiased sample either (the RESULT keys named `unbiased_*` are this R = R0
+run's, kept for the readers of older results).
+
+A fourth run is `tail.continue_deferred`: a deferred prompt keeps its first R0
+draws (finished ones whole, the others with their tokens) and its long round
+continues them instead of drawing again, so nothing of them is discarded and
+the whole cycle trains every launched prompt's first R0 draws. Against today's
+rule it reports the wasted-token fraction (sum `tail/wasted_tokens` over sum
+`rollout/tokens`), the mean step time, the held-out accuracy after the same
+steps, and the trained response length against the policy's own: the
+synchronous baseline trains every response it draws, so its trained length
+mean is an unfiltered sample of its policy (the runs' policies drift apart as
+they train: that drift is part of the gap; each short round's
+`tail/deferred_length_mean` against its `tail/kept_length_mean` shows the
+selection between prompts directly, and the long rounds' trained length shows
+what each rule trains for the deferred prompts: draws made again, or the first
+ones, which were the slow ones). Its targets (issue 39): at most 10% of
+generated tokens wasted, mean step time not worse than today's rule's, and
+accuracy within the bench's 3-point tolerance of it. The continuing run trains
+with `decoupled_ppo` (configs/default.yaml's loss; the others here run
+synchronous with `ppo_clip`, which would train its continued tokens, sampled by
+older weights, as on-policy: refused). Tail batching keeps
 the first R0 of R responses of a completed prompt to finish, its shortest, so
 its trained sample is shorter than the policy's; the length-bias table prints,
 per run and over short rounds, the trained (`tail/kept_length_mean`), the
@@ -44,8 +62,12 @@ Targets (the issue): overall step time baseline/tail >= 1.8; short-round
 generate time baseline/tail >= 2.5; final eval accuracy within 3 points.
 The last line is
 `RESULT step_total_speedup=<x> short_generate_speedup=<y> accuracy_delta=<z> queue_left=<n>
-unbiased_step_total_speedup=<baseline / R = R0 step> unbiased_accuracy_delta=<R = R0 - baseline, points>`
-(one line; --without-r0 runs the first two runs only and leaves the last two fields off).
+unbiased_step_total_speedup=<baseline / R = R0 step> unbiased_accuracy_delta=<R = R0 - baseline, points>
+tail_wasted_fraction=<today's rule> continue_wasted_fraction=<continuing> continue_step_ratio=<today's step /
+continuing step> continue_accuracy_delta=<continuing - today's, points> tail_length_ratio=<today's trained length /
+baseline's> continue_length_ratio=<continuing's / baseline's>`
+(one line; --without-r0 leaves out the R = R0 run and its two fields, --without-continue the continuing run and
+its six).
 """
 from __future__ import annotations
 
@@ -78,6 +100,13 @@ from common import (
 STEP_TOTAL_TARGET = 1.8
 SHORT_GENERATE_TARGET = 2.5
 ACCURACY_TOLERANCE = 3.0
+CONTINUE_LOSS = "decoupled_ppo"
+"""The continuing run's train.loss: its continued tokens come from older weights, which the synchronous runs'
+ppo_clip would treat as on-policy (refused); configs/default.yaml's loss. Both clip against the step's own weights
+(the same cost); decoupled_ppo also weighs each token by its proximal / behaviour probability (capped), which for
+a token the same weights sampled is 1 up to the engine's and the trainer's log-prob numerics."""
+CONTINUE_WASTE_TARGET = 0.10
+"""tail.continue_deferred's target (issue 39): at most this fraction of generated tokens discarded (37% before)."""
 MAX_PLANNED_ITERATIONS = 1000
 """How far ahead whole_cycle_iterations looks for a long round that empties the queue."""
 
@@ -231,6 +260,7 @@ BIAS_ROWS = (
     ("trained response length (tail/kept_length_mean)", "tail/kept_length_mean", "{:10.1f}"),
     ("completed prompts' responses (tail/completed_length_mean)", "tail/completed_length_mean", "{:10.1f}"),
     ("every launched response, >= (tail/launched_length_mean)", "tail/launched_length_mean", "{:10.1f}"),
+    ("deferred prompts' responses, >= (tail/deferred_length_mean)", "tail/deferred_length_mean", "{:10.1f}"),
     ("reward of the trained responses (reward/mean)", "reward/mean", "{:10.3f}"),
     ("reward of finished, unkept ones (tail/unkept_reward_mean)", "tail/unkept_reward_mean", "{:10.3f}"),
 )
@@ -322,6 +352,80 @@ def verdict(c: Comparison) -> str:
     return f"VERDICT: {'; '.join(parts)} -> " + ("all targets met" if not missed else f"{missed} of 3 targets missed")
 
 
+def wasted_fraction(run: RunResult) -> float:
+    """Generated tokens discarded: aborted and never trained (sum tail/wasted_tokens / sum rollout/tokens)."""
+    generated = sum(column(run.rows, "rollout/tokens"))
+    return sum(column(run.rows, "tail/wasted_tokens")) / generated if generated else float("nan")
+
+
+@dataclass(frozen=True)
+class Continuing:
+    """Today's rule (tail) against tail.continue_deferred (continuing), the baseline's trained lengths as the
+    policy's own."""
+    baseline: RunResult
+    tail: RunResult
+    continuing: RunResult
+
+    def length_ratio(self, run: RunResult) -> float:
+        """A run's mean trained response length over the baseline's, every iteration."""
+        key = "token/response_length/mean"
+        return mean_of(run.rows, key) / mean_of(self.baseline.rows, key)
+
+    @property
+    def step_ratio(self) -> float:
+        """Today's mean step over the continuing one's: >= 1 when continuing is not slower."""
+        return mean_of(self.tail.rows, "time/step_total") / mean_of(self.continuing.rows, "time/step_total")
+
+    @property
+    def accuracy_delta(self) -> float:
+        return 100 * (self.continuing.final_accuracy - self.tail.final_accuracy)
+
+    def print_table(self) -> None:
+        print(f"\ntail.continue_deferred against today's rule (same seeds, {len(self.tail.rows)} iterations):")
+        print(f"{'':52s}{'today (tail)':>14s}{'continuing':>14s}")
+        for label, values, fmt in (
+                ("generated tokens (sum rollout/tokens)", [sum(column(r.rows, "rollout/tokens")) for r in
+                                                           (self.tail, self.continuing)], "{:14,.0f}"),
+                ("wasted tokens (sum tail/wasted_tokens)", [sum(column(r.rows, "tail/wasted_tokens")) for r in
+                                                            (self.tail, self.continuing)], "{:14,.0f}"),
+                ("  of which kept prompts' beyond R0", [sum(column(r.rows, "tail/wasted_tokens_completed")) for r in
+                                                        (self.tail, self.continuing)], "{:14,.0f}"),
+                ("wasted fraction", [wasted_fraction(r) for r in (self.tail, self.continuing)], "{:14.3f}"),
+                ("continued responses (sum tail/continued_responses)",
+                 [sum(column(r.rows, "tail/continued_responses")) for r in (self.tail, self.continuing)], "{:14,.0f}"),
+                ("mean time/step_total (s)", [mean_of(r.rows, "time/step_total") for r in
+                                              (self.tail, self.continuing)], "{:14.2f}"),
+                ("trained length / baseline's trained length", [self.length_ratio(r) for r in
+                                                                (self.tail, self.continuing)], "{:14.3f}"),
+                ("long rounds' trained length (redrawn / continued)",
+                 [mean_of([row for row in r.rows if row["tail/round"] == 1], "token/response_length/mean")
+                  for r in (self.tail, self.continuing)], "{:14.1f}"),
+                ("final eval accuracy (%)", [100 * r.final_accuracy for r in (self.tail, self.continuing)],
+                 "{:14.1f}")):
+            print(f"{label:52s}" + "".join(fmt.format(value) for value in values))
+
+    def verdict(self) -> str:
+        waste = wasted_fraction(self.continuing)
+        checks = [
+            ("continue_wasted_fraction", f"{waste:.3f}", waste <= CONTINUE_WASTE_TARGET,
+             f"<= {CONTINUE_WASTE_TARGET:.2f}"),
+            ("continue_step_ratio", f"{self.step_ratio:.2f}", self.step_ratio >= 1.0, ">= 1.00 (not slower)"),
+            ("continue_accuracy_delta", f"{self.accuracy_delta:+.1f}", self.accuracy_delta >= -ACCURACY_TOLERANCE,
+             f">= -{ACCURACY_TOLERANCE:.0f} points"),
+        ]
+        parts = [f"{name} {value} {'meets' if ok else 'MISSES'} {target}" for name, value, ok, target in checks]
+        missed = sum(not ok for *_, ok, _ in checks)
+        return (f"VERDICT (continuing): {'; '.join(parts)} -> "
+                + ("all targets met" if not missed else f"{missed} of 3 targets missed"))
+
+    def result_fields(self) -> str:
+        return (f" tail_wasted_fraction={wasted_fraction(self.tail):.3f}"
+                f" continue_wasted_fraction={wasted_fraction(self.continuing):.3f}"
+                f" continue_step_ratio={self.step_ratio:.2f} continue_accuracy_delta={self.accuracy_delta:.1f}"
+                f" tail_length_ratio={self.length_ratio(self.tail):.3f}"
+                f" continue_length_ratio={self.length_ratio(self.continuing):.3f}")
+
+
 SIM_GPUS, SIM_HARDWARE, SIM_MODEL = 8, "h100", "qwen2.5-7b"
 
 
@@ -360,8 +464,10 @@ def main() -> None:
                         help="smoke run: 3 iterations, P0=4, R0=4, prompt_ratio 1.5, 64 new tokens, 16 eval problems, "
                              "one trainer rank")
     parser.add_argument("--without-r0", action="store_true",
-                        help="leave out the third run (R = R0) and its two RESULT fields: bench/vllm_side.py reads "
+                        help="leave out the R = R0 run and its two RESULT fields: bench/vllm_side.py reads "
                              "step_total_speedup alone, and each run on vLLM costs a minute of CPU here")
+    parser.add_argument("--without-continue", action="store_true",
+                        help="leave out the tail.continue_deferred run and its six RESULT fields")
     args = parser.parse_args()
 
     from tailflow.cli import quiet_prefect_defaults
@@ -386,10 +492,15 @@ def main() -> None:
     curve = engine_curve(settings.curve_sizes, settings.curve_new_tokens, args.seed)
     print(describe_curve(curve, settings.curve_new_tokens))
 
-    settings_by_run = (("baseline (synchronous)", "baseline", {"tail.enabled": False}),
-                       ("tail batching", "tail", {"tail.enabled": True}),
-                       ("tail, R = R0", "tail-r0", {"tail.enabled": True, "tail.responses_launched": config.rollout.n})
-                       )[:2 if args.without_r0 else 3]
+    settings_by_run = [("baseline (synchronous)", "baseline", {"tail.enabled": False}),
+                       ("tail batching", "tail", {"tail.enabled": True, "tail.continue_deferred": False})]
+    if not args.without_r0:
+        settings_by_run.append(("tail, R = R0", "tail-r0", {"tail.enabled": True, "tail.continue_deferred": False,
+                                                             "tail.responses_launched": config.rollout.n}))
+    if not args.without_continue:
+        settings_by_run.append(("tail, continuing", "tail-continue", {"tail.enabled": True,
+                                                                       "tail.continue_deferred": True,
+                                                                       "train.loss": CONTINUE_LOSS}))
     with tempfile.TemporaryDirectory(prefix="tail-bench-") as directory:
         storage = Path(directory)
         runs = [run_training(name, default_config_tree(settings.overrides | changes | {"storage.uri": str(storage)}),
@@ -411,9 +522,10 @@ def main() -> None:
           f"runs' own rollout traces): step_total_speedup {simulated[0]:.2f}x (this CPU, measured: "
           f"{comparison.step_total_speedup:.2f}x), generate speedup {simulated[1]:.2f}x (this CPU: "
           f"{fmt_ratio(*comparison.sums('time/step_generate'))})")
-    r0_fields = ""
-    if len(runs) == 3:
-        unbiased = runs[2]
+    by_suffix = {suffix: run for (_, suffix, _), run in zip(settings_by_run, runs)}
+    r0_fields = continue_fields = ""
+    if "tail-r0" in by_suffix:
+        unbiased = by_suffix["tail-r0"]
         unbiased_speedup = mean_of(comparison.baseline.rows, "time/step_total") / mean_of(unbiased.rows,
                                                                                            "time/step_total")
         unbiased_delta = 100 * (unbiased.final_accuracy - comparison.baseline.final_accuracy)
@@ -423,9 +535,14 @@ def main() -> None:
               f"for it")
         r0_fields = f" unbiased_step_total_speedup={unbiased_speedup:.2f} unbiased_accuracy_delta={unbiased_delta:.1f}"
     print(verdict(comparison))
+    if "tail-continue" in by_suffix:
+        continuing = Continuing(comparison.baseline, comparison.tail, by_suffix["tail-continue"])
+        continuing.print_table()
+        print(continuing.verdict())
+        continue_fields = continuing.result_fields()
     print(f"RESULT step_total_speedup={comparison.step_total_speedup:.2f} "
           f"short_generate_speedup={comparison.short_generate_speedup:.2f} "
-          f"accuracy_delta={comparison.accuracy_delta:.1f} queue_left={queue_left}{r0_fields}")
+          f"accuracy_delta={comparison.accuracy_delta:.1f} queue_left={queue_left}{r0_fields}{continue_fields}")
 
 
 if __name__ == "__main__":

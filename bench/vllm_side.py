@@ -19,13 +19,14 @@ def has_vllm() -> bool:
 
 
 def tail_step_speedup(quick: bool) -> float:
-    """bench/tail_batching.py with rollout.engine=vllm: its step_total_speedup (baseline / tail batching), from the
-    baseline and tail runs alone (--without-r0: the third run's fields are not read here)."""
+    """bench/tail_batching.py with rollout.engine=vllm: its step_total_speedup (baseline / tail batching). The R = R0
+    run is left out (--without-r0: its fields are not read here); the tail.continue_deferred run stays, so vLLM
+    continues deferred prompts' responses from their tokens in every such run (its verdict is printed, not read)."""
     command = [sys.executable, str(REPO / "bench" / "tail_batching.py"), "--engine", "vllm", "--without-r0",
                *(["--quick"] * quick)]
     print(f"tail batching with rollout.engine=vllm: {' '.join(command[1:])}", flush=True)
     result = subprocess.run(command, capture_output=True, text=True)
-    tail = result.stdout.strip().splitlines()[-12:]
+    tail = result.stdout.strip().splitlines()[-24:]
     print("\n".join(f"  | {line}" for line in tail))
     match = re.search(r"RESULT step_total_speedup=(\S+)", result.stdout)
     if result.returncode != 0 or match is None:

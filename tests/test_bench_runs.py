@@ -16,15 +16,21 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.bench
 def test_tail_batching_quick(cli_env):
-    """Costs ~196 s here (bench/tail_batching.py --quick as its own process: three tailflow runs, baseline, tail
-    and tail with R = R0, each starting Ray, its actors, one trainer rank and a Prefect flow). It cannot be cheaper: the speedup
-    and the emptied queue are claims about whole runs compared side by side, and the quick run is already 3
-    iterations, the fewest that end on the long round."""
-    stdout = run_bench("tail_batching.py", timeout=900, env=cli_env)  # baseline, tail, tail with R = R0
+    """Costs ~100 s here (bench/tail_batching.py --quick as its own process: four tailflow runs, baseline, tail,
+    tail with R = R0 and tail.continue_deferred, each starting Ray, its actors, one trainer rank and a Prefect flow).
+    It cannot be cheaper: the speedup, the emptied queue and the continuing rule's waste are claims about whole runs
+    compared side by side, and the quick run is already 3 iterations, the fewest that end on the long round."""
+    stdout = run_bench("tail_batching.py", timeout=900, env=cli_env)  # baseline, tail, R = R0, continuing
     last_line = stdout.strip().splitlines()[-1]
-    assert re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0 "
-                        r"unbiased_step_total_speedup=\S+ unbiased_accuracy_delta=\S+",
-                        last_line)  # whole queue cycles: no deferred prompt left unpaid
+    match = re.fullmatch(r"RESULT step_total_speedup=\S+ short_generate_speedup=\S+ accuracy_delta=\S+ queue_left=0 "
+                         r"unbiased_step_total_speedup=\S+ unbiased_accuracy_delta=\S+ "
+                         r"tail_wasted_fraction=(\S+) continue_wasted_fraction=(\S+) continue_step_ratio=\S+ "
+                         r"continue_accuracy_delta=\S+ tail_length_ratio=\S+ continue_length_ratio=\S+",
+                         last_line)  # whole queue cycles: no deferred prompt left unpaid
+    assert match, last_line
+    # counted, not timed: continuing a deferred prompt's first draws discards fewer of the tokens generated
+    assert float(match[2]) < float(match[1]), last_line
+    assert "VERDICT (continuing):" in stdout and "continued responses (sum tail/continued_responses)" in stdout
     assert "VERDICT:" in stdout and "length profile" in stdout and "tokens/s" in stdout
     assert "length bias, means over the" in stdout and "tail/launched_length_mean" in stdout
     assert "queue left at the end of the tail run: 0 prompts" in stdout
