@@ -51,7 +51,9 @@ BUSY_CORES = 0.3
 """A group of actors counts as working in a sample when it used more than this many cores."""
 
 ASYNC_LOSS = "decoupled_ppo"
-ASYNC_STEP = {"train.loss": ASYNC_LOSS, "rollout.async_steps_per_train": 0}
+ASYNC_STEP = {"train.loss": ASYNC_LOSS, "rollout.async_steps_per_train": 0, "tail.continue_deferred": False}
+"""tail.continue_deferred (on in configs/default.yaml) off: this bench measures asynchrony against the synchronous
+step alone; bench/tail_batching.py measures the continuing rule."""
 SETTINGS: dict[str, dict[str, Any]] = {
     "sync": SYNCHRONOUS | {"tail.enabled": False, "train.skip_zero_advantage": False},
     "tail": SYNCHRONOUS | {"tail.enabled": True, "train.skip_zero_advantage": False},

@@ -37,10 +37,11 @@ if str(BENCH_DIR) not in sys.path:  # bench/ is not a package: engine.py is impo
     sys.path.insert(0, str(BENCH_DIR))
 
 
-SYNCHRONOUS = {"rollout.async_ratio": 0, "train.loss": "ppo_clip"}
-"""The default config trains asynchronously (the quick start's choice, bench/async.py); the benchmarks of the
-synchronous step (tail batching against its baseline, the sensitivity grid, the simulator's CPU checks) pin it
-back to what they have always measured."""
+SYNCHRONOUS = {"rollout.async_ratio": 0, "train.loss": "ppo_clip", "tail.continue_deferred": False}
+"""The default config trains asynchronously and continues deferred prompts (the quick start's choices,
+bench/async.py, bench/tail_batching.py's continuing run); the benchmarks of the synchronous step (tail batching
+against its baseline, the sensitivity grid, the simulator's CPU checks) pin it back to what they have always
+measured (ppo_clip, which continued tokens from older weights would need replaced)."""
 
 
 def default_config_tree(overrides: dict[str, Any], synchronous: bool = True) -> dict[str, Any]:

@@ -61,14 +61,17 @@ class Kill:
 
 def run_config(iterations: int, storage: str, quick: bool) -> dict:
     """Tiny and seeded: one rollout worker (bit for bit), two FSDP ranks (--quick: one, and one reward worker,
-    the smoke test's fewest actors to start per launch), tail batching (the queue crosses commits)."""
+    the smoke test's fewest actors to start per launch), tail batching continuing its deferred prompts as
+    configs/default.yaml does (the queue and the responses it carries cross commits; decoupled_ppo, which
+    continued tokens from older weights need)."""
     from tailflow.driver.inputs import shipped_warmstart_dir
 
     config = {"model": {"path": str(shipped_warmstart_dir())},
               "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
               "rollout": {"n": 4, "max_new_tokens": 24, "num_slots": 16},
-              "train": {"iterations": iterations, "eval_every": 5, "num_workers": 2, "lr": 1e-3},
-              "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
+              "train": {"iterations": iterations, "eval_every": 5, "num_workers": 2, "lr": 1e-3,
+                        "loss": "decoupled_ppo"},
+              "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5, "continue_deferred": True},
               "storage": {"uri": storage}, "tracking": {"report_every": 0}}
     if quick:
         config["train"]["num_workers"] = 1
