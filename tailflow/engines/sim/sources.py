@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tailflow.engines.sim.lengths import LengthSource
-from tailflow.engines.track.rollout_trace import TraceError
+from tailflow.engines.track.rollout_trace import TraceError, TraceRound
 
 
 @dataclass(frozen=True)
@@ -97,7 +97,8 @@ def longest_request(lengths: LengthSource) -> int:
     return max(lengths.prompt_tokens(p) for p in lengths.problem_ids()) + lengths.max_new_tokens
 
 
-def env_trace(path: str, prompts_per_step: int | None, responses_kept: int | None) -> tuple[list, str, int, int]:
+def env_trace(path: str, prompts_per_step: int | None, responses_kept: int | None
+              ) -> tuple[list[TraceRound], str, int, int]:
     """`--env-trace`: a rollout_trace.jsonl file, or a run folder holding one (every iteration's last row, as the
     run's log reads it). Its rounds, the trace file's name, and (P0, R0): as given, else a run folder's own
     config's, else tailflow's defaults (32, 8)."""

@@ -31,7 +31,6 @@ def pools_from_trace(rounds: Sequence[TraceRound], seed: int = 0, source: str = 
     return PromptPoolLengths(pools, prompt_tokens, max(r.max_new_tokens for r in rounds), seed, source)
 
 
-
 def trajectories_from_trace(rounds: Sequence[TraceRound], source: str = "trace") -> list[SimTrajectory]:
     """An agentic run's trajectories as the simulator's (`agentic.py`): each one's prompt, reset time and turns
     (model tokens, observation tokens, environment step seconds). Aborted ones (cut short: their turns are a lower
