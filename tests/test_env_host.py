@@ -179,6 +179,22 @@ def test_a_sigkilled_environment_is_an_env_error(hosts):
     assert is_gone(host.pid)
 
 
+def test_a_host_whose_descriptors_are_numbered_past_1024_still_sees_its_process_exit(hosts):
+    """A worker hosting hundreds of environments holds descriptors past select()'s FD_SETSIZE; 576 environments
+    in flight once failed every fail-stop kill with "filedescriptor out of range in select()"."""
+    fillers = []
+    try:
+        while not fillers or fillers[-1] < 1100:
+            fillers.append(os.open(os.devnull, os.O_RDONLY))
+        host = start(hosts)
+        assert host.pidfd > 1024 and host.is_alive
+        host.kill()
+        assert not host.is_alive and is_gone(host.pid)
+    finally:
+        for fd in fillers:
+            os.close(fd)
+
+
 def test_an_invalid_action_is_its_own_outcome_and_the_environment_goes_on(hosts):
     host = start(hosts)
     host.reset(0, 5)
