@@ -196,6 +196,24 @@ and `TrainConfig.loss`'s names repeat its `off_policy` column and its names, and
 tests/test_offpolicy_losses.py fails until they agree."""
 
 
+class CriticConfig(Section):
+    """The value model of `train.advantage: gae` (engines/train/critic.py): the policy's architecture with a
+    one-output head, built from the policy's initial weights, trained beside it on the same ranks' count
+    (train.num_workers, FSDP2) with its own AdamW."""
+
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    """GAE's discount per model token (1: a reward counts the same however many tokens later)."""
+    lam: float = Field(0.95, ge=0.0, le=1.0)
+    """GAE's lambda: 1 is the Monte Carlo return minus the value, 0 the one-step TD error."""
+    value_clip: float = Field(0.5, ge=0.0)
+    """How far a value may move from the one the advantages were computed with before the loss stops pulling it
+    (PPO's value clipping; 0: not clipped)."""
+    lr: float | None = Field(None, gt=0.0)
+    """The critic's learning rate (None: train.lr)."""
+    whiten_advantages: bool = True
+    """Normalise the step's advantages to mean 0 and std 1 over its model tokens (PPO's usual practice)."""
+
+
 class TrainConfig(Section):
     iterations: int = Field(50, ge=1)
     """Number of RL iterations: one rollout, one weight sync and ppo_epochs x mini_batches optimizer steps each."""
@@ -204,9 +222,13 @@ class TrainConfig(Section):
     lr: float = Field(2e-4, gt=0.0)
     weight_decay: float = Field(0.0, ge=0.0)
     max_grad_norm: float = Field(1.0, gt=0.0)
-    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
-    """Advantage estimator: group-normalised (GRPO), without std scaling (Dr. GRPO's advantage), or leave-one-out
-    (RLOO). Dr. GRPO in full is `dr_grpo` with loss_agg `constant`."""
+    advantage: Literal["grpo", "dr_grpo", "rloo", "gae"] = "grpo"
+    """Advantage estimator: group-normalised (GRPO), without std scaling (Dr. GRPO's advantage), leave-one-out
+    (RLOO), or `gae`: per-token advantages from a learned value model (PPO with a critic, `train.critic`), which
+    needs no group (rollout.n may be 1) and credits each turn of a trajectory by what came after it. Dr. GRPO in
+    full is `dr_grpo` with loss_agg `constant`."""
+    critic: CriticConfig = CriticConfig()
+    """The value model, read with advantage `gae` only."""
     loss_agg: Literal["token_mean", "seq_mean_token_sum", "constant"] = "token_mean"
     """What the summed per-token losses of a step's batch are divided by: `token_mean`, the number of response
     tokens (DAPO; every token weighs the same); `seq_mean_token_sum`, the number of responses (each response's
@@ -285,6 +307,12 @@ class TrainConfig(Section):
             raise ValueError(f"train.stream cannot be exact with train.ppo_epochs ({self.ppo_epochs}) or "
                              f"train.mini_batches ({self.mini_batches}) > 1: their mini-batches and proximal "
                              "log-probs need the whole batch before the first update; set both to 1 or stream false")
+        if self.advantage == "gae" and self.stream:
+            raise ValueError("train.advantage gae cannot stream (train.stream): each group's advantages need the "
+                             "critic's values, computed for the whole batch before the step; set stream false")
+        if self.advantage == "gae" and self.backend == "megatron":
+            raise ValueError("train.advantage gae trains its critic with FSDP2 only so far; set train.backend fsdp2 "
+                             "(the Megatron critic is not built)")
         if self.backend == "fsdp2" and self.tensor_parallel not in (None, 1):
             raise ValueError(f"train.tensor_parallel {self.tensor_parallel} needs train.backend megatron; fsdp2 shards "
                              "data-parallel only")
@@ -321,6 +349,13 @@ class TailConfig(Section):
     tokens against 75.2; `tail/deferred_length_mean` vs `tail/kept_length_mean` shows the selection). R =
     rollout.n with tail.continue_deferred trains every launched prompt's first R0 draws: what remains is when
     each is trained (deferred ones later, by older weights, corrected per token by the off-policy loss)."""
+    defer: bool = True
+    """Queue a short round's unfinished prompts for a long round (RollPacker). False: drop them (their responses
+    are stopped and counted in `tail/wasted_tokens`, the prompts not trained this epoch): every round is short,
+    as in ROLL Flash's redundant environment rollout, where the extra groups are launched only to be raced and a
+    long round would wait for the very stragglers (a fail-slow environment) the redundancy is there to skip. It
+    adds the selection between prompts the queue avoids: the dropped prompts are the slow ones, never trained
+    later (docs/agentic.md says what this does to the trained distribution)."""
     continue_deferred: bool = False
     """A deferred prompt keeps its first R0 responses by launch index (finished ones whole, the others with the
     tokens they had, each token with its behaviour log-prob and weight version), and its long round continues
@@ -383,6 +418,11 @@ class StorageConfig(Section):
     rollout_trace: bool = True
     """Write `<run>/rollout_trace.jsonl`: per iteration, every launched response's length, finish reason, engine
     step and outcome (kept, finished, aborted). `tailflow plan --run` and the simulator read it."""
+    dump_rounds: bool = False
+    """Write `<run>/rounds/iter-NNNN.json` each iteration: the groups its optimizer step trained on, every token,
+    log-prob, weight version, reward and (multi-turn) turn and environment timing. `tailflow replay` runs a
+    step again from them; `tailflow plan --env-trace` reads them. Each costs about what its tokens do in JSON
+    (~30 bytes a token); they are never deleted by the run."""
     link_expiry_s: int = Field(604800, ge=1, le=604800)
     """On S3, how long the links in the run's Prefect artifacts (report, checkpoint manifest) stay valid, in
     seconds: they are presigned, so they open on a private bucket. At most 7 days (signature v4's limit);
@@ -526,6 +566,12 @@ class RunConfig(Section):
     env: EnvConfig | None = None
     """Multi-turn environment rollouts (section `env`); None: single-turn responses, scored by `reward`."""
 
+    @property
+    def longest_response_tokens(self) -> int:
+        """The most tokens after the prompt a trained sample can have: a trajectory's are bounded by
+        env.trajectory_max_tokens, a single-turn response's by rollout.max_new_tokens."""
+        return self.env.trajectory_max_tokens if self.env is not None else self.rollout.max_new_tokens
+
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "RunConfig":
         if self.data.train_path and not self.data.eval_path:
@@ -535,6 +581,9 @@ class RunConfig(Section):
                              "(digits and + - * = #) cannot write Python")
         if self.data.train_path and not self.model.path:
             raise ValueError("model.path is required with a custom dataset (the embedded model only knows arithmetic)")
+        if self.tail.continue_deferred and not self.tail.defer:
+            raise ValueError("tail.continue_deferred continues deferred prompts in their long round, but tail.defer "
+                             "false drops them: set one of them the other way")
         if self.tail.responses_launched is not None and self.tail.responses_launched < self.rollout.n:
             raise ValueError(
                 f"tail.responses_launched ({self.tail.responses_launched}) must be >= rollout.n ({self.rollout.n})"
@@ -714,9 +763,20 @@ def config_reference_markdown() -> str:
              "Set values in a YAML file (`-c run.yaml`) or with `--set section.key=value`.", ""]
     for section_name, section in config_sections().items():
         lines += [f"## `{section_name}`", "", "| key | default | meaning |", "| --- | --- | --- |"]
-        for name, field in section.model_fields.items():
-            meaning = " ".join((field.description or "").split()).replace("|", "\\|")
-            default = "(required)" if field.is_required() else f"`{field.default!r}`"
-            lines.append(f"| `{section_name}.{name}` | {default} | {meaning} |")
+        lines += reference_rows(section_name, section)
         lines.append("")
     return "\n".join(lines)
+
+
+def reference_rows(prefix: str, section: type[Section]) -> list[str]:
+    """One table row per key of `section`, a section inside it (train.critic) as its own rows under its name."""
+    rows = []
+    for name, field in section.model_fields.items():
+        meaning = " ".join((field.description or "").split()).replace("|", "\\|")
+        if isinstance(field.annotation, type) and issubclass(field.annotation, Section):
+            rows.append(f"| `{prefix}.{name}` | (section) | {meaning} |")
+            rows += reference_rows(f"{prefix}.{name}", field.annotation)
+            continue
+        default = "(required)" if field.is_required() else f"`{field.default!r}`"
+        rows.append(f"| `{prefix}.{name}` | {default} | {meaning} |")
+    return rows

@@ -110,3 +110,16 @@ def test_queued_prompts_count_against_the_dataset():
     queue.defer([problem.problem_id for problem in PROBLEMS[:3]], iteration=0)
     with pytest.raises(ValueError, match="only 6 .3 of them queued."):
         prepare(1, TailState(queue=tuple(queue.prompts())), PROBLEMS[:6], prompts_per_step=4, prompt_ratio=1.0)
+
+
+def test_without_deferral_unfinished_prompts_are_dropped_and_every_round_is_short():
+    """tail.defer false (redundant environment rollout): the prompts a short round could not complete leave no
+    trace in the queue, so no long round ever comes, and later fresh draws are free to take them again."""
+    tail = TailState()
+    for iteration in range(6):
+        prepared = prepare(iteration, tail, PROBLEMS, prompts_per_step=4, prompt_ratio=1.5)
+        assert prepared.plan.kind is RoundKind.SHORT and len(prepared.problems) == 6
+        tail = settle_round(prepared, deferring([p.problem_id for p in prepared.problems[4:]]), defer=False)
+        assert tail.queue == ()
+    with_queue = settle_round(prepared, deferring([p.problem_id for p in prepared.problems[4:]]))
+    assert len(with_queue.queue) == 2

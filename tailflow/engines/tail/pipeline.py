@@ -304,7 +304,7 @@ class RolloutPipeline:
         for live in self.rounds.values():
             if live.rule.is_done and not live.settled:
                 result = live.rule.result(live.aborted)
-                self.tail = settle_round(live.planned, result, self.tail)
+                self.tail = settle_round(live.planned, result, self.tail, self.settings.defer)
                 live.settled = True
                 groups = carried_groups(result.carried, live.requests.values(), live.rule.responses_kept,
                                         live.planned.plan.iteration)

@@ -52,10 +52,13 @@ def begin_round(tail: TailState, iteration: int, settings: TailSettings, problem
     return PlannedRound(plan, chosen, TailState(queue=tuple(queue.prompts()), cursor=cursor))
 
 
-def settle_round(planned: PlannedRound, result: RoundResult, tail: TailState | None = None) -> TailState:
-    """The tail state after the round: its unfinished prompts join the long-prompt queue. `tail`: the state to
-    settle into (default: the one the round was planned with; overlapping rounds settle into the latest)."""
+def settle_round(planned: PlannedRound, result: RoundResult, tail: TailState | None = None,
+                 defer: bool = True) -> TailState:
+    """The tail state after the round: its unfinished prompts join the long-prompt queue (`defer` False: tail.defer,
+    they are dropped). `tail`: the state to settle into (default: the one the round was planned with; overlapping
+    rounds settle into the latest)."""
     tail = planned.tail if tail is None else tail
     queue = tail.long_queue()
-    queue.defer(result.deferred_problem_ids, planned.plan.iteration)
+    if defer:
+        queue.defer(result.deferred_problem_ids, planned.plan.iteration)
     return TailState(queue=tuple(queue.prompts()), cursor=tail.cursor)

@@ -51,6 +51,8 @@ class TailSettings:
     """The round driver's granularity."""
     continue_deferred: bool = False
     """Implemented in carry.py."""
+    defer: bool = True
+    """False: a short round's unfinished prompts are dropped, not queued (`round.settle_round`)."""
 
     def __post_init__(self) -> None:
         if self.responses_launched is None:
@@ -61,7 +63,7 @@ class TailSettings:
         return cls(prompts_per_step=config.data.prompts_per_step, responses_kept=config.rollout.n,
                    prompt_ratio=config.tail.prompt_ratio, responses_launched=config.responses_launched,
                    enabled=config.tail.enabled, data_seed=config.data.seed, steps_per_poll=config.tail.steps_per_poll,
-                   continue_deferred=config.tail.continue_deferred)
+                   continue_deferred=config.tail.continue_deferred, defer=config.tail.defer)
 
 
 def in_flight_cap(alpha: float, prompts_per_step: int) -> int:
