@@ -94,6 +94,11 @@ def run_inspection_commands(commands) -> None:
     run_id_argument(export)
     export.add_argument("directory", metavar="DIR", help="new or empty directory to write the model into")
     config_arguments(export)
+    replay = commands.add_parser("replay", help="run an iteration's optimizer step again on its dumped round "
+                                                "(storage.dump_rounds) from the checkpoint before it")
+    run_id_argument(replay)
+    replay.add_argument("--iteration", type=int, required=True, metavar="K", help="the iteration to replay (0-based)")
+    config_arguments(replay)
 
 
 def model_commands(commands) -> None:
@@ -203,7 +208,9 @@ def plan_arguments(plan) -> None:
     plan.add_argument("--out", default="plan", help="folder for plan.md and plan_heatmap.png")
     plan.add_argument("--seed", type=int, default=0)
     plan.add_argument("--env-trace", metavar="FILE_OR_RUN_DIR",
-                      help="an agentic run's rollout_trace.jsonl, or its run folder: predict env.schedule lockstep, "
+                      help="an agentic run's rollout_trace.jsonl, its run folder, a round dump "
+                           "(rounds/iter-NNNN.json, storage.dump_rounds) or its rounds/ folder: predict "
+                           "env.schedule lockstep, "
                            "turn_sync and async for P0 x R0 of its trajectories on this cluster (SIMULATED); with "
                            "no lengths source, instead of the tail-batching search")
     config_arguments(plan)
@@ -436,6 +443,25 @@ def run_export(args, config) -> int:
     return 0
 
 
+def run_replay(args, config) -> int:
+    from tailflow.driver.replay import replay_step
+    from tailflow.engines.store import open_store
+
+    replayed = replay_step(open_store(config.storage.uri), args.run_id, args.iteration)
+    print(f"replayed iteration {replayed.iteration} of run {args.run_id} from {replayed.started_from}")
+    ours = replayed.stats.metrics()
+    print(f"  {'metric':32} {'replayed':>14} {'the run':>14}")
+    for name, value in ours.items():
+        theirs = replayed.run_metrics.get(name)
+        print(f"  {name:32} {value:14.6g} {'-' if theirs is None else format(theirs, '14.6g'):>14}")
+    if replayed.compared_with is None:
+        print("  the run's checkpoint after this iteration is not kept: weights not compared")
+    else:
+        verdict = "equal" if replayed.max_weight_diff == 0 else f"max |difference| {replayed.max_weight_diff:.3g}"
+        print(f"  weights against {replayed.compared_with}: {verdict}")
+    return 0
+
+
 def percent(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
 
@@ -509,8 +535,8 @@ def print_summary(summary) -> None:
 NEEDS_NO_CONFIG = ("sandbox", "server", "worker", "deploy")
 COMMANDS = {"config": run_config, "train": run_train, "eval": run_eval, "warmstart": run_warmstart,
             "resume": run_resume, "report": run_report, "runs": run_runs, "workers": run_workers,
-            "export": run_export, "plan": run_plan, "calibrate": run_calibrate, "sandbox": run_sandbox,
-            "server": run_prefect_ops, "worker": run_prefect_ops, "deploy": run_prefect_ops}
+            "export": run_export, "replay": run_replay, "plan": run_plan, "calibrate": run_calibrate,
+            "sandbox": run_sandbox, "server": run_prefect_ops, "worker": run_prefect_ops, "deploy": run_prefect_ops}
 """Each command's function, called with its parsed arguments and the validated run config (None for
 NEEDS_NO_CONFIG)."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tailflow.engines.run_state import RunState
-from tailflow.engines.runs.checkpoint import OPTIMIZER_FILE, SHARDS_DIR, WEIGHTS_FILE, weights_sha256
+from tailflow.engines.runs.checkpoint import CRITIC_DIR, OPTIMIZER_FILE, SHARDS_DIR, WEIGHTS_FILE, weights_sha256
 from tailflow.engines.runs.commit import CommitError, read_committed_state
 from tailflow.engines.runs.layout import RunError, config_key, read_run_config, require_run
 from tailflow.engines.store.local import PROCESS_UMASK
@@ -128,7 +128,8 @@ def check_export_target(directory: Path) -> None:
 
 
 def export_checkpoint(store: Any, run_id: str, directory: str | Path) -> ExportResult:
-    """Copy the committed checkpoint, minus the optimizer state (optimizer.pt, Megatron's per-rank shards), into
+    """Copy the committed checkpoint, minus the optimizer state (optimizer.pt, Megatron's per-rank shards) and the
+    critic (train.advantage gae), into
     `directory` as a Hugging Face model directory.
 
     The copy is staged beside `directory` and renamed into place only after its weights match the sha256
@@ -148,7 +149,8 @@ def export_checkpoint(store: Any, run_id: str, directory: str | Path) -> ExportR
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.export-"))
     try:
         os.chmod(staging, 0o777 & ~PROCESS_UMASK)  # mkdtemp makes 0700; an export is an ordinary directory
-        shutil.copytree(source, staging, dirs_exist_ok=True, ignore=shutil.ignore_patterns(OPTIMIZER_FILE, SHARDS_DIR, ".*"))
+        leave_out = shutil.ignore_patterns(OPTIMIZER_FILE, SHARDS_DIR, CRITIC_DIR, ".*")
+        shutil.copytree(source, staging, dirs_exist_ok=True, ignore=leave_out)
         digest = weights_sha256(staging)
         if state.weights_sha256 is not None and digest != state.weights_sha256:
             raise RunError(f"checkpoint {checkpoint_uri}: {WEIGHTS_FILE} has sha256 {digest} but the commit "

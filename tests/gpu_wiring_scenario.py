@@ -54,7 +54,7 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
     config = load_config(None, ["cluster.device=gpu", "rollout.num_workers=2", "train.num_workers=2",
                                 f"model.path={model_dir}", "train.lr=1e-3"])
     result: dict = {"takes_turns": takes_turns(config), "gpus_before": ray.available_resources().get("GPU", 0.0)}
-    rollout, trainer, pool = start_workers(config, model_dir, max_seq_len=64)
+    rollout, trainer, _, pool = start_workers(config, model_dir, max_seq_len=64)
     try:
         seats = ray.get([gpu_seat(actor) for actor in [*trainer.workers, *rollout.membership.workers]])
         result["trainer_gpus"] = [list(gpus) for _, gpus in seats[:2]]

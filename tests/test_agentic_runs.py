@@ -1,7 +1,8 @@
 """Agentic runs end to end: `tailflow train` on the built-in calculator environment (environment workers on Ray,
 each trajectory's environment in its own process, a TrajectoryEngine in the rollout worker), SIGKILLed mid-run and
 resumed, must end bit for bit where the uninterrupted run does: same weights, same metrics rows; and the clean run's
-metrics rows agree with its rollout trace, trajectory by trajectory. Environments are
+metrics rows agree with its rollout trace, trajectory by trajectory, and its last round, dumped and replayed through
+the trainer (`tailflow replay`), gives its weights. Environments are
 seeded per task and their calls answered in lockstep with the engine's steps (rollout/trajectory_engine.py), so
 nothing a resume re-runs can come out differently.
 """
@@ -15,6 +16,7 @@ import yaml
 
 from durable_cli import outcome, run_cli
 from tailflow.engines.env.trajectory import StopReason
+from tailflow.engines.runs.checkpoint import CRITIC_DIR, weights_sha256
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import LocalStore
 from tailflow.driver.inputs import shipped_warmstart_dir
@@ -28,8 +30,9 @@ def agentic_config(storage, asynchronous: bool = False) -> dict:
     """3 iterations of 4 tasks x 4 trajectories, tail batching (a long round at iteration 2), one rollout worker
     (bit for bit), one environment worker, one trainer rank. `asynchronous`: one round ahead of training, a fixed
     number of engine steps per train step (deterministic), the trajectories in flight at each weight sync
-    continued under the new weights (partial; replayed into fresh environments), and a deferred prompt's first
-    trajectories continued by its long round (tail.continue_deferred)."""
+    continued under the new weights (partial; replayed into fresh environments), a deferred prompt's first
+    trajectories continued by its long round (tail.continue_deferred), and PPO with a critic (train.advantage
+    gae: per-token advantages over the model's tokens, turn rewards at turn ends)."""
     return {
         "model": {"path": str(shipped_warmstart_dir())},
         "data": {"num_train": 64, "num_eval": 8, "prompts_per_step": 4},
@@ -39,10 +42,11 @@ def agentic_config(storage, asynchronous: bool = False) -> dict:
         "train": {"iterations": 3, "eval_every": 2, "num_workers": 1, "lr": 2e-4, "loss": "ppo_clip"},
         "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5},
         "reward": {"max_workers": 1},
-        "storage": {"uri": str(storage)},
+        "storage": {"uri": str(storage), "dump_rounds": True},
     } | ({"rollout": {"n": 4, "num_slots": 24, "elastic": False, "async_ratio": 1, "partial": True,
                       "async_steps_per_train": 6},
-          "train": {"iterations": 3, "eval_every": 2, "num_workers": 1, "lr": 2e-4, "loss": "decoupled_ppo"},
+          "train": {"iterations": 3, "eval_every": 2, "num_workers": 1, "lr": 2e-4, "loss": "decoupled_ppo",
+                    "advantage": "gae"},
           "tail": {"enabled": True, "prompt_ratio": 1.5, "responses_launched": 5, "continue_deferred": True}}
          if asynchronous else {})
 
@@ -50,13 +54,17 @@ def agentic_config(storage, asynchronous: bool = False) -> dict:
 def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp_path, cli_env):
     """Costs ~2.5-4.5 min here (4 min 32 s with two other jobs running): three CLI runs (the clean one, one SIGKILLed in iteration 1's train phase, its
     resume), each starting Ray, the rollout, trainer, reward and environment actors and the Prefect flow. A
-    SIGKILL needs a process of its own, and only a whole run shows that the resumed trajectories match.
+    SIGKILL needs a process of its own, and only a whole run shows that the resumed trajectories match. Then
+    ~15 s for `tailflow replay` of the clean run's last iteration (Ray and one trainer rank): its dumped round
+    (storage.dump_rounds) trained again must give the run's weights, and a whole run is what writes the dumps.
 
     The run is asynchronous with partial rollouts and tail.continue_deferred, the modes with the most to resume:
     trajectories stopped at a weight sync and continued (their turns replayed into fresh environments), deferred
     prompts' trajectories carried to their long round, and at the kill the ones in flight, committed with the
-    run and continued by the resumed one. The synchronous agentic path runs in the
-    vLLM test and in configs/agentic.yaml; a second resume test for it would cost another ~3 min."""
+    run and continued by the resumed one. It trains with a critic (train.advantage gae), whose own weights and
+    optimizer are committed beside the policy's and must resume exactly too. The synchronous agentic path, with
+    GRPO's group advantages on trajectories, runs in the vLLM test below and in configs/agentic.yaml; a second
+    resume test for it would cost another ~3 min."""
     clean_dir, killed_dir = tmp_path / "clean", tmp_path / "killed"
     for storage in (clean_dir, killed_dir):
         storage.mkdir()
@@ -72,6 +80,10 @@ def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp
     assert sum(row["async/requests_stopped_at_sync"] for row in clean_rows) > 0
     assert sum(row["async/mixed_version_responses"] for row in clean_rows) > 0
     assert sum(row["tail/continued_responses"] for row in clean_rows) > 0  # deferred trajectories continued
+    check_critic(clean_rows)
+    replayed = run_cli(["replay", "agent", "--iteration", "2", "-c", str(clean_dir / "run.yaml")], cli_env)
+    assert replayed.returncode == 0, replayed.stdout[-3000:]
+    check_replay(replayed.stdout, clean_dir / "agent", iteration=2)
 
     train = ["train", "-c", str(killed_dir / "run.yaml"), "--run-id", "agent"]
     result = run_cli(train, cli_env, "crash-train@1")
@@ -87,6 +99,30 @@ def test_a_sigkilled_agentic_run_resumes_to_exactly_the_uninterrupted_result(tmp
     state, rows = outcome(killed_dir, "agent")
     assert rows == clean_rows
     assert state.weights_sha256 == clean_state.weights_sha256 and state.tail == clean_state.tail
+    critic = [weights_sha256(storage / state.latest_checkpoint / CRITIC_DIR) for storage in (clean_dir, killed_dir)]
+    assert critic[0] == critic[1]  # the critic resumed exactly too
+
+
+def check_critic(rows: list[dict]) -> None:
+    """PPO with a critic reports veRL's and ROLL's critic metrics, and its critic learns: it starts valuing every
+    state 0 (a zero head), so its first step explains none of the returns' spread, and later ones some."""
+    for row in rows:
+        assert {"critic/vf_loss", "critic/vpred_mean", "critic/values_explained_variance", "critic/vf_clipfrac"} <= \
+            row.keys()
+        assert row["critic/vf_loss"] > 0 and 0 <= row["critic/vf_clipfrac"] <= 1
+    assert rows[0]["critic/vpred_mean"] == 0.0 and rows[0]["critic/values_explained_variance"] == 0.0
+    assert rows[-1]["critic/vpred_mean"] != 0.0
+
+
+def check_replay(stdout: str, run_dir, iteration: int) -> None:
+    """`tailflow replay`: the dumped round, trained again from the checkpoint before it, gives the run's step: its
+    printed metrics are the run's row's, and its weights are the run's checkpoint after it, bit for bit."""
+    assert f"from {run_dir / 'checkpoints' / f'iter-{iteration - 1:04d}'}" in stdout
+    printed = {line.split()[0]: line.split()[1:] for line in stdout.splitlines()
+               if line.strip().startswith(("actor/", "critic/"))}
+    assert {"actor/pg_loss", "actor/grad_norm", "actor/clip_fraction", "critic/vf_loss"} <= printed.keys()
+    assert all(len(values) == 2 and values[0] == values[1] for values in printed.values()), printed
+    assert f"weights against {run_dir / 'checkpoints' / f'iter-{iteration:04d}'}: equal" in stdout
 
 
 def check_reports(run_dir, stdout: str, prompts: int, trajectories: int) -> None:

@@ -149,3 +149,14 @@ def test_the_agentic_docs_example_config_loads(tmp_path):
     (tmp_path / "run.yaml").write_text(re.search(r"```yaml\n(env:.*?)```", text, re.S).group(1))
     config = load_config(str(tmp_path / "run.yaml"), [])
     assert config.env.class_path.endswith("guess:Guess") and config.env.turn_stop_texts == ["\n"]
+
+
+def test_a_critic_is_configured_under_train_and_refused_where_it_cannot_work():
+    config = load_config(None, ["train.advantage=gae", "train.critic.lam=0.9", "rollout.n=1"])
+    assert config.train.critic.lam == 0.9 and config.train.critic.gamma == 1.0 and config.rollout.n == 1
+    with pytest.raises(ConfigError, match=r"train\.critic\.lam"):
+        load_config(None, ["train.advantage=gae", "train.critic.lam=1.5"])
+    with pytest.raises(ConfigError, match="gae cannot stream"):
+        load_config(None, ["train.advantage=gae", "train.stream=true", "reward.streaming=true"])
+    with pytest.raises(ConfigError, match="critic with FSDP2 only"):
+        load_config(None, ["train.advantage=gae", "train.backend=megatron"])

@@ -62,9 +62,9 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
     train = SimpleNamespace(advantage="grpo", skips_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0,
                             stream=False)
     config = SimpleNamespace(train=train, cluster=SimpleNamespace(device="gpu", placement="colocated"),
-                             rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0),
-                             tail=TailConfig())
-    ctx = SimpleNamespace(config=config, sampling=SimpleNamespace(temperature=1.0),
+                             rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0, temperature=1.0),
+                             tail=TailConfig(), storage=SimpleNamespace(dump_rounds=False))
+    ctx = SimpleNamespace(config=config, sampling=SimpleNamespace(temperature=1.0), critic=None,
                           rollout=SimpleNamespace(sleep=lambda: calls.append("sleep")),
                           trainer=SimpleNamespace(start_train_step=lambda samples, **options: (
                               calls.append((samples, options)) or SimpleNamespace(result=lambda: "stats", ready=lambda: True))),
@@ -80,7 +80,7 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
     assert calls == []
     assert train_policy.fn(ctx, scored([5, 5]), observer, iteration=5, weight_version=5).stats == "stats"
     assert calls[0] == "sleep" and len(calls) == 2 and len(calls[1][0]) == 2
-    assert calls[1][1] == dict(skip_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0)
+    assert calls[1][1] == dict(skip_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0, value_step=None)
 
 
 def spanning(request_id: str, versions: tuple[int, ...], reward: float) -> ScoredResponse:

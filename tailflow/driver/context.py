@@ -46,8 +46,9 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch, w
     """Everything the run holds; `watch` (live progress) gives a watcher for each round's finished responses;
     `workers_added`: the rollout workers a resumed run added at runtime (its commit's `rollout_workers_added`)."""
     inputs = load_inputs(config, store)
-    start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + config.rollout.num_workers,
-              config.cluster.num_gpus)
+    critic_workers = config.train.num_workers if config.train.advantage == "gae" else 0
+    start_ray(config.cluster.address, config.cluster.num_cpus,
+              config.train.num_workers + critic_workers + config.rollout.num_workers, config.cluster.num_gpus)
     check_cluster_fits(config)
     tracking = config.tracking
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),
@@ -56,12 +57,13 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch, w
     metrics = MetricsLogger(store, run_id, wandb_run, tensorboard)
     elastic = elastic_settings(config, store, run_id, workers_added)
     # The workers last: nothing after them can fail and leak them.
-    rollout, trainer, reward_pool = start_workers(config, inputs.model_path, inputs.max_seq_len, elastic)
+    rollout, trainer, critic, reward_pool = start_workers(config, inputs.model_path, inputs.max_seq_len, elastic)
     ctx = RunContext(
         run_id=run_id, config=config, store=store, tokenizer=inputs.tokenizer, train_problems=inputs.datasets.train,
         eval_problems=inputs.datasets.eval, reward=inputs.reward, timeouts=TimeoutPolicy.from_config(config.reward),
         sampling=sampling_params(config), tail=TailSettings.from_config(config), rollout=rollout, trainer=trainer,
-        reward_pool=reward_pool, metrics=metrics, model_path=inputs.model_path, model_config=inputs.model_config,
+        critic=critic, reward_pool=reward_pool, metrics=metrics, model_path=inputs.model_path,
+        model_config=inputs.model_config,
         max_seq_len=inputs.max_seq_len, num_skipped_rows=inputs.datasets.num_skipped, watch=watch,
     )
     return with_pipeline(ctx)
@@ -89,10 +91,11 @@ def restart_workers(ctx: RunContext) -> RunContext:
     """Every actor replaced (after one died): fresh processes holding the initial weights, in a new context;
     the caller restores a commit into them. The rollout workers added at runtime are kept."""
     elastic = elastic_settings(ctx.config, ctx.store, ctx.run_id, ctx.rollout.workers_added())
-    for group in (ctx.rollout, ctx.trainer, ctx.reward_pool):
+    for group in (ctx.rollout, ctx.trainer, ctx.critic, ctx.reward_pool):
         try:
-            group.shutdown()
+            if group is not None:
+                group.shutdown()
         except Exception:  # noqa: BLE001 - an actor already gone is what we are recovering from
             pass
-    rollout, trainer, reward_pool = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len, elastic)
-    return with_pipeline(ctx.replacing(rollout=rollout, trainer=trainer, reward_pool=reward_pool))
+    rollout, trainer, critic, reward_pool = start_workers(ctx.config, ctx.model_path, ctx.max_seq_len, elastic)
+    return with_pipeline(ctx.replacing(rollout=rollout, trainer=trainer, critic=critic, reward_pool=reward_pool))

@@ -10,6 +10,7 @@ resume (`tailflow resume`, a flow run with `resume=True`) takes its config from
 """
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from tailflow.config import (ConfigError, RunConfig, apply_override, config_from_dict, config_to_yaml, flow_run_config,
@@ -17,8 +18,9 @@ from tailflow.config import (ConfigError, RunConfig, apply_override, config_from
 from tailflow.driver.run_log import say
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
-from tailflow.engines.runs.checkpoint import read_checkpoint
-from tailflow.engines.runs.commit import commit_state, read_committed_state
+from tailflow.engines.models import value_model_config
+from tailflow.engines.runs.checkpoint import CRITIC_DIR, read_checkpoint
+from tailflow.engines.runs.commit import CommitError, commit_state, read_committed_state
 from tailflow.engines.runs.layout import RunError, config_key, read_run_config, require_run, saved_config
 from tailflow.engines.store import open_store
 from tailflow.engines.track.rollout_trace import RolloutTraceLog
@@ -115,9 +117,22 @@ def restore_weights(ctx: RunContext, state: RunState) -> None:
     """Put the committed checkpoint's weights and optimizer into every actor (fresh actors hold the initial
     model, which is what a state without a checkpoint means)."""
     if state.latest_checkpoint is not None:
-        checkpoint = read_checkpoint(ctx.store.local_dir(state.latest_checkpoint), ctx.model_config)
+        directory = ctx.store.local_dir(state.latest_checkpoint)
+        checkpoint = read_checkpoint(directory, ctx.model_config)
         ctx.trainer.load_checkpoint(checkpoint)
         ctx.rollout.load_weights(checkpoint["model"], state.weight_version)
+        if ctx.critic is not None:
+            ctx.critic.load_checkpoint(read_critic_checkpoint(directory, ctx.model_path))
+
+
+def read_critic_checkpoint(directory: Path, model_path: str) -> dict:
+    """The critic's state inside a checkpoint `directory`; a CommitError naming it when the run had no critic
+    when it wrote it (train.advantage changed to gae on resume)."""
+    critic_dir = Path(directory) / CRITIC_DIR
+    if not critic_dir.is_dir():
+        raise CommitError(f"{directory} holds no {CRITIC_DIR}/ checkpoint: the run was not trained with "
+                          "train.advantage gae when it wrote it, so there is no critic to resume")
+    return read_checkpoint(critic_dir, value_model_config(model_path))
 
 
 def restore_commit(ctx: RunContext, state: RunState) -> None:

@@ -6,7 +6,7 @@ One place that owns the actors' lifetimes, so a failure while starting them shut
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from tailflow.config import RunConfig
 from tailflow.driver.run_log import say
@@ -108,12 +108,22 @@ def rollout_resources(config: RunConfig) -> dict[str, float]:
     return {"num_cpus": placement.rollout.num_cpus, "num_gpus": placement.rollout.num_gpus}
 
 
+class RunWorkers(NamedTuple):
+    rollout: RolloutGroup
+    trainer: TrainerGroup
+    critic: TrainerGroup | None
+    """train.advantage gae's value model (None: no critic)."""
+    reward_pool: RewardPool
+
+
 def start_workers(config: RunConfig, model_path: str, max_seq_len: int,
-                  elastic: ElasticSettings = ElasticSettings()) -> tuple[RolloutGroup, TrainerGroup, RewardPool]:
-    """The run's Ray actors: rollout and trainer holding `model_path`'s weights, and the reward pool. On GPUs
-    both groups sit in one reservation and hold it; the last to shut down releases it."""
+                  elastic: ElasticSettings = ElasticSettings()) -> RunWorkers:
+    """The run's Ray actors: rollout and trainer holding `model_path`'s weights, the critic (train.advantage gae)
+    built from them, and the reward pool. On GPUs the rollout and trainer groups sit in one reservation and hold
+    it; the last to shut down releases it (a critic asks for its own GPUs, outside it)."""
     rollout, pool, reservation = start_rollout_and_reward(config, model_path, max_seq_len, True, elastic)
     placement = placement_of(config)
+    started: list = []
     try:
         trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
                                num_cpus_per_worker=placement.trainer.num_cpus,
@@ -121,18 +131,29 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int,
                                num_threads=config.cluster.threads_per_worker,
                                actor_options=reservation.trainer_options() if reservation else None,
                                reservation=reservation)
-        try:
-            pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
-            if reservation is not None:
-                say_gpu_seats(trainer.workers, rollout.membership.workers)
-        except BaseException:
-            trainer.shutdown()
-            raise
+        started.append(trainer)
+        critic = start_critic(config, model_path)
+        if critic is not None:
+            started.append(critic)
+        pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
+        if reservation is not None:
+            say_gpu_seats(trainer.workers, rollout.membership.workers)
     except BaseException:
-        rollout.shutdown()
-        pool.shutdown()
+        for group in (*started, rollout, pool):
+            group.shutdown()
         raise
-    return rollout, trainer, pool
+    return RunWorkers(rollout, trainer, critic, pool)
+
+
+def start_critic(config: RunConfig, model_path: str) -> TrainerGroup | None:
+    """train.advantage gae's value model on train.num_workers ranks shaped like the trainer's (None otherwise)."""
+    if config.train.advantage != "gae":
+        return None
+    placement = placement_of(config)
+    return TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
+                        num_cpus_per_worker=placement.trainer.num_cpus,
+                        num_gpus_per_worker=placement.trainer.num_gpus,
+                        num_threads=config.cluster.threads_per_worker, role="critic")
 
 
 def elastic_settings(config: RunConfig, store: ArtifactStore, run_id: str, workers_added: int) -> ElasticSettings:
@@ -151,9 +172,8 @@ def elastic_settings(config: RunConfig, store: ArtifactStore, run_id: str, worke
 def trainer_kwargs(config: RunConfig) -> dict:
     """`max_new_tokens`: the longest response a sample can have (Dr. GRPO's constant divisor): a trajectory's
     tokens after the prompt are bounded by env.trajectory_max_tokens, not by rollout.max_new_tokens."""
-    longest = config.env.trajectory_max_tokens if config.env is not None else config.rollout.max_new_tokens
     return dict(
-        train=config.train, max_new_tokens=longest, temperature=config.rollout.temperature,
+        train=config.train, max_new_tokens=config.longest_response_tokens, temperature=config.rollout.temperature,
         backend="nccl" if torch_device(config.cluster.device) == "cuda" else "gloo",
     )
 
@@ -162,4 +182,6 @@ def shutdown_workers(ctx: RunContext) -> None:
     """Stop the context's actors (idempotent: a group already shut down has none left)."""
     ctx.rollout.shutdown()
     ctx.trainer.shutdown()
+    if ctx.critic is not None:
+        ctx.critic.shutdown()
     ctx.reward_pool.shutdown()

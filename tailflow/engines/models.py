@@ -75,3 +75,38 @@ def load_model(path: str | Path, dtype=None) -> PreTrainedModel:
 
     check_model_dir(path)
     return AutoModelForCausalLM.from_pretrained(path, dtype=dtype or torch.float32)
+
+
+def value_model_config(path: str | Path):
+    """The critic's config (train.advantage gae): the policy's architecture at `path` with a one-output token head
+    (`...ForTokenClassification`, num_labels 1) in place of the language-model head, untied, without dropout (the
+    values a step clips against must be the model's own, as the trainer's log-probs are)."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(path, num_labels=1, tie_word_embeddings=False)
+    config.classifier_dropout = 0.0
+    config.architectures = [name.replace("ForCausalLM", "ForTokenClassification")
+                            for name in config.architectures or ()]
+    return config
+
+
+def load_value_model(path: str | Path, dtype=None) -> PreTrainedModel:
+    """A critic built from the policy's model directory at `path`: its backbone's weights, and a value head of
+    zeros, so an untrained critic values every state 0 and the first advantages are the rewards to go, not
+    noise. (A resumed critic's weights come from its checkpoint, loaded over these.)"""
+    import torch
+    from transformers import AutoModelForTokenClassification
+    from transformers.utils import logging as hf_logging
+
+    check_model_dir(path)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # "newly initialized: score.weight, score.bias" is expected here
+    try:
+        model = AutoModelForTokenClassification.from_pretrained(path, config=value_model_config(path),
+                                                                dtype=dtype or torch.float32)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    with torch.no_grad():
+        for parameter in model.score.parameters():
+            parameter.zero_()
+    return model

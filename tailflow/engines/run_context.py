@@ -52,6 +52,8 @@ class RunContext:
     """Round shaping, from `data.*`, `rollout.n` and `tail.*`."""
     rollout: RolloutGroup
     trainer: TrainerGroup
+    critic: TrainerGroup | None
+    """train.advantage gae's value model (its own ranks); None: no critic."""
     reward_pool: RewardPool
     """The reward workers (math, code or judge)."""
     metrics: MetricsLogger

@@ -32,11 +32,13 @@ import torch
 
 from tailflow.engines.cluster.calls import get_all
 from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
+from tailflow.engines.train.critic import CriticStepStats
+from tailflow.engines.train.gae import samples_explained_variance
 from tailflow.engines.train.rank_setup import free_port
 from tailflow.engines.train.samples import samples_with_signal
 from tailflow.engines.train.trainer import TrainStepStats
 from tailflow.engines.train.updates import plan_updates
-from tailflow.engines.train.worker import TrainerWorker
+from tailflow.engines.train.worker import TrainerRole, TrainerWorker
 
 START_ATTEMPTS = 3
 
@@ -51,26 +53,41 @@ def _free_port_on_this_node(_actor) -> tuple[str, int]:
     return address, free_port(address)
 
 
+class PendingValueStep:
+    """The critic's step, issued on every rank; `result` waits for them and gives rank 0's stats."""
+
+    def __init__(self, refs: list[ray.ObjectRef], explained_variance: float) -> None:
+        self.refs, self.explained_variance = refs, explained_variance
+
+    def result(self) -> CriticStepStats:
+        return replace(get_all(self.refs)[0], explained_variance=self.explained_variance)
+
+
 class PendingTrainStep:
     """A train step whose calls are issued on every rank; `result` waits for them."""
 
-    def __init__(self, refs: list[ray.ObjectRef], num_samples: int, num_skipped: int, started: float) -> None:
+    def __init__(self, refs: list[ray.ObjectRef], num_samples: int, num_skipped: int, started: float,
+                 value_step: PendingValueStep | None = None) -> None:
+        """`value_step`: the critic's step issued beside this one (train.advantage gae), waited for with it."""
         self.refs = refs
         self.num_samples, self.num_skipped, self.started = num_samples, num_skipped, started
+        self.value_step = value_step
         self._stats: TrainStepStats | None = None
 
     def ready(self) -> bool:
-        """Every rank has finished (or failed: `result` then raises); never waits."""
-        done, _ = ray.wait(self.refs, num_returns=len(self.refs), timeout=0, fetch_local=False)
-        return len(done) == len(self.refs)
+        """Every rank (the critic's too) has finished (or failed: `result` then raises); never waits."""
+        refs = self.refs + (self.value_step.refs if self.value_step is not None else [])
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=0, fetch_local=False)
+        return len(done) == len(refs)
 
     def result(self) -> TrainStepStats:
-        """Wait for every rank (the first failure raises at once); rank 0's stats. `seconds` runs from the start
-        to the first `result()`: call it once `ready()` to time the step itself."""
+        """Wait for every rank (the first failure raises at once); rank 0's stats, with the critic's. `seconds`
+        runs from the start to the first `result()`: call it once `ready()` to time the step itself."""
         if self._stats is None:
             stats = get_all(self.refs)[0]
+            critic = self.value_step.result() if self.value_step is not None else None
             self._stats = replace(stats, num_samples=self.num_samples, skipped_samples=self.num_skipped,
-                                  seconds=time.perf_counter() - self.started)
+                                  seconds=time.perf_counter() - self.started, critic=critic)
         return self._stats
 
 
@@ -85,17 +102,20 @@ class TrainerGroup:
         num_threads: int = 1,
         actor_options: list[dict] | None = None,
         reservation: Any = None,
+        role: TrainerRole = "policy",
     ) -> None:
         """Start `world_size` actors and wait until their process group is up. `actor_options[r]`, when given,
         places rank r (its placement-group bundle and share: `placement.actor_options`) instead of the
         per-worker asks; `reservation` (a `placement.GpuReservation`) is held until `shutdown`. `trainer_kwargs`:
         each rank's `PolicyTrainer` arguments; their `train` section gives the ranks per tensor-parallel group.
+        `role` critic: the ranks hold train.advantage gae's value model (`values`, `start_value_step`, and the
+        checkpoint methods; the policy's step methods are not for it).
 
         The rendezvous port is picked free on rank 0's node, then bound by rank 0 a moment later: another
         process can take it in between (seen in CI: EADDRINUSE, and the other ranks waited forever for rank 0).
         So a failed start kills every actor of the attempt and tries again on a new port.
         """
-        self.world_size = world_size
+        self.world_size, self.role = world_size, role
         train = (trainer_kwargs or {}).get("train")
         self.tensor_parallel = train.tensor_parallel_size if train is not None else 1
         if self.tensor_parallel < 1 or world_size % self.tensor_parallel:
@@ -119,7 +139,7 @@ class TrainerGroup:
         """Start the ranks and join their process group, on a new rendezvous port after a failed start."""
         for attempt in range(START_ATTEMPTS):
             self.workers = [actor_class.options(**options[rank]).remote(model_path, rank, self.world_size,
-                                                                        num_threads, trainer_kwargs)
+                                                                        num_threads, trainer_kwargs, self.role)
                             for rank in range(self.world_size)]
             self._accumulating: list[ray.ObjectRef] = []
             try:
@@ -137,7 +157,8 @@ class TrainerGroup:
         return self.start_train_step(samples, skip_zero_advantage, ppo_epochs, mini_batches, seed).result()
 
     def start_train_step(self, samples: list[TrainSample], skip_zero_advantage: bool = False, ppo_epochs: int = 1,
-                         mini_batches: int = 1, seed: int = 0) -> PendingTrainStep:
+                         mini_batches: int = 1, seed: int = 0,
+                         value_step: PendingValueStep | None = None) -> PendingTrainStep:
         """Issue one step's calls on all ranks and return at once (nothing is waited on); every rank returns the
         same stats, rank 0's are the result, with the step's wall time from here.
 
@@ -161,7 +182,29 @@ class TrainerGroup:
         plans = self._per_rank(plan_updates(replica_shards, skipped, ppo_epochs, mini_batches, seed))
         calls = [worker.train_updates.remote(shard, plan, num_tokens_total)
                  for worker, shard, plan in zip(self.workers, self._per_rank(replica_shards), plans)]
-        return PendingTrainStep(calls, len(samples), len(samples) - len(trained), started)
+        return PendingTrainStep(calls, len(samples), len(samples) - len(trained), started, value_step)
+
+    # ---- the critic's (role critic): values, then its step -------------------------------------------
+
+    def values(self, samples: list[TrainSample]) -> list[tuple[float, ...]]:
+        """Each sample's values at the positions predicting its response tokens, in `samples`' order (sharded by
+        tokens over the ranks as a step is)."""
+        shards = shard_across_ranks(samples, self.data_parallel_size)
+        per_rank = get_all([worker.values.remote(shard)
+                            for worker, shard in zip(self.workers, self._per_rank(shards))])
+        found = {id(sample): values for shard, shard_values in zip(shards, per_rank[::self.tensor_parallel])
+                 for sample, values in zip(shard, shard_values)}
+        return [found[id(sample)] for sample in samples]
+
+    def start_value_step(self, samples: list[TrainSample], ppo_epochs: int = 1, mini_batches: int = 1,
+                         seed: int = 0) -> PendingValueStep:
+        """The critic's updates on `samples` (values and returns set), planned as the policy's are (every sample
+        trained: each has a value loss), issued on every rank without waiting."""
+        shards = shard_across_ranks(samples, self.data_parallel_size)
+        plans = self._per_rank(plan_updates(shards, [], ppo_epochs, mini_batches, seed))
+        return PendingValueStep([worker.train_value_updates.remote(shard, plan)
+                                 for worker, shard, plan in zip(self.workers, self._per_rank(shards), plans)],
+                                samples_explained_variance(samples))
 
     # ---- a streamed step: pieces while the round rolls out, then one optimizer step ------------------
 

@@ -10,6 +10,9 @@ Megatron (`train.backend: megatron`) keeps no full optimizer state: every rank
 writes its own shard, its Megatron parameters and its AdamW state, to
 `megatron/rank_<r>.pt`, and resumes from it (the HF weights beside them are
 the same values, gathered: rollout engines and `tailflow export` read those).
+
+With a critic (train.advantage gae) the directory holds `critic/`, the value model's own checkpoint in the same
+form (its config a `...ForTokenClassification` with one label); `weights_sha256` stays the policy's.
 """
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from tailflow.engines.store.local import sha256_of_file
 WEIGHTS_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 SHARDS_DIR = "megatron"
+CRITIC_DIR = "critic"
+"""train.advantage gae: the critic's own checkpoint (a model directory and optimizer.pt) inside the policy's."""
 TIED_HEAD = "lm_head.weight"
 
 

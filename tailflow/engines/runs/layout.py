@@ -7,6 +7,7 @@
     <run>/states/iter-NNNN.json       the state after iteration NNNN
     <run>/latest.json                 the commit pointer: names the newest committed state; written last
     <run>/rollout_trace.jsonl         one row per iteration: every launched response's length and outcome
+    <run>/rounds/iter-NNNN.json       what iteration NNNN's step trained on (storage.dump_rounds)
     <run>/report.html, report/*.png   the run report (tailflow report); <run>/index.html lists the run's files
     .leases/<run>.json                the writer's lease (engines/runs/lease.py): outside <run>/, so a run
                                       refused before its first write leaves no directory behind
@@ -74,6 +75,10 @@ def metrics_key(run_id: str) -> str:
 
 def rollout_trace_key(run_id: str) -> str:
     return f"{run_id}/rollout_trace.jsonl"
+
+
+def round_dump_key(run_id: str, iteration: int) -> str:
+    return f"{run_id}/rounds/iter-{iteration:04d}.json"
 
 
 def lease_key(run_id: str) -> str:

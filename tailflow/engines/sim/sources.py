@@ -100,20 +100,43 @@ def longest_request(lengths: LengthSource) -> int:
 def env_trace(path: str, prompts_per_step: int | None, responses_kept: int | None
               ) -> tuple[list[TraceRound], str, int, int]:
     """`--env-trace`: a rollout_trace.jsonl file, or a run folder holding one (every iteration's last row, as the
-    run's log reads it). Its rounds, the trace file's name, and (P0, R0): as given, else a run folder's own
-    config's, else tailflow's defaults (32, 8)."""
+    run's log reads it), or round dumps (storage.dump_rounds): one `rounds/iter-NNNN.json`, or a run's `rounds/`
+    folder (every dump in it, each its iteration's kept trajectories). Its rounds, the source's name, and (P0,
+    R0): as given, else the run folder's own config's, else tailflow's defaults (32, 8)."""
     from pathlib import Path
 
     from tailflow.engines.runs.layout import config_key, rollout_trace_key
     from tailflow.engines.track.rollout_trace import read_trace
 
     folder = Path(path)
-    default = (32, 8)
-    if folder.is_dir():
+    run_folder: Path | None = None
+    if folder.is_dir() and folder.name == "rounds":
+        dumps = sorted(folder.glob("iter-*.json"))
+        if not dumps:
+            raise TraceError(f"{folder}: no round dumps (iter-NNNN.json) in it")
+        rounds, where, run_folder = [dumped_round(dump) for dump in dumps], str(folder), folder.parent
+    elif folder.is_dir():
         run_id, storage_uri = folder.name, str(folder.parent)
-        rounds, where = run_trace(run_id, storage_uri), str(folder.parent / rollout_trace_key(run_id))
-        if (folder.parent / config_key(run_id)).exists():
-            default = run_policy_sizes(run_id, storage_uri)
+        rounds, where, run_folder = run_trace(run_id, storage_uri), str(folder.parent / rollout_trace_key(run_id)), \
+            folder
+    elif folder.suffix == ".json":
+        rounds, where = [dumped_round(folder)], str(folder)
+        run_folder = folder.parent.parent if folder.parent.name == "rounds" else None
     else:
         rounds, where = read_trace(folder), str(folder)
+    default = (32, 8)
+    if run_folder is not None and (run_folder.parent / config_key(run_folder.name)).exists():
+        default = run_policy_sizes(run_folder.name, str(run_folder.parent))
     return rounds, where, prompts_per_step or default[0], responses_kept or default[1]
+
+
+def dumped_round(path) -> TraceRound:
+    """A round dump's kept trajectories as a trace round; a TraceError naming the file if it cannot be read."""
+    from tailflow.engines.runs.round_dump import parse_round_dump, round_as_trace
+
+    try:
+        return round_as_trace(parse_round_dump(path.read_bytes(), str(path)))
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such round dump") from None
+    except ValueError as error:
+        raise TraceError(str(error)) from None

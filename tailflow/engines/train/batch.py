@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
 import torch
+import torch.distributed as dist
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,14 @@ class TrainSample:
     it (a multi-turn observation, `Trajectory.response_mask`). A False token stays in the input (the model reads
     it as context) but has no policy loss, KL or entropy and is not counted by any per-token divisor. None:
     every response token is the model's (single-turn), the same tensors bit for bit as an all-True mask."""
+    token_advantages: tuple[float, ...] | None = None
+    """One advantage per response token (train.advantage gae: `gae.py`; 0.0 on the environment's tokens), read
+    instead of `advantage`. None: `advantage` for every token (the group-relative estimators)."""
+    values: tuple[float, ...] | None = None
+    """GAE: the critic's value of each response token's state, the one its advantage was computed from (0.0 on
+    the environment's tokens); the value loss clips against it. None: no critic."""
+    returns: tuple[float, ...] | None = None
+    """GAE: each response token's lambda-return, the critic's regression target (0.0 on environment tokens)."""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -55,9 +64,22 @@ class TrainSample:
                 raise ValueError("response_mask marks no model token: a sample of environment tokens alone has "
                                  "nothing to train (and would count 0 in the token-mean divisor)")
 
+        for name in ("token_advantages", "values", "returns"):
+            per_token = getattr(self, name)
+            if per_token is not None and len(per_token) != len(self.response_token_ids):
+                raise ValueError(f"{name} has {len(per_token)} entries for {len(self.response_token_ids)} response "
+                                 "tokens")
+
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.response_token_ids)
+
+    @property
+    def has_signal(self) -> bool:
+        """Some token's advantage is not 0 (a sample without has no policy gradient, no KL term aside)."""
+        if self.token_advantages is not None:
+            return any(advantage != 0.0 for advantage in self.token_advantages)
+        return self.advantage != 0.0
 
     @property
     def num_response_tokens(self) -> int:
@@ -86,7 +108,7 @@ class MicroBatch(NamedTuple):
     """[B, T] float, 1 where position t predicts a response token the model sampled (t+1 is in the response and
     not an environment token): every loss, KL and entropy reads only these positions."""
     advantages: torch.Tensor
-    """[B] float."""
+    """[B] float, one per row; [B, T] where a sample has `token_advantages`, aligned like response_mask."""
 
 
 def count_response_tokens(samples: list[TrainSample]) -> int:
@@ -147,6 +169,32 @@ def shard_across_ranks(samples: list[TrainSample], world_size: int) -> list[list
     return shards
 
 
+def plan_micro_batches(samples: list[TrainSample], max_tokens_per_micro_batch: int, world_size: int,
+                       device: torch.device, allow_empty: bool = False) -> list[list[TrainSample]]:
+    """This rank's token-budget micro-batches, padded with [] up to the largest count on any rank (each forward
+    and backward is a collective, so every rank runs as many). No samples on any rank: an error, or with
+    `allow_empty` one filler (zero gradients: an update whose mini-batch had nothing to train still steps, as its
+    zero-advantage samples would have made it)."""
+    parts = split_by_token_budget(samples, max_tokens_per_micro_batch) if samples else []
+    count = torch.tensor([len(parts)], device=device)
+    if world_size > 1:
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+    if count.item() == 0:
+        if not allow_empty:
+            raise ValueError("train_step got no samples on any rank")
+        return [[]]
+    return parts + [[] for _ in range(int(count.item()) - len(parts))]
+
+
+def collate_on(part: list[TrainSample], pad_id: int, device: torch.device) -> MicroBatch:
+    """`collate` onto `device`; an empty part becomes one all-padding row with a zero mask: it runs the
+    collectives and adds nothing."""
+    if part:
+        return MicroBatch(*(t.to(device) for t in collate(part, pad_id)))
+    filler = collate([TrainSample((pad_id,), (pad_id,), 0.0)], pad_id)
+    return MicroBatch(*(t.to(device) for t in filler._replace(response_mask=filler.response_mask * 0)))
+
+
 def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
     """Right-pad prompt + response rows.
 
@@ -165,6 +213,13 @@ def collate(samples: list[TrainSample], pad_id: int) -> MicroBatch:
         attention_mask[row, : len(tokens)] = 1
         response_mask[row, sample.response_positions] = model_token_flags(sample)
     advantages = torch.tensor([sample.advantage for sample in samples], dtype=torch.float32)
+    if any(sample.token_advantages is not None for sample in samples):
+        per_position = torch.zeros((len(samples), width), dtype=torch.float32)
+        for row, sample in enumerate(samples):
+            per_position[row, sample.response_positions] = (
+                torch.tensor(sample.token_advantages, dtype=torch.float32) if sample.token_advantages is not None
+                else advantages[row])
+        advantages = per_position
     return MicroBatch(input_ids, attention_mask, response_mask, advantages)
 
 

@@ -23,14 +23,17 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 from transformers import PreTrainedModel
 
-from tailflow.engines.models import load_model
+from tailflow.engines.models import load_model, load_value_model
 from tailflow.engines.train.batch import MicroBatch
 from tailflow.engines.train.rank_setup import init_process_group, replace_with_copies
 
 
 class FsdpPolicyModel:
     def __init__(self, model_path: str, rank: int, world_size: int, dist_backend: str, with_reference: bool,
-                 mesh_of_one: bool = False) -> None:
+                 mesh_of_one: bool = False, value_head: bool = False) -> None:
+        """`value_head`: the critic (train.advantage gae), the same architecture with a one-output head
+        (`models.load_value_model`): its `logits` are [B, T, 1] values."""
+        self.value_head = value_head
         self.rank, self.world_size = rank, world_size
         self.device = init_process_group(dist_backend, rank, world_size, always=mesh_of_one)
         sharded = world_size > 1 or mesh_of_one
@@ -44,7 +47,7 @@ class FsdpPolicyModel:
 
         The model stays in eval mode (no dropout) so the recomputed old log-probs are the policy's own.
         """
-        model = load_model(path).to(self.device).eval()
+        model = (load_value_model(path) if self.value_head else load_model(path)).to(self.device).eval()
         model.requires_grad_(is_trainable)
         if self.mesh is not None:
             for layer in getattr(model, model.base_model_prefix).layers:

@@ -85,6 +85,12 @@ class PPOStats:
     """k3 estimate of KL(old || new), Schulman 2020."""
 
 
+def per_token(advantages: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Advantages as [B, T] (or [B, 1], broadcast over the row): [B] is one per response (the group-relative
+    estimators), [B, T] one per position (GAE, `gae.py`)."""
+    return advantages.to(dtype).unsqueeze(1) if advantages.dim() == 1 else advantages.to(dtype)
+
+
 def token_sum_over_total(values: torch.Tensor, mask: torch.Tensor, denominator: int | None) -> torch.Tensor:
     """sum_{b,t} values * mask / denominator  ([B, T], [B, T] -> scalar); None divides by mask.sum()."""
     divisor = mask.sum().clamp(min=1.0) if denominator is None else max(denominator, 1)
@@ -110,14 +116,14 @@ def ppo_clip_loss(
         loss     = sum(w * max(pg_loss1, pg_loss2) * mask) / loss_denominator   w: `weight` [B, T] (no grad), None: 1
 
     logprobs [B, T] (with grad), old_logprobs [B, T] (no grad), advantages [B]
-    (one per response, broadcast over its tokens), mask [B, T] in {0, 1}.
+    (one per response, broadcast over its tokens) or [B, T] (one per token), mask [B, T] in {0, 1}.
     `loss_denominator` None is num_tokens_total (token_mean). Returns the
     scalar loss and detached `PPOStats`.
     """
     mask = mask.to(logprobs.dtype)
     log_ratio = logprobs - old_logprobs.detach()
     ratio = torch.exp(log_ratio)
-    token_advantages = advantages.to(logprobs.dtype).unsqueeze(1)
+    token_advantages = per_token(advantages, logprobs.dtype)
     pg_loss1 = -token_advantages * ratio
     pg_loss2 = -token_advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
     pg_loss = torch.maximum(pg_loss1, pg_loss2)
@@ -178,7 +184,7 @@ def weighted_pg_loss(
     `truncated` [B, T] marks tokens whose weight the clip changed (reported as `clip_fraction`);
     `approx_kl` is k3 of pi / mu (current over behaviour)."""
     mask = mask.to(logprobs.dtype)
-    token_advantages = advantages.to(logprobs.dtype).unsqueeze(1)
+    token_advantages = per_token(advantages, logprobs.dtype)
     pg_loss = -weight.detach() * token_advantages * logprobs
     loss = token_sum_over_total(pg_loss, mask, num_tokens_total if loss_denominator is None else loss_denominator)
     with torch.no_grad():
@@ -238,7 +244,7 @@ def topr_loss(logprobs, behaviour_logprobs, advantages, mask, num_tokens_total=N
     losses here use and stays finite for long responses, where a product of hundreds of ratios does not.
     """
     ratio = behaviour_ratio(logprobs, behaviour_logprobs)
-    positive = (advantages > 0).unsqueeze(1)
+    positive = per_token(advantages, ratio.dtype) > 0
     weight = torch.where(positive, torch.ones_like(ratio), torch.clamp(ratio, 0.0, 1.0))
     return weighted_pg_loss(logprobs, weight, behaviour_logprobs, advantages, mask, num_tokens_total,
                             loss_denominator, truncated=~positive & (ratio > 1.0))
@@ -256,7 +262,7 @@ class PolicyLossInputs:
     behaviour: torch.Tensor
     """The rollout engine's log-probs of the sampled tokens (the behaviour policy)."""
     advantages: torch.Tensor
-    """[B], one per response."""
+    """[B], one per response, or [B, T], one per token (GAE)."""
     mask: torch.Tensor
     num_tokens_total: int | None
     """What the reported token means divide by."""

@@ -8,7 +8,7 @@ backward by `samples_with_signal` (train.skip_zero_advantage).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 
@@ -17,6 +17,10 @@ from tailflow.engines.reward.scoring import ScoredGroup, ScoredResponse
 from tailflow.engines.rollout.protocol import Completion
 from tailflow.engines.train.advantages import compute_advantages, has_equal_rewards
 from tailflow.engines.train.batch import TrainSample
+from tailflow.engines.train.gae import model_token_rewards, whitened, with_gae
+
+if TYPE_CHECKING:
+    from tailflow.config import CriticConfig
 
 
 def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight_version: int,
@@ -43,6 +47,24 @@ def samples_from_groups(groups: Sequence[ScoredGroup], estimator: str, *, weight
         for response, advantage in zip(group.responses, group_advantages):
             samples.append(sample_of(response, advantage, rollout_temperature))
     return samples
+
+
+def gae_samples(groups: Sequence[ScoredGroup], values_of: Callable[[list[TrainSample]], list[tuple[float, ...]]],
+                critic: CriticConfig, *, weight_version: int, max_staleness: int | None = 0,
+                rollout_temperature: float | None = None, per_turn: bool = True) -> list[TrainSample]:
+    """train.advantage gae: one TrainSample per trained response (`is_trained`; no group is needed, and a group
+    of one is trained), with per-token advantages, values and returns from the critic's `values_of` (gae.py),
+    whitened over the step's model tokens if `critic.whiten_advantages`. `per_turn`: a trajectory's turn
+    rewards land at its turns' ends (False: env.reward verifier, its whole reward at the end)."""
+    if not groups:
+        return []
+    check_weight_version(groups, weight_version, max_staleness)
+    trained = [response for group in groups for response in group.responses if is_trained(response.completion)]
+    plain = [sample_of(response, 0.0, rollout_temperature) for response in trained]
+    values = values_of(plain) if plain else []
+    samples = [with_gae(sample, model_token_rewards(response, per_turn), sample_values, critic.gamma, critic.lam)
+               for sample, response, sample_values in zip(plain, trained, values)]
+    return whitened(samples) if critic.whiten_advantages else samples
 
 
 def sample_of(response: ScoredResponse, advantage: float, rollout_temperature: float | None) -> TrainSample:
@@ -108,9 +130,9 @@ def sample_of_trajectory(trajectory: Trajectory, advantage: float, temperature: 
 
 def samples_with_signal(samples: list[TrainSample], skip_zero_advantage: bool) -> list[TrainSample]:
     """The samples a step backpropagates: all of them, or (`train.skip_zero_advantage` without a KL term) those
-    whose advantage is not 0, which alone have a policy gradient. The one place the filter is written: the
-    whole step (`TrainerGroup.start_train_step`) and the streamed one (`StreamedStep`) both use it."""
-    return [sample for sample in samples if sample.advantage != 0.0] if skip_zero_advantage else samples
+    with a non-zero advantage (`has_signal`), which alone have a policy gradient. The one place the filter is
+    written: the whole step (`TrainerGroup.start_train_step`) and the streamed one (`StreamedStep`) both use it."""
+    return [sample for sample in samples if sample.has_signal] if skip_zero_advantage else samples
 
 
 def num_zero_signal_groups(groups: Sequence[ScoredGroup]) -> int:

@@ -33,15 +33,14 @@ from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 import torch
-import torch.distributed as dist
 
 from tailflow.config import TrainConfig
 from tailflow.engines.train.batch import (
     MicroBatch,
     TrainSample,
-    collate,
+    collate_on,
+    plan_micro_batches,
     rollout_logprobs_matrix,
-    split_by_token_budget,
 )
 from tailflow.engines.train.losses import (
     LOSSES,
@@ -51,6 +50,7 @@ from tailflow.engines.train.losses import (
     loss_denominator,
     token_logprobs,
 )
+from tailflow.engines.train.critic import CriticStepStats
 from tailflow.engines.train.host_moves import HostMoves, moves_for
 from tailflow.engines.train.policy_model import PolicyModel, build_policy_model
 from tailflow.engines.train.updates import Update
@@ -94,6 +94,8 @@ class TrainStepStats:
     """AdamW steps taken (train.ppo_epochs x train.mini_batches); the stats above are means over them."""
     streamed_groups: int | None = None
     """Streamed step (train.stream): groups trained while the round still rolled out; None: not streamed."""
+    critic: CriticStepStats | None = None
+    """train.advantage gae: the critic's step beside this one (None: no critic)."""
 
     def metrics(self) -> dict[str, float]:
         """ROLL-compatible names (see ARCHITECTURE.md)."""
@@ -106,6 +108,8 @@ class TrainStepStats:
         if self.streamed_groups is not None:
             out["time/stream_overlap_groups"] = self.streamed_groups
             out["time/train_exposed"] = self.seconds
+        if self.critic is not None:
+            out |= self.critic.metrics()
         return out
 
 
@@ -284,18 +288,8 @@ class PolicyTrainer:
                 "and build the samples with rollout_temperature (samples_from_groups)")
 
     def _plan_micro_batches(self, samples: list[TrainSample], allow_empty: bool = False) -> list[list[TrainSample]]:
-        """Token-budget micro-batches, padded with [] up to the largest count on any rank. No samples on any rank:
-        an error, or with `allow_empty` one filler (zero gradients: an update whose mini-batch had nothing to
-        train still steps, as its zero-advantage samples would have made it)."""
-        parts = split_by_token_budget(samples, self.train.max_tokens_per_micro_batch) if samples else []
-        count = torch.tensor([len(parts)], device=self.device)
-        if self.world_size > 1:
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-        if count.item() == 0:
-            if not allow_empty:
-                raise ValueError("train_step got no samples on any rank")
-            return [[]]
-        return parts + [[] for _ in range(int(count.item()) - len(parts))]
+        return plan_micro_batches(samples, self.train.max_tokens_per_micro_batch, self.world_size, self.device,
+                                  allow_empty)
 
     @torch.no_grad()
     def _proximal_logprobs(self, samples: list[TrainSample]) -> dict[int, torch.Tensor]:
@@ -308,11 +302,7 @@ class PolicyTrainer:
         return found
 
     def _collate(self, part: list[TrainSample]) -> MicroBatch:
-        """An empty part becomes one all-padding row with a zero mask: it runs the collectives, adds nothing."""
-        if part:
-            return MicroBatch(*(t.to(self.device) for t in collate(part, self.pad_id)))
-        filler = collate([TrainSample((self.pad_id,), (self.pad_id,), 0.0)], self.pad_id)
-        return MicroBatch(*(t.to(self.device) for t in filler._replace(response_mask=filler.response_mask * 0)))
+        return collate_on(part, self.pad_id, self.device)
 
     def _logprobs(self, batch: MicroBatch, reference: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """([B, T, V] logits / temperature, [B, T] next-token log-probs of that distribution), of the policy or

@@ -1,4 +1,5 @@
-"""A trainer rank: one `PolicyTrainer` behind plain methods, for `ray.remote`.
+"""A trainer rank: one `PolicyTrainer` (or, role critic, one `CriticTrainer`) behind plain methods, for
+`ray.remote`.
 
 The cluster layer wraps this class (`engines/cluster/trainer_group.py`), as it
 does the rollout and reward workers; here it is an ordinary class. Each rank
@@ -8,30 +9,40 @@ FSDP2's process group is created from it.
 from __future__ import annotations
 
 import os
+from typing import Literal
 
 import torch
 
 from tailflow.engines.train.batch import TrainSample
+from tailflow.engines.train.critic import CriticStepStats, CriticTrainer
 from tailflow.engines.train.trainer import PolicyTrainer, TrainStepStats
 from tailflow.engines.train.updates import Update
 
+TrainerRole = Literal["policy", "critic"]
+
 
 class TrainerWorker:
-    def __init__(self, model_path: str, rank: int, world_size: int, num_threads: int, trainer_kwargs: dict) -> None:
+    def __init__(self, model_path: str, rank: int, world_size: int, num_threads: int, trainer_kwargs: dict,
+                 role: TrainerRole = "policy") -> None:
         """Nothing is loaded yet: the ranks meet at rank 0's node, which is known only once Ray has placed rank 0
-        (`TrainerGroup` asks it, then calls `connect` on every rank)."""
+        (`TrainerGroup` asks it, then calls `connect` on every rank). `role` critic: the rank holds the value
+        model of train.advantage gae (`CriticTrainer`; of `trainer_kwargs` it reads `train` and `backend`)."""
         torch.set_num_threads(num_threads)
         self.model_path, self.rank, self.world_size = model_path, rank, world_size
-        self.trainer_kwargs = trainer_kwargs
-        self.trainer: PolicyTrainer | None = None
+        self.trainer_kwargs, self.role = trainer_kwargs, role
+        self.trainer: PolicyTrainer | CriticTrainer | None = None
 
     def connect(self, master_addr: str, master_port: int) -> None:
         """Join the process group at rank 0's address and build this rank's trainer (a collective: every rank
         calls it)."""
         os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(self.rank),
                           WORLD_SIZE=str(self.world_size), LOCAL_RANK=str(self.rank))
-        self.trainer = PolicyTrainer(self.model_path, rank=self.rank, world_size=self.world_size,
-                                     **self.trainer_kwargs)
+        if self.role == "critic":
+            self.trainer = CriticTrainer(self.model_path, self.trainer_kwargs["train"], rank=self.rank,
+                                         world_size=self.world_size, backend=self.trainer_kwargs.get("backend"))
+        else:
+            self.trainer = PolicyTrainer(self.model_path, rank=self.rank, world_size=self.world_size,
+                                         **self.trainer_kwargs)
 
     def pid(self) -> int:
         return os.getpid()
@@ -39,6 +50,13 @@ class TrainerWorker:
     def train_updates(self, samples: list[TrainSample], updates: list[Update], num_tokens_total: int
                       ) -> TrainStepStats:
         return self.trainer.train_updates(samples, updates, num_tokens_total)
+
+    def values(self, samples: list[TrainSample]) -> list[tuple[float, ...]]:
+        """The critic's values of each sample's response tokens (`CriticTrainer.values`)."""
+        return self.trainer.values(samples)
+
+    def train_value_updates(self, samples: list[TrainSample], updates: list[Update]) -> CriticStepStats:
+        return self.trainer.train_updates(samples, updates)
 
     def accumulate(self, samples: list[TrainSample]) -> None:
         self.trainer.accumulate(samples)
