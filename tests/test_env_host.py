@@ -5,6 +5,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -234,6 +235,37 @@ def test_close_ends_the_process(hosts):
     host.reset(0, 5)
     host.close()
     assert is_gone(host.pid)
+
+
+def test_closing_an_environment_while_a_step_runs_fails_that_step_and_nothing_else(hosts):
+    """An aborted trajectory's environment is closed from another thread while its step still runs (the async
+    schedule): the step returns ENV_ERROR. The pipe was closed under the reading thread, and a read already past
+    multiprocessing's closed-check raised TypeError (seen 7 times in one agentic bench run, logged by Ray as
+    unhandled errors of the steps' tasks). The race is narrow; here the read is held just past that check."""
+    host = start(hosts)
+    host.reset(0, 5)
+    read_bytes = host.connection._recv
+
+    def late_read(*args):
+        time.sleep(0.3)  # the process is gone and close() has run on by now
+        return read_bytes(*args)
+
+    results, errors = [], []
+
+    def step() -> None:
+        try:
+            results.append(host.step("hang", timeout_s=30))
+        except Exception as error:  # noqa: BLE001 - what the test looks for
+            errors.append(error)
+
+    stepping = threading.Thread(target=step)
+    stepping.start()
+    time.sleep(0.1)  # the step is waiting for the hung environment
+    host.connection._recv = late_read
+    host.close()
+    stepping.join(timeout=10)
+    assert errors == [] and not stepping.is_alive()
+    assert results[0].failure.reason == StopReason.ENV_ERROR and is_gone(host.pid) and host.connection.closed
 
 
 ORPHANING_HOST = """

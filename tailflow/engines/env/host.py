@@ -187,11 +187,13 @@ class EnvHost:
 
     def close(self) -> None:
         """Let the environment close itself (at most CLOSE_TIMEOUT_S), then make sure the process is gone. With a
-        call in flight (an abort, `close_all`) the process is killed at once: that call then fails (ENV_ERROR).
-        Once; later calls do nothing."""
+        call in flight (an abort, `close_all`) the process is killed at once: that call then reads end-of-file and
+        fails (ENV_ERROR), and the pipe is closed only after it returned (closed under a reading thread, the read
+        raised TypeError instead, from inside multiprocessing). Once; later calls do nothing."""
         if self.connection.closed:
             return
-        if self.lock.acquire(blocking=False):
+        in_flight = not self.lock.acquire(blocking=False)
+        if not in_flight:
             try:
                 self.connection.send(("close", None))
                 if self.connection.poll(CLOSE_TIMEOUT_S):
@@ -200,10 +202,15 @@ class EnvHost:
                 pass
             finally:
                 self.lock.release()
-        if not self.has_exited(CLOSE_TIMEOUT_S if not self.lock.locked() else 0.0):
+        if not self.has_exited(0.0 if in_flight else CLOSE_TIMEOUT_S):
             self.kill()
-        self.connection.close()
-        os.close(self.pidfd)
+        took_the_pipe = self.lock.acquire(timeout=CLOSE_TIMEOUT_S)  # the call in flight sees the exit and returns
+        try:
+            self.connection.close()
+            os.close(self.pidfd)
+        finally:
+            if took_the_pipe:
+                self.lock.release()
 
 
 def start_and_reset(launcher: EnvLauncher, class_path: str, settings: dict, seed: int, timeout_s: float, retries: int,
