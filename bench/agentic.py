@@ -1,33 +1,37 @@
 """Environment-level asynchrony and redundant environments against turn-synchronous rollout (issue 41).
 
     python bench/agentic.py [--iterations 10] [--seed 0] [--settings turn_sync,async,...] [--quick]
+                            [--set KEY=VALUE ...]
 
 Every setting runs configs/agentic.yaml (the tiny model on the built-in calculator, from its shipped warm start)
 with the same seed, data and number of iterations, one after the other in this process, its environments slowed
-by injected heavy-tailed latency (env.faults: each step sleeps a LogNormal draw, median 20 ms, sigma 1.5, in the
-environment's own process; 1% of steps take over 0.6 s). Only these keys differ:
+by injected heavy-tailed latency (env.faults: each step sleeps a LogNormal draw, median 0.2 s, sigma 1.0, in the
+environment's own process: mean 0.33 s, 5% of steps over 1 s, 1% over 2 s; a sandbox, a web page or a game server
+answers in that range, and the rollout is then bound by its environments, as agentic rollouts on GPUs are). The
+engine holds 512 sequences (rollout.num_slots) and the environment workers run 512 steps at once
+(env.max_concurrent_steps): a trajectory waiting for its environment keeps its slot, so with fewer slots the
+launched trajectories queue for slots and any extra ones cost their full time. Only these keys differ:
 
     turn_sync         env.schedule turn_sync: a barrier at every turn (the loop of a batch agent)
-    lockstep          env.schedule lockstep: tailflow's deterministic default (each engine step waits for the
-                      environment calls of the step before)
     async             env.schedule async: environment-level asynchrony (each trajectory waits for its own)
-    faulty            async, plus 10% fail-slow environments (x20) and 5% fail-stop ones (SIGKILLed before one of
-                      their first 4 steps); no redundancy (tail batching off: the round waits for every task)
-    faulty+redundant  the same faults, with redundant rollout: tail batching on, 25% more tasks launched than the
-                      step trains (tail.prompt_ratio 1.25) and 2 trajectories per task beyond R0
-                      (tail.responses_launched 10); the first complete groups are kept, the rest stopped, a failed
-                      environment never counts as finished (engines/tail/completion.py)
-    redundant         the same redundancy without faults: what the extra trajectories cost by themselves (on 2 CPU
-                      cores they are decode work; on GPUs with batch room they are nearly free), so that
-                      faulty+redundant / redundant is what the faults still cost with redundancy
-
-The environment workers may run 128 steps at once (env.max_concurrent_steps; a sleeping environment costs no CPU),
-so the injected latency, not the worker's cap, is what the schedules face.
+    faulty            async, plus 10% fail-slow environments (x20: median 4 s a step, past env.step_timeout_s's
+                      10 s a timeout) and 5% fail-stop ones (SIGKILLed before one of their first 4 steps); no
+                      redundancy (tail batching off: the round waits for every task)
+    faulty+redundant  the same faults, with redundant rollout (REDUNDANCY): 50% more tasks than the step trains
+                      (tail.prompt_ratio 1.5) and 4 trajectories per task beyond R0 (tail.responses_launched 12);
+                      the first 32 complete groups are kept, the rest stopped and dropped (tail.defer false: a
+                      long round would wait for the stragglers again), a failed environment never counts as
+                      finished (engines/tail/completion.py)
+    redundant         the same redundancy without faults: what the extra trajectories cost, or save, by
+                      themselves, so that faulty+redundant / redundant is what the faults still cost with it
+    lockstep          (only when named in --settings) env.schedule lockstep, tailflow's deterministic default:
+                      each engine step waits for the environment calls of the step before; with 0.2 s steps that
+                      is minutes an iteration here
 
 Printed per setting: rollout seconds per iteration (time/step_generate), trajectories trained per second of
 rollout, step seconds, environment failures, tokens stopped (tail/wasted_tokens), held-out accuracy at the end
 (200 tasks, one greedy trajectory each: binomial standard error ~3.5 points at 50%, so two runs differ by
-more than ~10 points only 5% of the time by chance).
+more than ~10 points only 5% of the time by chance); then what the redundant run's selection kept.
 
 Targets (the issue): async >= 1.5x the trajectories per second of turn_sync; faulty+redundant's mean step within
 1.2x of the fault-free async step; async's accuracy not below turn_sync's by more than the noise. Last line:
@@ -45,7 +49,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from common import REPO_DIR, config_tree
+import yaml
+from common import REPO_DIR, chosen_names, config_tree
 
 AGENTIC_CONFIG = REPO_DIR / "configs" / "agentic.yaml"
 
@@ -54,19 +59,21 @@ REDUNDANT_STEP_TARGET = 1.2
 ACCURACY_NOISE_POINTS = 2 * 3.5
 """Two standard errors of one run's held-out accuracy over 200 tasks near 50%."""
 
-LATENCY = {"env.faults.step_latency_median_s": 0.02, "env.faults.step_latency_sigma": 1.5,
-           "env.max_concurrent_steps": 128}
+LATENCY = {"env.faults.step_latency_median_s": 0.2, "env.faults.step_latency_sigma": 1.0,
+           "env.max_concurrent_steps": 512, "rollout.num_slots": 512}
 FAULTS = {"env.faults.fail_slow_fraction": 0.10, "env.faults.fail_slow_factor": 20.0,
           "env.faults.fail_stop_fraction": 0.05, "env.faults.fail_stop_within_steps": 4}
+REDUNDANCY = {"env.schedule": "async", "tail.enabled": True, "tail.defer": False, "tail.prompt_ratio": 1.5,
+              "tail.responses_launched": 12}
+"""Redundant environment rollout: 50% more tasks and 4 more trajectories per task than a step trains, the first
+complete groups kept, the rest dropped (not deferred: a long round would wait for the stragglers)."""
 SETTINGS: dict[str, dict[str, Any]] = {
     "turn_sync": LATENCY | {"env.schedule": "turn_sync"},
     "lockstep": LATENCY | {"env.schedule": "lockstep"},
     "async": LATENCY | {"env.schedule": "async"},
     "faulty": LATENCY | FAULTS | {"env.schedule": "async"},
-    "faulty+redundant": LATENCY | FAULTS | {"env.schedule": "async", "tail.enabled": True, "tail.prompt_ratio": 1.25,
-                                            "tail.responses_launched": 10},
-    "redundant": LATENCY | {"env.schedule": "async", "tail.enabled": True, "tail.prompt_ratio": 1.25,
-                            "tail.responses_launched": 10},
+    "faulty+redundant": LATENCY | FAULTS | REDUNDANCY,
+    "redundant": LATENCY | REDUNDANCY,
 }
 
 
@@ -91,10 +98,11 @@ QUICK = {"data.prompts_per_step": 4, "rollout.n": 4, "data.num_eval": 8, "tail.r
 """--quick: 4 tasks x 4 trajectories (5 launched where redundant), 8 held-out tasks: the paths, not a measurement."""
 
 
-def run_setting(setting: str, iterations: int, seed: int, storage: Path, quick: bool = False) -> SettingResult:
+def run_setting(setting: str, iterations: int, seed: int, storage: Path, quick: bool = False,
+                extra: dict[str, Any] | None = None) -> SettingResult:
     from tailflow.flows.training import rl_training
 
-    overrides = SETTINGS[setting] | {"train.iterations": iterations, "train.eval_every": iterations,
+    overrides = SETTINGS[setting] | (extra or {}) | {"train.iterations": iterations, "train.eval_every": iterations,
                                      "data.seed": seed, "train.seed": seed, "storage.uri": str(storage)}
     if quick:
         overrides |= {key: value for key, value in QUICK.items()
@@ -119,22 +127,36 @@ def print_table(results: dict[str, SettingResult]) -> None:
               f"{sum(row['env/groups_dropped'] for row in r.rows):15d} {100 * r.final_accuracy:11.1f}")
 
 
+def print_selection(result: SettingResult) -> None:
+    """What keeping the first complete groups selected, fault-free: the kept trajectories against every one that
+    finished (kept or not) and every one launched (the stopped ones at the tokens they had), and the reward of the
+    finished ones not kept against the kept ones'."""
+    def over_rows(key: str) -> float:
+        values = [row[key] for row in result.rows if key in row]
+        return mean(values) if values else float("nan")
+
+    print(f"selection ({result.setting}, fault-free): trajectory tokens kept {over_rows('tail/kept_length_mean'):.1f}"
+          f", finished {over_rows('tail/completed_length_mean'):.1f}, launched (stopped ones so far) "
+          f"{over_rows('tail/launched_length_mean'):.1f}; reward kept {over_rows('reward/mean'):.3f}, finished but "
+          f"not kept {over_rows('tail/unkept_reward_mean'):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iterations", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--settings", default=",".join(SETTINGS))
+    parser.add_argument("--settings", default=",".join(name for name in SETTINGS if name != "lockstep"))
     parser.add_argument("--quick", action="store_true",
                         help="2 iterations of 4 tasks x 4 trajectories: a smoke run, not a measurement")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override on top of every setting's (a YAML value), for exploring")
     args = parser.parse_args()
+    extra = {key: yaml.safe_load(value) for key, _, value in (item.partition("=") for item in args.set)}
     iterations = 2 if args.quick else args.iterations
-    names = args.settings.split(",")
-    unknown = [n for n in names if n not in SETTINGS]
-    if unknown:
-        parser.error(f"unknown settings {unknown}; known: {', '.join(SETTINGS)}")
+    names = chosen_names(parser, args.settings, SETTINGS, "settings")
     with tempfile.TemporaryDirectory(prefix="agentic-bench-") as storage:
-        results = {name: run_setting(name, iterations, args.seed, Path(storage), args.quick) for name in names}
+        results = {name: run_setting(name, iterations, args.seed, Path(storage), args.quick, extra) for name in names}
     print_table(results)
     if args.out:
         args.out.write_text(json.dumps({name: {"rows": r.rows, "final_accuracy": r.final_accuracy,
@@ -154,6 +176,8 @@ def main() -> None:
           f"(without redundancy, against no faults: {unguarded:.2f}x); redundancy alone costs "
           f"{results['redundant'].mean('time/step_total') / base_step if 'redundant' in have else nan:.2f}x "
           "the fault-free step here")
+    if "redundant" in have:
+        print_selection(results["redundant"])
     met = [speedup >= ASYNC_SPEEDUP_TARGET, redundant <= REDUNDANT_STEP_TARGET, delta >= -ACCURACY_NOISE_POINTS]
     print(f"\nverdict: async {speedup:.2f}x turn-synchronous trajectories/s (target >= {ASYNC_SPEEDUP_TARGET}); "
           f"faulty step {unguarded:.2f}x fault-free without redundancy, {redundant:.2f}x with it (target <= "

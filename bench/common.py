@@ -62,6 +62,15 @@ def config_tree(path: Path, overrides: dict[str, Any]) -> dict[str, Any]:
     return tree
 
 
+def chosen_names(parser, listed: str, known, what: str) -> list[str]:
+    """A comma-separated choice of `known` names from the command line; anything else is the parser's error."""
+    names = listed.split(",")
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        parser.error(f"unknown {what} {unknown}; known: {', '.join(known)}")
+    return names
+
+
 def percentile(values: Sequence[float], q: float) -> float:
     from engine import percentile as engine_percentile
 
