@@ -94,8 +94,11 @@ class SettingResult:
         return kept / sum(row["time/step_generate"] for row in self.rows)
 
 
-QUICK = {"data.prompts_per_step": 4, "rollout.n": 4, "data.num_eval": 8, "tail.responses_launched": 5}
-"""--quick: 4 tasks x 4 trajectories (5 launched where redundant), 8 held-out tasks: the paths, not a measurement."""
+QUICK = {"data.prompts_per_step": 4, "rollout.n": 4, "data.num_eval": 8, "tail.responses_launched": 5,
+         "env.faults.step_latency_median_s": 0.02}
+"""--quick: 4 tasks x 4 trajectories (5 launched where redundant), 8 held-out tasks, 20 ms environment steps (at
+0.2 s the smoke run sleeps ~3 min on turns a measurement needs and a smoke run does): the paths, not a
+measurement."""
 
 
 def run_setting(setting: str, iterations: int, seed: int, storage: Path, quick: bool = False,
