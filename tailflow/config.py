@@ -296,6 +296,16 @@ class TrainConfig(Section):
     """Seeds rollout sampling and the trainer."""
 
     @property
+    def has_critic(self) -> bool:
+        """advantage gae trains a value model on num_workers ranks of its own."""
+        return self.advantage == "gae"
+
+    @property
+    def num_ranks(self) -> int:
+        """Trainer ranks in all: the policy's, and the critic's where there is one."""
+        return self.num_workers * (2 if self.has_critic else 1)
+
+    @property
     def skips_zero_advantage(self) -> bool:
         """Whether a step leaves out zero-advantage samples: asked for, and no KL term (which gives them a
         gradient)."""
@@ -307,10 +317,10 @@ class TrainConfig(Section):
             raise ValueError(f"train.stream cannot be exact with train.ppo_epochs ({self.ppo_epochs}) or "
                              f"train.mini_batches ({self.mini_batches}) > 1: their mini-batches and proximal "
                              "log-probs need the whole batch before the first update; set both to 1 or stream false")
-        if self.advantage == "gae" and self.stream:
+        if self.has_critic and self.stream:
             raise ValueError("train.advantage gae cannot stream (train.stream): each group's advantages need the "
                              "critic's values, computed for the whole batch before the step; set stream false")
-        if self.advantage == "gae" and self.backend == "megatron":
+        if self.has_critic and self.backend == "megatron":
             raise ValueError("train.advantage gae trains its critic with FSDP2 only so far; set train.backend fsdp2 "
                              "(the Megatron critic is not built)")
         if self.backend == "fsdp2" and self.tensor_parallel not in (None, 1):

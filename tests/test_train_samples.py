@@ -59,7 +59,8 @@ def test_the_train_task_refuses_before_the_trainer_is_called():
     """Also before the engines are put to sleep (colocated on GPUs the phases take turns): a refused step leaves
     the engines serving; an accepted one puts them to sleep first, then trains."""
     calls = []
-    train = SimpleNamespace(advantage="grpo", skips_zero_advantage=True, ppo_epochs=1, mini_batches=1, seed=0,
+    train = SimpleNamespace(advantage="grpo", has_critic=False, skips_zero_advantage=True, ppo_epochs=1,
+                            mini_batches=1, seed=0,
                             stream=False)
     config = SimpleNamespace(train=train, cluster=SimpleNamespace(device="gpu", placement="colocated"),
                              rollout=SimpleNamespace(async_ratio=0, async_steps_per_train=0, temperature=1.0),

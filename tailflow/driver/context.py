@@ -46,9 +46,8 @@ def build_context(config: RunConfig, run_id: str, store: ArtifactStore, watch, w
     """Everything the run holds; `watch` (live progress) gives a watcher for each round's finished responses;
     `workers_added`: the rollout workers a resumed run added at runtime (its commit's `rollout_workers_added`)."""
     inputs = load_inputs(config, store)
-    critic_workers = config.train.num_workers if config.train.advantage == "gae" else 0
-    start_ray(config.cluster.address, config.cluster.num_cpus,
-              config.train.num_workers + critic_workers + config.rollout.num_workers, config.cluster.num_gpus)
+    start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_ranks + config.rollout.num_workers,
+              config.cluster.num_gpus)
     check_cluster_fits(config)
     tracking = config.tracking
     wandb_run = (start_wandb(run_id, tracking.wandb_project, tracking.wandb_mode, config.model_dump(mode="json"),

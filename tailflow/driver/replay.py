@@ -18,11 +18,10 @@ from dataclasses import dataclass
 import torch
 from transformers import AutoConfig
 
-from tailflow.config import ConfigError, RunConfig
+from tailflow.config import ConfigError
 from tailflow.driver.inputs import resolve_model_path
 from tailflow.driver.resume import read_critic_checkpoint
-from tailflow.driver.workers import start_critic, trainer_kwargs
-from tailflow.engines.cluster.placement import placement_of
+from tailflow.driver.workers import start_trainer_group
 from tailflow.engines.cluster.runtime import start_ray
 from tailflow.engines.cluster.trainer_group import TrainerGroup
 from tailflow.engines.runs.checkpoint import read_checkpoint
@@ -59,14 +58,18 @@ def replay_step(store: ArtifactStore, run_id: str, iteration: int) -> ReplayedSt
                        "previous checkpoint was kept)")
     model_path = resolve_model_path(config, store)
     model_config = AutoConfig.from_pretrained(model_path)
-    trainer = start_trainer(config, model_path)
-    critic = None
+    start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_ranks, config.cluster.num_gpus)
+    groups: list[TrainerGroup] = []
     try:
-        critic = start_critic(config, model_path)
+        trainer = start_trainer_group(config, model_path)
+        groups.append(trainer)
+        critic = start_trainer_group(config, model_path, role="critic") if config.train.has_critic else None
+        groups += [critic] if critic is not None else []
         if before is not None:
-            trainer.load_checkpoint(read_checkpoint(store.local_dir(before), model_config))
+            directory = store.local_dir(before)
+            trainer.load_checkpoint(read_checkpoint(directory, model_config))
             if critic is not None:
-                critic.load_checkpoint(read_critic_checkpoint(store.local_dir(before), model_path))
+                critic.load_checkpoint(read_critic_checkpoint(directory, model_path))
         samples = step_samples(config, dump.groups, dump.weight_version, dump.max_staleness, critic)
         stats = start_policy_step(trainer, config, samples, critic).result()
         after = checkpoint_key(run_id, iteration)
@@ -75,22 +78,10 @@ def replay_step(store: ArtifactStore, run_id: str, iteration: int) -> ReplayedSt
             run_weights = read_checkpoint(store.local_dir(after), model_config)["model"]
             compared, diff = store.uri(after), max_difference(trainer.state_dict(), run_weights)
     finally:
-        trainer.shutdown()
-        if critic is not None:
-            critic.shutdown()
+        for group in groups:
+            group.shutdown()
     return ReplayedStep(iteration, store.uri(before) if before else "the initial model", stats,
                         run_metrics_of(store, run_id, iteration), compared, diff)
-
-
-def start_trainer(config: RunConfig, model_path: str) -> TrainerGroup:
-    """A trainer group shaped like the run's: its ranks, backend, threads and per-rank resources."""
-    critic_workers = config.train.num_workers if config.train.advantage == "gae" else 0
-    start_ray(config.cluster.address, config.cluster.num_cpus, config.train.num_workers + critic_workers,
-              config.cluster.num_gpus)
-    placement = placement_of(config)
-    return TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
-                        num_cpus_per_worker=placement.trainer.num_cpus, num_gpus_per_worker=placement.trainer.num_gpus,
-                        num_threads=config.cluster.threads_per_worker)
 
 
 def max_difference(replayed: dict[str, torch.Tensor], run: dict[str, torch.Tensor]) -> float:

@@ -31,6 +31,7 @@ from tailflow.engines.store import ArtifactStore
 
 if TYPE_CHECKING:
     from tailflow.engines.cluster.env_group import EnvGroup
+    from tailflow.engines.train.worker import TrainerRole
 
 
 def say_gpu_seats(trainer_workers: list, rollout_workers: list) -> None:
@@ -122,17 +123,11 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int,
     built from them, and the reward pool. On GPUs the rollout and trainer groups sit in one reservation and hold
     it; the last to shut down releases it (a critic asks for its own GPUs, outside it)."""
     rollout, pool, reservation = start_rollout_and_reward(config, model_path, max_seq_len, True, elastic)
-    placement = placement_of(config)
     started: list = []
     try:
-        trainer = TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
-                               num_cpus_per_worker=placement.trainer.num_cpus,
-                               num_gpus_per_worker=placement.trainer.num_gpus,
-                               num_threads=config.cluster.threads_per_worker,
-                               actor_options=reservation.trainer_options() if reservation else None,
-                               reservation=reservation)
+        trainer = start_trainer_group(config, model_path, reservation=reservation)
         started.append(trainer)
-        critic = start_critic(config, model_path)
+        critic = start_trainer_group(config, model_path, role="critic") if config.train.has_critic else None
         if critic is not None:
             started.append(critic)
         pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
@@ -145,15 +140,17 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int,
     return RunWorkers(rollout, trainer, critic, pool)
 
 
-def start_critic(config: RunConfig, model_path: str) -> TrainerGroup | None:
-    """train.advantage gae's value model on train.num_workers ranks shaped like the trainer's (None otherwise)."""
-    if config.train.advantage != "gae":
-        return None
+def start_trainer_group(config: RunConfig, model_path: str, role: TrainerRole = "policy",
+                        reservation: GpuReservation | None = None) -> TrainerGroup:
+    """train.num_workers ranks holding `model_path`'s weights (role critic: train.advantage gae's value model built
+    from them), each with the placement's per-rank resources, or seated in `reservation` (the policy's, on GPUs)."""
     placement = placement_of(config)
     return TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
                         num_cpus_per_worker=placement.trainer.num_cpus,
                         num_gpus_per_worker=placement.trainer.num_gpus,
-                        num_threads=config.cluster.threads_per_worker, role="critic")
+                        num_threads=config.cluster.threads_per_worker,
+                        actor_options=reservation.trainer_options() if reservation else None,
+                        reservation=reservation, role=role)
 
 
 def elastic_settings(config: RunConfig, store: ArtifactStore, run_id: str, workers_added: int) -> ElasticSettings:

@@ -64,7 +64,7 @@ def step_samples(config: RunConfig, groups: list[ScoredGroup], weight_version: i
     every trained response, GAE over them (its weights as they are now, after the last iteration's critic step,
     whatever weights sampled the tokens). Also `tailflow replay`'s, on a dumped round (driver/replay.py)."""
     train = config.train
-    if train.advantage == "gae":
+    if train.has_critic:
         per_turn = config.env is None or config.env.reward != "verifier"
         return gae_samples(groups, critic.values, train.critic, weight_version=weight_version,
                            max_staleness=max_staleness, rollout_temperature=config.rollout.temperature,

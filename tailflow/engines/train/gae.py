@@ -89,7 +89,7 @@ def with_gae(sample: TrainSample, rewards: torch.Tensor, values: tuple[float, ..
              lam: float) -> TrainSample:
     """`sample` with its per-token advantages, values and returns: `values` has one per response token (the
     critic's at the positions that predict them); the environment's tokens get 0.0 in all three."""
-    mask = sample.response_mask or (True,) * sample.num_response_tokens
+    mask = model_flags(sample)
     if len(values) != len(mask):
         raise ValueError(f"{len(values)} values for {len(mask)} response tokens")
     model_positions = [i for i, is_model in enumerate(mask) if is_model]
