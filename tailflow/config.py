@@ -198,8 +198,8 @@ tests/test_offpolicy_losses.py fails until they agree."""
 
 class CriticConfig(Section):
     """The value model of `train.advantage: gae` (engines/train/critic.py): the policy's architecture with a
-    one-output head, built from the policy's initial weights, trained beside it on the same ranks' count
-    (train.num_workers, FSDP2) with its own AdamW."""
+    one-output head, built from the policy's initial weights, trained beside it on as many ranks
+    (train.num_workers) laid out as the policy's (train.backend, train.tensor_parallel), with its own AdamW."""
 
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     """GAE's discount per model token (1: a reward counts the same however many tokens later)."""
@@ -320,9 +320,6 @@ class TrainConfig(Section):
         if self.has_critic and self.stream:
             raise ValueError("train.advantage gae cannot stream (train.stream): each group's advantages need the "
                              "critic's values, computed for the whole batch before the step; set stream false")
-        if self.has_critic and self.backend == "megatron":
-            raise ValueError("train.advantage gae trains its critic with FSDP2 only so far; set train.backend fsdp2 "
-                             "(the Megatron critic is not built)")
         if self.backend == "fsdp2" and self.tensor_parallel not in (None, 1):
             raise ValueError(f"train.tensor_parallel {self.tensor_parallel} needs train.backend megatron; fsdp2 shards "
                              "data-parallel only")

@@ -157,3 +157,55 @@ def aligned_steps(rank: int, world_size: int, model_dir: str, train_fields: dict
         runs[variant] = {"initial": initial, "steps": steps}
         del trainer
     return runs
+
+
+CRITIC_VARIANTS = {"fsdp2": ("fsdp2", 1), "megatron_tp2": ("megatron", 2), "megatron_tp1": ("megatron", 1)}
+"""variant -> (train backend, tensor parallel), on 2 ranks, as `ALIGNMENT_VARIANTS`'s."""
+
+
+def critic_returns(sample) -> tuple[float, ...]:
+    """Targets that vary along a response and between responses (the value loss has something to fit)."""
+    return tuple(float((len(sample.prompt_token_ids) + i) % 3) - 1.0 for i in range(sample.num_response_tokens))
+
+
+def aligned_critic_steps(rank: int, world_size: int, model_dir: str, batches: list,
+                         variants: tuple[str, ...]) -> dict[str, dict]:
+    """Every variant's critic fits the same batches' `critic_returns` from the same weights, one update each.
+    Per variant: "initial" (the full HF weights) and per step ("steps") the whole batch's values before the
+    update, vf_loss, grad_norm, clip_fraction and the weights after it (rank 0). For each Megatron variant also
+    "reloaded": the whole last batch's values from a fresh critic that loaded the trained one's checkpoint, and
+    "values_after" the trained one's own."""
+    from tailflow.config import TrainConfig
+    from tailflow.engines.train.batch import TrainSample, count_response_tokens, shard_across_ranks
+    from tailflow.engines.train.critic import CriticTrainer
+    from tailflow.engines.train.updates import Update
+
+    runs = {}
+    for variant in variants:
+        train_backend, tensor_parallel = CRITIC_VARIANTS[variant]
+        train = TrainConfig(advantage="gae", backend=train_backend, tensor_parallel=tensor_parallel,
+                            num_workers=world_size, lr=1e-3, max_tokens_per_micro_batch=256)
+        critic = CriticTrainer(model_dir, train, rank=rank, world_size=world_size, backend="gloo")
+        initial, steps = critic.value.full_state_dict(), []
+        for samples in batches:
+            mine = shard_across_ranks(samples, world_size // tensor_parallel)[rank // tensor_parallel]
+            targets = [TrainSample(s.prompt_token_ids, s.response_token_ids, 0.0, values=v,
+                                   token_advantages=(0.0,) * s.num_response_tokens, returns=critic_returns(s))
+                       for s, v in zip(mine, critic.values(mine))]
+            tokens = count_response_tokens(samples)
+            values = critic.values(samples)
+            stats = critic.train_updates(targets, [Update(tuple(range(len(mine))), tokens, len(samples), tokens)])
+            steps.append(dict(values=values, vf_loss=stats.vf_loss, grad_norm=stats.grad_norm,
+                              clip_fraction=stats.clip_fraction, weights=critic.value.full_state_dict()))
+        runs[variant] = {"initial": initial, "steps": steps}
+        if train_backend == "megatron":
+            runs[variant]["values_after"] = critic.values(batches[-1])
+            state = critic.state_for_checkpoint()
+            del critic
+            fresh = CriticTrainer(model_dir, train, rank=rank, world_size=world_size, backend="gloo")
+            fresh.load_checkpoint(state)
+            runs[variant]["reloaded"] = fresh.values(batches[-1])
+            del fresh
+        else:
+            del critic
+    return runs

@@ -158,5 +158,6 @@ def test_a_critic_is_configured_under_train_and_refused_where_it_cannot_work():
         load_config(None, ["train.advantage=gae", "train.critic.lam=1.5"])
     with pytest.raises(ConfigError, match="gae cannot stream"):
         load_config(None, ["train.advantage=gae", "train.stream=true", "reward.streaming=true"])
-    with pytest.raises(ConfigError, match="critic with FSDP2 only"):
-        load_config(None, ["train.advantage=gae", "train.backend=megatron"])
+    megatron = load_config(None, ["train.advantage=gae", "train.backend=megatron", "train.num_workers=2",
+                                  "train.tensor_parallel=2"])
+    assert megatron.train.has_critic and megatron.train.tensor_parallel_size == 2

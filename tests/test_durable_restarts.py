@@ -59,15 +59,16 @@ machine (load ~25) its 3 iterations ran past 300 s without being stuck."""
 
 
 def test_a_megatron_run_sigkilled_then_resumed_ends_bit_for_bit_where_its_clean_run_does(tmp_path, cli_env):
-    """train.backend megatron (tensor parallel 2 on the two trainer actors, megatron-core's CPU stand-in): a run
-    SIGKILLed in iteration 2's train phase resumes from iteration 1's commit, every rank from its own checkpoint
-    shard (parameters and AdamW state), and ends with the clean Megatron run's weights, queue and metrics rows.
-    Costs ~236 s here (three CLI runs, clean, SIGKILLed and resumed, each starting Ray, 4 or more actors with
+    """train.backend megatron (tensor parallel 2 on the two trainer actors, megatron-core's CPU stand-in), with a
+    critic (train.advantage gae: two more Megatron ranks): a run SIGKILLed in iteration 2's train phase resumes
+    from iteration 1's commit, every rank of policy and critic from its own checkpoint shard (parameters and AdamW
+    state), and ends with the clean Megatron run's weights, queue and metrics rows (the critic's among them).
+    Costs ~230 s here (three CLI runs, clean, SIGKILLed and resumed, each starting Ray, 6 or more actors with
     megatron-core and the Prefect flow): the clean run is its own (Megatron's, not the FSDP2 reference), the SIGKILL
     needs a process of its own, and two tensor-parallel ranks are what per-rank checkpoint shards need."""
     pytest.importorskip("megatron.core", reason="megatron-core (the `megatron` extra) is not installed")
     config = run_config(tmp_path)
-    config["train"]["backend"] = "megatron"
+    config["train"].update(backend="megatron", advantage="gae")
     config_path = tmp_path / "run.yaml"
     config_path.write_text(yaml.safe_dump(config))
     clean = run_cli(["train", "-c", str(config_path), "--run-id", "megatron-clean"], cli_env, hang_s=MEGATRON_HANG_S)
@@ -78,8 +79,8 @@ def test_a_megatron_run_sigkilled_then_resumed_ends_bit_for_bit_where_its_clean_
     store = LocalStore(tmp_path)
     state = read_committed_state(store, "megatron-killed")
     assert state.iteration == 2
-    assert sorted(path.name for path in (tmp_path / state.latest_checkpoint / "megatron").iterdir()) == [
-        "rank_00000.pt", "rank_00001.pt"]
+    for model_dir in (tmp_path / state.latest_checkpoint, tmp_path / state.latest_checkpoint / "critic"):
+        assert sorted(path.name for path in (model_dir / "megatron").iterdir()) == ["rank_00000.pt", "rank_00001.pt"]
     resumed = run_cli(["resume", "megatron-killed", "--set", f"storage.uri={tmp_path}"], cli_env,
                       hang_s=MEGATRON_HANG_S)
     assert resumed.returncode == 0, resumed.stdout[-4000:]
@@ -88,4 +89,5 @@ def test_a_megatron_run_sigkilled_then_resumed_ends_bit_for_bit_where_its_clean_
     expected_state, expected_rows = outcome(tmp_path, "megatron-clean")
     state, rows = outcome(tmp_path, "megatron-killed")
     assert expected_state.iteration == 3 and rows == expected_rows
+    assert all(row["critic/grad_norm"] > 0 for row in rows)
     assert state.weights_sha256 == expected_state.weights_sha256 and state.tail == expected_state.tail

@@ -102,3 +102,23 @@ def test_cpu_stand_in_applies_only_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a machine with a GPU, as far as it can tell
     assert cpu_stand_in.install_if_needed(torch.device("cuda")) is False
     assert torch.cuda.current_device is current_device and not cpu_stand_in.is_installed()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_a_value_models_round_trip_keeps_its_head_on_every_rank_and_no_lm_head(family):
+    """The critic's layout (value_head): the one-output head is whole on every tensor-parallel rank, a tied
+    model's value model gets no lm_head back, and the round trip is bit exact (llama: untied)."""
+    from transformers import AutoModelForTokenClassification
+
+    config = tiny_hf_model(family).config
+    config.num_labels = 1
+    torch.manual_seed(3)
+    value_model = AutoModelForTokenClassification.from_config(config).eval()
+    hf_state = value_model.state_dict()
+    shape = ModelShape.from_hf_config(config)
+    shards = [hf_to_megatron(hf_state, shape, 2, rank, value_head=True) for rank in range(2)]
+    assert all(torch.equal(shard["output_layer.weight"], hf_state["score.weight"]) for shard in shards)
+    assert all(torch.equal(shard["output_layer.bias"], hf_state["score.bias"]) for shard in shards)
+    back = megatron_to_hf(shards, shape, value_head=True)
+    assert "lm_head.weight" not in back
+    assert_bit_equal(back, hf_state)

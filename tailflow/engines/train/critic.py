@@ -3,8 +3,10 @@
 The value model is the policy's architecture with a one-output head (`models.load_value_model`), built from the
 policy's initial weights: it reads the tokens through the representation the policy starts from, and needs no
 second model to ship. (A separate, smaller critic would cost less on large policies; on tailflow's models the
-copy costs what a second trainer rank does.) It is wrapped like the policy (`FsdpPolicyModel`, sharded over this
-group's ranks) and trained by its own optimizer on its own schedule; checkpoints hold it beside the policy.
+copy costs what a second trainer rank does.) It is laid out like the policy, by train.backend (FSDP2 shards over
+this group's ranks; Megatron splits it in tensor-parallel groups, its head whole on every rank:
+`megatron/gpt.ValueHead`), and trained by its own optimizer on its own schedule; checkpoints hold it beside the
+policy.
 
 Per step (the train task, tasks/train.py): `values` gives every sample's value at the positions that predict
 its response tokens (no grad); GAE turns them into advantages and returns (`gae.py`); then `train_updates`
@@ -20,8 +22,8 @@ import torch
 
 from tailflow.config import TrainConfig
 from tailflow.engines.train.batch import TrainSample, collate_on, plan_micro_batches
-from tailflow.engines.train.fsdp_model import FsdpPolicyModel
 from tailflow.engines.train.gae import clipped_value_loss
+from tailflow.engines.train.policy_model import build_policy_model
 from tailflow.engines.train.updates import Update
 
 SUMMED = ("vf_loss", "clip_fraction", "vpred_mean")
@@ -54,8 +56,8 @@ class CriticTrainer:
         self.train, self.world_size = train, world_size
         torch.manual_seed(train.seed)
         dist_backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        self.value = FsdpPolicyModel(model_path, rank, world_size, dist_backend, with_reference=False,
-                                     value_head=True)
+        self.value = build_policy_model(train.backend, model_path, rank, world_size, dist_backend,
+                                        train.tensor_parallel_size, with_reference=False, value_head=True)
         self.device = self.value.device
         config = self.value.hf_config
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0

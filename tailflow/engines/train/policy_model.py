@@ -60,15 +60,18 @@ class PolicyModel(Protocol):
 
 
 def build_policy_model(train_backend: TrainBackend, model_path: str, rank: int, world_size: int, dist_backend: str,
-                       tensor_parallel: int, with_reference: bool, fsdp_mesh_of_one: bool = False) -> PolicyModel:
+                       tensor_parallel: int, with_reference: bool, fsdp_mesh_of_one: bool = False,
+                       value_head: bool = False) -> PolicyModel:
     """The `train.backend` wrapper, loaded with `model_path`'s weights (and a frozen reference copy for the
     KL penalty). megatron-core is imported only for `megatron`. `TrainConfig` has refused any other backend, and
     a tensor_parallel other than 1 with fsdp2. `fsdp_mesh_of_one`: FSDP2 shards even a world of one
-    (`fsdp_model.py`; the GPU kit's use)."""
+    (`fsdp_model.py`; the GPU kit's use). `value_head`: the critic's value model (`logits` are [B, T, 1] values)."""
     if train_backend == "megatron":
         from tailflow.engines.train.megatron.policy_model import MegatronPolicyModel
 
-        return MegatronPolicyModel(model_path, rank, world_size, dist_backend, tensor_parallel, with_reference)
+        return MegatronPolicyModel(model_path, rank, world_size, dist_backend, tensor_parallel, with_reference,
+                                   value_head=value_head)
     from tailflow.engines.train.fsdp_model import FsdpPolicyModel
 
-    return FsdpPolicyModel(model_path, rank, world_size, dist_backend, with_reference, mesh_of_one=fsdp_mesh_of_one)
+    return FsdpPolicyModel(model_path, rank, world_size, dist_backend, with_reference, mesh_of_one=fsdp_mesh_of_one,
+                           value_head=value_head)

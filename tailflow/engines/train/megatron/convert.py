@@ -13,6 +13,8 @@ value, so HF -> Megatron -> HF returns the same bits. The layouts:
     input_ / post_attention_layernorm [H]   input_layernorm / pre_mlp_layernorm [H] (every rank)
     embed_tokens, lm_head [V, H]            embedding.word_embeddings, output_layer [V'/TP, H], V' the vocabulary
                                             padded to a multiple of TP with zero rows; no output_layer when tied
+    score [1, H] and its bias [1]           output_layer.weight / .bias [1, H], [1] (every rank): the critic's
+      (a value model, no lm_head)             value head (`gpt.ValueHead`), whatever the policy's tying
 
 Heads are grouped contiguously in HF's grouped-query attention (query head h
 reads kv head h // (nq/nkv)), so the group-major fused QKV cut into TP equal
@@ -31,6 +33,8 @@ import torch
 from tailflow.engines.train.megatron.shape import ModelShape
 
 HF_TIED_HEAD = "lm_head.weight"
+HF_VALUE_HEAD = ("score.weight", "score.bias")
+"""A Hugging Face token-classification model's head of one output: the critic's (`models.load_value_model`)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,8 @@ class WeightMap:
     """How it is fused and sharded: replicated | row | qkv | gate_up | vocab."""
 
 
-def weight_maps(shape: ModelShape) -> list[WeightMap]:
+def weight_maps(shape: ModelShape, value_head: bool = False) -> list[WeightMap]:
+    """`value_head`: the critic's layout, the backbone and a replicated one-output head instead of the vocabulary's."""
     maps = [WeightMap("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")]
     for i in range(shape.num_layers):
         hf, mg = f"model.layers.{i}.", f"decoder.layers.{i}."
@@ -65,7 +70,10 @@ def weight_maps(shape: ModelShape) -> list[WeightMap]:
             maps += [WeightMap(mg + f"self_attention.{p}_layernorm.weight", (f"{attention}{p}_norm.weight",),
                                "replicated") for p in "qk"]
     maps.append(WeightMap("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated"))
-    if not shape.tied_embeddings:
+    if value_head:
+        maps += [WeightMap(f"output_layer.{part}", (hf,), "replicated")
+                 for part, hf in zip(("weight", "bias"), HF_VALUE_HEAD)]
+    elif not shape.tied_embeddings:
         maps.append(WeightMap("output_layer.weight", (HF_TIED_HEAD,), "vocab"))
     return maps
 
@@ -122,24 +130,28 @@ def from_megatron_shards(kind: str, shards: Sequence[torch.Tensor], shape: Model
 
 
 def hf_to_megatron(hf_state: dict[str, torch.Tensor], shape: ModelShape, tensor_parallel: int = 1,
-                   rank: int = 0) -> dict[str, torch.Tensor]:
-    """Tensor-parallel rank `rank`'s Megatron state dict (fresh contiguous copies) from a full HF state dict."""
+                   rank: int = 0, value_head: bool = False) -> dict[str, torch.Tensor]:
+    """Tensor-parallel rank `rank`'s Megatron state dict (fresh contiguous copies) from a full HF state dict
+    (`value_head`: a value model's)."""
     shape.check_tensor_parallel(tensor_parallel)
-    missing = [name for mapping in weight_maps(shape) for name in mapping.hf if name not in hf_state]
+    maps = weight_maps(shape, value_head)
+    missing = [name for mapping in maps for name in mapping.hf if name not in hf_state]
     if missing:
         raise KeyError(f"the {shape.family} state dict lacks {missing[:3]}{' ...' if len(missing) > 3 else ''}")
     return {mapping.megatron: to_megatron_shards(mapping.kind, [hf_state[n] for n in mapping.hf], shape,
                                                  tensor_parallel)[rank].contiguous().clone()
-            for mapping in weight_maps(shape)}
+            for mapping in maps}
 
 
-def megatron_to_hf(shards: Sequence[dict[str, torch.Tensor]], shape: ModelShape) -> dict[str, torch.Tensor]:
+def megatron_to_hf(shards: Sequence[dict[str, torch.Tensor]], shape: ModelShape,
+                   value_head: bool = False) -> dict[str, torch.Tensor]:
     """The full HF state dict (fresh copies) from every tensor-parallel rank's Megatron state dict, in rank order.
-    Tied embeddings: `lm_head.weight` is the embedding tensor itself, as a tied HF model's state dict has it."""
+    Tied embeddings: `lm_head.weight` is the embedding tensor itself, as a tied HF model's state dict has it (a
+    value model has no lm_head)."""
     hf_state = {}
-    for mapping in weight_maps(shape):
+    for mapping in weight_maps(shape, value_head):
         tensors = from_megatron_shards(mapping.kind, [shard[mapping.megatron] for shard in shards], shape)
         hf_state.update((name, tensor.contiguous().clone()) for name, tensor in zip(mapping.hf, tensors))
-    if shape.tied_embeddings:
+    if shape.tied_embeddings and not value_head:
         hf_state[HF_TIED_HEAD] = hf_state["model.embed_tokens.weight"]
     return hf_state

@@ -7,6 +7,10 @@ tensor-parallel ranks (`parallel_output=False`), so every rank holds the full
 [B, T, V] logits and the trainer's one loss code runs on them unchanged; the
 gather's backward hands each rank the gradient of its vocabulary slice.
 
+The critic's value model (`value_head`) is the same GPTModel with its output
+layer replaced by `ValueHead`, a one-output linear layer held whole on every
+rank.
+
 Attention gets an explicit causal mask: megatron-core's default mask is
 allocated on "cuda" by name. The batches are right-padded, so the causal mask
 alone gives every real token exactly the keys Hugging Face's padding mask does.
@@ -46,8 +50,27 @@ def use_no_op_rng_tracker() -> None:
     megatron_random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 
-def build_gpt(shape: ModelShape, tensor_parallel: int, dtype: torch.dtype = torch.float32):
-    """This rank's GPTModel, uninitialised (the caller loads weights); needs megatron's parallel state."""
+class ValueHead(torch.nn.Module):
+    """GPTModel's output layer for a value model: one value per position, from a [1, H] weight and a bias that
+    every tensor-parallel rank holds whole (one output is nothing to split; like the norms, each rank computes
+    the same values and gets the same gradient, which the grad norm counts once). It is called as GPTModel calls
+    its output layer and ignores the embedding weight GPTModel passes for tied models. Zeros until weights are
+    loaded, as Hugging Face's value head starts (`models.load_value_model`)."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.bias = torch.nn.Parameter(torch.zeros(1, dtype=dtype))
+
+    def forward(self, hidden_states: torch.Tensor, weight: torch.Tensor | None = None,
+                runtime_gather_output: bool | None = None) -> tuple[torch.Tensor, None]:
+        return F.linear(hidden_states, self.weight, self.bias), None
+
+
+def build_gpt(shape: ModelShape, tensor_parallel: int, dtype: torch.dtype = torch.float32, value_head: bool = False):
+    """This rank's GPTModel, uninitialised (the caller loads weights); needs megatron's parallel state.
+    `value_head`: the critic's, its output layer a `ValueHead` (built tied, so no vocabulary-sized output weight
+    is allocated only to be replaced)."""
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -56,9 +79,11 @@ def build_gpt(shape: ModelShape, tensor_parallel: int, dtype: torch.dtype = torc
     model = GPTModel(
         transformer_config(shape, tensor_parallel, dtype), spec,
         vocab_size=shape.padded_vocab_size(tensor_parallel), max_sequence_length=shape.max_position_embeddings,
-        parallel_output=False, share_embeddings_and_output_weights=shape.tied_embeddings,
+        parallel_output=False, share_embeddings_and_output_weights=shape.tied_embeddings or value_head,
         position_embedding_type="rope", rotary_base=shape.rope_theta,
     )
+    if value_head:
+        model.output_layer = ValueHead(shape.hidden_size, dtype)
     mark_sharded_weights(model)
     return model
 
@@ -102,7 +127,8 @@ def load_megatron_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) 
 
 
 def gpt_logits(model: torch.nn.Module, input_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[B, T] token ids -> [B, T, vocab_size] logits (the padded vocabulary's extra columns cut off)."""
+    """[B, T] token ids -> [B, T, vocab_size] logits (the padded vocabulary's extra columns cut off; a value model's
+    [B, T, 1] values with vocab_size 1)."""
     width = input_ids.shape[1]
     positions = torch.arange(width, device=input_ids.device).unsqueeze(0).expand_as(input_ids)
     causal = torch.triu(torch.ones(width, width, dtype=torch.bool, device=input_ids.device), diagonal=1)

@@ -16,6 +16,11 @@ counts each tensor-parallel shard once and each replicated tensor (norm
 weights) once, and clipping follows torch's `clip_grad_norm_` formula, so
 the numbers line up with FSDP2's (tests/test_megatron_alignment.py).
 
+`value_head`: the critic (train.advantage gae), the same ranks and layout
+with `gpt.ValueHead` in place of the vocabulary's output layer; its
+`logits` are [B, T, 1] values and its weights convert to and from a Hugging
+Face token-classification model's (`models.load_value_model`).
+
 Checkpoints (not megatron's dist_checkpointing, which needs CUDA): rank 0
 gathers the shards into the full Hugging Face state dict (what weight sync,
 the checkpoint's model directory and `tailflow export` use), and every rank
@@ -27,7 +32,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoConfig
 
-from tailflow.engines.models import check_model_dir, load_model
+from tailflow.engines.models import check_model_dir, load_model, load_value_model
 from tailflow.engines.train.batch import MicroBatch
 from tailflow.engines.train.megatron import cpu_stand_in
 from tailflow.engines.train.megatron.convert import hf_to_megatron, megatron_to_hf
@@ -38,7 +43,7 @@ from tailflow.engines.train.rank_setup import init_process_group, replace_with_c
 
 class MegatronPolicyModel:
     def __init__(self, model_path: str, rank: int, world_size: int, dist_backend: str, tensor_parallel: int,
-                 with_reference: bool) -> None:
+                 with_reference: bool, value_head: bool = False) -> None:
         if tensor_parallel < 1 or world_size % tensor_parallel:
             raise ValueError(f"tensor_parallel {tensor_parallel} must divide the trainer's {world_size} ranks")
         check_model_dir(model_path)
@@ -46,10 +51,11 @@ class MegatronPolicyModel:
         self.shape = ModelShape.from_hf_config(self.hf_config)
         self.shape.check_tensor_parallel(tensor_parallel)
         self.rank, self.world_size, self.tensor_parallel = rank, world_size, tensor_parallel
+        self.value_head = value_head
         self.device = init_process_group(dist_backend, rank, world_size, always=True)
         self._init_parallel_state()
         self.data_parallel_size = world_size // tensor_parallel
-        hf_state = load_model(model_path).state_dict()
+        hf_state = (load_value_model(model_path) if value_head else load_model(model_path)).state_dict()
         self.module = self._build(hf_state, is_trainable=True)
         self.reference = self._build(hf_state, is_trainable=False) if with_reference else None
 
@@ -70,13 +76,17 @@ class MegatronPolicyModel:
         self.tp_src = parallel_state.get_tensor_model_parallel_src_rank()
 
     def _build(self, hf_state: dict[str, torch.Tensor], is_trainable: bool) -> torch.nn.Module:
-        model = build_gpt(self.shape, self.tensor_parallel)
-        load_megatron_state(model, hf_to_megatron(hf_state, self.shape, self.tensor_parallel, self.tp_rank))
+        model = build_gpt(self.shape, self.tensor_parallel, value_head=self.value_head)
+        load_megatron_state(model, self._to_megatron(hf_state))
         model.requires_grad_(is_trainable)
         return model.to(self.device).eval()
 
+    def _to_megatron(self, hf_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return hf_to_megatron(hf_state, self.shape, self.tensor_parallel, self.tp_rank, value_head=self.value_head)
+
     def logits(self, batch: MicroBatch, reference: bool = False) -> torch.Tensor:
-        return gpt_logits(self.reference if reference else self.module, batch.input_ids, self.shape.vocab_size)
+        width = 1 if self.value_head else self.shape.vocab_size
+        return gpt_logits(self.reference if reference else self.module, batch.input_ids, width)
 
     def backward(self, loss: torch.Tensor) -> None:
         loss.backward()
@@ -116,7 +126,7 @@ class MegatronPolicyModel:
         shards = [self.own_shard()]
         if self.tensor_parallel > 1:
             shards = self._gather_shards(shards[0])
-        return megatron_to_hf(shards, self.shape) if self.rank == 0 else {}
+        return megatron_to_hf(shards, self.shape, value_head=self.value_head) if self.rank == 0 else {}
 
     def _gather_shards(self, own: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
         """[tensor-parallel rank] -> its shard, on the group's first rank ([] elsewhere); name by name."""
@@ -144,8 +154,7 @@ class MegatronPolicyModel:
             if state.get("optimizer") is not None:
                 raise ValueError("this checkpoint has no Megatron shards (written by train.backend fsdp2?): its "
                                  "optimizer state cannot be resumed by train.backend megatron")
-            load_megatron_state(self.module, hf_to_megatron(state["model"], self.shape, self.tensor_parallel,
-                                                            self.tp_rank))
+            load_megatron_state(self.module, self._to_megatron(state["model"]))
             return
         layout = (shard["tensor_parallel"], shard["world_size"], shard["rank"])
         if layout != (self.tensor_parallel, self.world_size, self.rank):
