@@ -3,8 +3,8 @@ subprocess: the test session's Ray has no GPUs, and Ray's resources are fixed wh
 
 This machine has no GPU, so Ray is started with two *logical* GPUs and `TAILFLOW_CUDA_STAND_IN=cpu` keeps the
 tensors on the CPU (the stand-in, named as such: placement.CUDA_STAND_IN). Everything else is the real path:
-`driver/workers.start_workers` reserves the placement groups, seats two trainer ranks and two rollout workers
-colocated, the trainer ranks rendezvous at rank 0's node, the phases take turns (engines asleep for the step,
+`driver/workers.start_workers` reserves the placement groups, seats two trainer ranks, two critic ranks
+(train.advantage gae) and two rollout workers colocated, the trainer ranks rendezvous at rank 0's node, the phases take turns (engines asleep for the step,
 the trainer parked for the rollout), a worker that leaves gives its seat to the next one, and shutting the groups
 down frees the GPUs. Prints one JSON line of what it saw.
 """
@@ -52,13 +52,15 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
     from tailflow.driver.workers import reserve_gpus, start_workers
 
     config = load_config(None, ["cluster.device=gpu", "rollout.num_workers=2", "train.num_workers=2",
-                                f"model.path={model_dir}", "train.lr=1e-3"])
+                                f"model.path={model_dir}", "train.lr=1e-3", "train.advantage=gae"])
     result: dict = {"takes_turns": takes_turns(config), "gpus_before": ray.available_resources().get("GPU", 0.0)}
-    rollout, trainer, _, pool = start_workers(config, model_dir, max_seq_len=64)
+    rollout, trainer, critic, pool = start_workers(config, model_dir, max_seq_len=64)
     try:
-        seats = ray.get([gpu_seat(actor) for actor in [*trainer.workers, *rollout.membership.workers]])
+        seats = ray.get([gpu_seat(actor) for actor in [*trainer.workers, *rollout.membership.workers,
+                                                       *critic.workers]])
         result["trainer_gpus"] = [list(gpus) for _, gpus in seats[:2]]
-        result["rollout_gpus"] = [list(gpus) for _, gpus in seats[2:]]
+        result["rollout_gpus"] = [list(gpus) for _, gpus in seats[2:4]]
+        result["critic_gpus"] = [list(gpus) for _, gpus in seats[4:]]
         result["rank0_node_ip"] = ray.get(trainer.workers[0].__ray_call__.remote(
             lambda _: ray.util.get_node_ip_address()))
         result["master_addr"] = trainer.master_addr
@@ -71,12 +73,16 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
                                tuple(rng.randrange(3, 22) for _ in range(rng.randint(2, 9))), rng.choice([-1.0, 1.0]))
                    for _ in range(8)]
         result["offloaded_at_start"] = (trainer.offload(), trainer.is_offloaded())[1]
+        result["critic_offloaded_at_start"] = (critic.offload(), critic.is_offloaded())[1]
         rollout.sleep()
         result["engines_during_step"] = ray.get([engine_state(actor) for actor in rollout.membership.workers])
         trainer.train_step(samples)
+        result["critic_values_after_offload"] = len(critic.values(samples))
         result["trainer_offloaded_after_step"] = trainer.is_offloaded()
-        push_weights(trainer, rollout, 1, take_turns=True)
+        result["critic_offloaded_after_step"] = critic.is_offloaded()
+        push_weights(trainer, rollout, 1, take_turns=True, critic=critic)
         result["trainer_offloaded_after_sync"] = trainer.is_offloaded()
+        result["critic_offloaded_after_sync"] = critic.is_offloaded()
         result["engines_after_sync"] = ray.get([engine_state(actor) for actor in rollout.membership.workers])
         parked = trainer.checkpoint()  # served from the parked copy: the trainer stays off the GPU
         result["trainer_offloaded_after_checkpoint"] = trainer.is_offloaded()
@@ -95,6 +101,7 @@ def take_turns_on_logical_gpus(model_dir: str) -> dict:
     finally:
         rollout.shutdown()
         trainer.shutdown()
+        critic.shutdown()
         pool.shutdown()
     result["groups_after"] = sorted({entry["state"] for entry in ray.util.placement_group_table().values()})
 

@@ -62,3 +62,26 @@ def test_a_loaded_checkpoint_values_and_steps_as_the_critic_that_wrote_it(model_
     assert second.values(samples) == first.values(samples)
     steps = [c.train_updates(targets(samples, c.values(samples), 2.0), one_update(samples)) for c in (first, second)]
     assert steps[0] == steps[1] and second.values(samples) == first.values(samples)
+
+
+def test_an_offloaded_critic_comes_back_and_steps_as_one_that_stayed(model_path):
+    """`offload` with the moves CUDA uses (`StagedMoves`, here with `copy=clone`, so every parameter and AdamW
+    tensor really gets new storage each way): between steps the critic leaves and comes back, and values and
+    steps bit for bit as a critic that never left."""
+    from tailflow.engines.train.host_moves import StagedMoves
+
+    samples = [TrainSample((3, 4, 5), (6, 7, 8), 0.0), TrainSample((3,), (9, 10, 11, 12), 0.0)]
+    moved, stayed = critic(model_path), critic(model_path)
+    moved.host_moves = StagedMoves(copy=torch.Tensor.clone)
+    history = {id(moved): [], id(stayed): []}
+    for step in range(3):
+        for trainer in (moved, stayed):
+            stats = trainer.train_updates(targets(samples, trainer.values(samples), 1.0 + step), one_update(samples))
+            history[id(trainer)].append((stats, trainer.values(samples)))
+        addresses = [p.data_ptr() for p in moved.value.module.parameters()]
+        moved.offload()
+        assert moved.is_offloaded
+        assert all(p.data_ptr() != a for p, a in zip(moved.value.module.parameters(), addresses))
+    assert history[id(moved)] == history[id(stayed)]
+    assert moved.state_for_checkpoint()["model"].keys() == stayed.state_for_checkpoint()["model"].keys()
+    assert not moved.is_offloaded

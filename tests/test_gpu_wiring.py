@@ -47,8 +47,8 @@ def test_workers_added_at_runtime_on_gpus_ask_for_a_whole_gpu():
 
 @pytest.mark.e2e
 def test_on_logical_gpus_actors_sit_where_the_layout_says_and_the_phases_take_turns(tmp_path):
-    """Costs ~35 s here alone, ~70 s in the parallel suite (a Ray of its own with 2 logical GPUs, 2 trainer ranks
-    and 2 rollout workers placed, a step's phases taking turns): placement is only seen on a real Ray."""
+    """Costs ~40 s here alone, ~80 s in the parallel suite (a Ray of its own with 2 logical GPUs, 2 trainer ranks,
+    2 critic ranks and 2 rollout workers placed, a step's phases taking turns): placement is only seen on a real Ray."""
     write_random_tiny_model(tmp_path, seed=1)
     scenario = Path(__file__).with_name("gpu_wiring_scenario.py")
     run = subprocess.run([sys.executable, str(scenario), str(tmp_path)], capture_output=True, text=True, timeout=300)
@@ -59,7 +59,7 @@ def test_on_logical_gpus_actors_sit_where_the_layout_says_and_the_phases_take_tu
     trainer, rollout = seen["trainer_gpus"], seen["rollout_gpus"]
     assert all(len(gpus) == 1 for gpus in trainer + rollout)
     assert trainer[0] != trainer[1]  # one GPU per trainer rank
-    assert rollout == trainer  # colocated: rollout worker i shares trainer rank i's GPU
+    assert rollout == trainer == seen["critic_gpus"]  # colocated: worker i and critic rank i share rank i's GPU
     assert seen["master_addr"] == seen["rank0_node_ip"]
     assert seen["devices"] == "cpu"  # the stand-in: Ray's GPUs are logical here
 
@@ -67,6 +67,9 @@ def test_on_logical_gpus_actors_sit_where_the_layout_says_and_the_phases_take_tu
     assert seen["engines_during_step"] == [[True, 0], [True, 0]]  # asleep while the trainer trains
     assert seen["trainer_offloaded_after_step"] == [False, False]  # the step brought the trainer back
     assert seen["trainer_offloaded_after_sync"] == [True, True]  # parked before the engines woke
+    assert seen["critic_offloaded_at_start"] == [True, True] and seen["critic_values_after_offload"] == 8
+    assert seen["critic_offloaded_after_step"] == [False, False]  # valuing brought it back
+    assert seen["critic_offloaded_after_sync"] == [True, True]  # it left the GPU with the trainer
     assert seen["engines_after_sync"] == [[False, 1], [False, 1]]
     assert seen["trainer_offloaded_after_checkpoint"] == [True, True]  # the commit reads the parked copy
     assert seen["engine_weights_equal_parked"] and seen["optimizer_parked"]

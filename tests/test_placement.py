@@ -41,6 +41,18 @@ def test_colocated_gpus_pair_trainer_rank_and_rollout_worker_in_one_bundle():
     assert spread.groups[0].strategy == "STRICT_SPREAD"
 
 
+def test_a_critic_rank_shares_its_trainer_ranks_gpu_in_either_placement():
+    colocated = gpu_layout("colocated", num_rollout=2, num_trainer=2, with_critic=True)
+    assert colocated.groups[0].bundles == ({"CPU": 3.0, "GPU": 1.0},) * 2  # trainer, critic and rollout per GPU
+    assert colocated.trainer == colocated.critic == (Seat(0, 0, 1, 0.25), Seat(0, 1, 1, 0.25))
+    assert colocated.rollout == (Seat(0, 0, 1, 0.5), Seat(0, 1, 1, 0.5))
+    assert colocated.needs() == {"CPU": 6.0, "GPU": 2.0}  # no GPU more than without a critic
+    apart = gpu_layout("disaggregated", num_rollout=1, num_trainer=2, with_critic=True)
+    assert apart.trainer == apart.critic == (Seat(0, 0, 1, 0.5), Seat(0, 1, 1, 0.5))
+    assert apart.needs() == {"CPU": 5.0, "GPU": 3.0}
+    assert gpu_layout("colocated", 1, 2).critic == ()
+
+
 def test_disaggregated_gpus_give_every_actor_a_bundle_and_spread_only_the_trainer():
     layout = gpu_layout("disaggregated", num_rollout=1, num_trainer=2, spread_trainer_ranks=True)
     assert layout.groups == (GroupSpec(({"CPU": 1.0, "GPU": 1.0},) * 2, "STRICT_SPREAD"),

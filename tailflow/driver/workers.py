@@ -47,7 +47,8 @@ def reserve_gpus(config: RunConfig, with_trainer: bool = True) -> GpuReservation
         return None
     cluster = config.cluster
     return reserve_layout(gpu_layout(cluster.placement, config.rollout.num_workers,
-                                     config.train.num_workers if with_trainer else 0, cluster.spread_trainer_ranks))
+                                     config.train.num_workers if with_trainer else 0, cluster.spread_trainer_ranks,
+                                     with_critic=with_trainer and config.train.has_critic))
 
 
 def start_rollout_and_reward(config: RunConfig, model_path: str, max_seq_len: int, with_trainer: bool = False,
@@ -120,14 +121,15 @@ class RunWorkers(NamedTuple):
 def start_workers(config: RunConfig, model_path: str, max_seq_len: int,
                   elastic: ElasticSettings = ElasticSettings()) -> RunWorkers:
     """The run's Ray actors: rollout and trainer holding `model_path`'s weights, the critic (train.advantage gae)
-    built from them, and the reward pool. On GPUs the rollout and trainer groups sit in one reservation and hold
-    it; the last to shut down releases it (a critic asks for its own GPUs, outside it)."""
+    built from them, and the reward pool. On GPUs the rollout, trainer and critic groups sit in one reservation
+    (a critic rank beside its trainer rank) and hold it; the last to shut down releases it."""
     rollout, pool, reservation = start_rollout_and_reward(config, model_path, max_seq_len, True, elastic)
     started: list = []
     try:
         trainer = start_trainer_group(config, model_path, reservation=reservation)
         started.append(trainer)
-        critic = start_trainer_group(config, model_path, role="critic") if config.train.has_critic else None
+        critic = (start_trainer_group(config, model_path, role="critic", reservation=reservation)
+                  if config.train.has_critic else None)
         if critic is not None:
             started.append(critic)
         pool.check_started()  # the reward actors booted alongside; a judge that cannot load fails here, named
@@ -143,13 +145,16 @@ def start_workers(config: RunConfig, model_path: str, max_seq_len: int,
 def start_trainer_group(config: RunConfig, model_path: str, role: TrainerRole = "policy",
                         reservation: GpuReservation | None = None) -> TrainerGroup:
     """train.num_workers ranks holding `model_path`'s weights (role critic: train.advantage gae's value model built
-    from them), each with the placement's per-rank resources, or seated in `reservation` (the policy's, on GPUs)."""
+    from them), each with the placement's per-rank resources, or seated in `reservation` (on GPUs: the role's
+    seats)."""
     placement = placement_of(config)
     return TrainerGroup(model_path, config.train.num_workers, trainer_kwargs(config),
                         num_cpus_per_worker=placement.trainer.num_cpus,
                         num_gpus_per_worker=placement.trainer.num_gpus,
                         num_threads=config.cluster.threads_per_worker,
-                        actor_options=reservation.trainer_options() if reservation else None,
+                        actor_options=(None if reservation is None else
+                                       reservation.critic_options() if role == "critic" else
+                                       reservation.trainer_options()),
                         reservation=reservation, role=role)
 
 

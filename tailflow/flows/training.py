@@ -208,9 +208,11 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
 
 def rollout_first(ctx: RunContext) -> None:
     """An iteration starts with its rollout: where the phases take turns on shared GPUs, the trainer's state
-    waits in host memory until the step (`placement.takes_turns`)."""
+    waits in host memory until the step (`placement.takes_turns`), and so does a critic's."""
     if takes_turns(ctx.config):
         ctx.trainer.offload()
+        if ctx.critic is not None:
+            ctx.critic.offload()
 
 
 def summarize(store, state: RunState, rows: list[dict[str, Any]]) -> RunSummary:

@@ -13,8 +13,8 @@ from tailflow.tasks.cancellable import run_task
 @run_task
 def sync_weights(ctx: RunContext, version: int, iteration: int) -> WeightSync:
     """Engines refuse new weights while a request is in flight, so no response ever mixes two versions. Colocated
-    on GPUs the trainer parks first, so the engines wake into the GPU memory it held."""
+    on GPUs the trainer parks (and a critic offloads) first, so the engines wake into the GPU memory they held."""
     ctx.fault_point("sync", iteration)
     started = time.perf_counter()
-    push_weights(ctx.trainer, ctx.rollout, version, take_turns=takes_turns(ctx.config))
+    push_weights(ctx.trainer, ctx.rollout, version, take_turns=takes_turns(ctx.config), critic=ctx.critic)
     return WeightSync(version, time.perf_counter() - started)

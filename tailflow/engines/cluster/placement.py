@@ -137,6 +137,8 @@ class GpuLayout:
     """Trainer rank r sits at trainer[r]."""
     rollout: tuple[Seat, ...]
     """Rollout worker w sits at rollout[w]."""
+    critic: tuple[Seat, ...] = ()
+    """Critic rank r (train.advantage gae) sits at critic[r], in trainer rank r's bundle."""
 
     @property
     def num_trainer(self) -> int:
@@ -152,25 +154,35 @@ class GpuLayout:
                 for name in ("CPU", "GPU")}
 
 
-def gpu_layout(placement: str, num_rollout: int, num_trainer: int, spread_trainer_ranks: bool = False) -> GpuLayout:
-    """The bundles and seats of a GPU run; one GPU per bundle, never two trainer ranks on one GPU."""
+def gpu_layout(placement: str, num_rollout: int, num_trainer: int, spread_trainer_ranks: bool = False,
+               with_critic: bool = False) -> GpuLayout:
+    """The bundles and seats of a GPU run; one GPU per bundle, never two trainer ranks on one GPU.
+    `with_critic` (train.advantage gae): critic rank r shares trainer rank r's GPU, the trainer's share halved
+    (as veRL and ROLL colocate actor and critic); it waits in host memory while the engines roll out
+    (`CriticTrainer.offload`)."""
     trainer_strategy = "STRICT_SPREAD" if spread_trainer_ranks else "PACK"
+    num_critic = num_trainer if with_critic else 0
     if placement == "colocated":
         num_bundles = max(num_rollout, num_trainer)
-        bundles = tuple({"CPU": float((r < num_trainer) + (r < num_rollout)), "GPU": 1.0} for r in range(num_bundles))
+        share = 0.25 if with_critic else 0.5
+        bundles = tuple({"CPU": float((r < num_trainer) + (r < num_critic) + (r < num_rollout)), "GPU": 1.0}
+                        for r in range(num_bundles))
         return GpuLayout(groups=(GroupSpec(bundles, trainer_strategy),),
-                         trainer=tuple(Seat(0, r, 1, 0.5) for r in range(num_trainer)),
-                         rollout=tuple(Seat(0, w, 1, 0.5) for w in range(num_rollout)))
-    return GpuLayout(groups=(GroupSpec(({"CPU": 1.0, "GPU": 1.0},) * num_trainer, trainer_strategy),
+                         trainer=tuple(Seat(0, r, 1, share) for r in range(num_trainer)),
+                         rollout=tuple(Seat(0, w, 1, 0.5) for w in range(num_rollout)),
+                         critic=tuple(Seat(0, r, 1, share) for r in range(num_critic)))
+    share = 0.5 if with_critic else 1
+    return GpuLayout(groups=(GroupSpec(({"CPU": 1.0 + with_critic, "GPU": 1.0},) * num_trainer, trainer_strategy),
                              GroupSpec(({"CPU": 1.0, "GPU": 1.0},) * num_rollout, "PACK")),
-                     trainer=tuple(Seat(0, r, 1, 1) for r in range(num_trainer)),
-                     rollout=tuple(Seat(1, w, 1, 1) for w in range(num_rollout)))
+                     trainer=tuple(Seat(0, r, 1, share) for r in range(num_trainer)),
+                     rollout=tuple(Seat(1, w, 1, 1) for w in range(num_rollout)),
+                     critic=tuple(Seat(0, r, 1, share) for r in range(num_critic)))
 
 
 def gpu_layout_of(config: RunConfig) -> GpuLayout:
     cluster = config.cluster
     return gpu_layout(cluster.placement, config.rollout.num_workers, config.train.num_workers,
-                      cluster.spread_trainer_ranks)
+                      cluster.spread_trainer_ranks, with_critic=config.train.has_critic)
 
 
 def reserve(layout: GpuLayout, timeout_s: float = 120.0) -> list:
@@ -207,6 +219,9 @@ class GpuReservation:
 
     def trainer_options(self) -> list[dict]:
         return [actor_options(seat, self.groups) for seat in self.layout.trainer]
+
+    def critic_options(self) -> list[dict]:
+        return [actor_options(seat, self.groups) for seat in self.layout.critic]
 
     def hold(self) -> "GpuReservation":
         self.holders += 1

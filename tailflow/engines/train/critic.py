@@ -23,6 +23,7 @@ import torch
 from tailflow.config import TrainConfig
 from tailflow.engines.train.batch import TrainSample, collate_on, plan_micro_batches
 from tailflow.engines.train.gae import clipped_value_loss
+from tailflow.engines.train.host_moves import HostMoves, moves_for
 from tailflow.engines.train.policy_model import build_policy_model
 from tailflow.engines.train.updates import Update
 
@@ -63,10 +64,14 @@ class CriticTrainer:
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else 0
         self.optimizer = torch.optim.AdamW(self.value.module.parameters(), lr=train.critic.lr or train.lr,
                                            weight_decay=train.weight_decay)
+        self.is_offloaded = False
+        """The value model and AdamW's state are in host memory (`offload`); the next use moves them back."""
+        self.host_moves: HostMoves = moves_for(self.device)
 
     @torch.no_grad()
     def values(self, samples: list[TrainSample]) -> list[tuple[float, ...]]:
         """Per sample, in order: its value at each position that predicts one of its response tokens."""
+        self._ensure_on_device()
         found: dict[int, tuple[float, ...]] = {}
         for part in plan_micro_batches(samples, self.train.max_tokens_per_micro_batch, self.world_size, self.device,
                                        allow_empty=True):
@@ -78,6 +83,7 @@ class CriticTrainer:
 
     def train_updates(self, samples: list[TrainSample], updates: list[Update]) -> CriticStepStats:
         """One AdamW step per update on its samples (`values` and `returns` set: `gae.with_gae`)."""
+        self._ensure_on_device()
         sums = dict.fromkeys(SUMMED, 0.0)
         grad_norms = []
         for update in updates:
@@ -113,8 +119,29 @@ class CriticTrainer:
     # ---- weights out and in (collectives: every rank calls them) ---------------------------------
 
     def state_for_checkpoint(self) -> dict:
-        """{"model": the full value model's state (rank 0), "optimizer": AdamW's or None, "shard": None}."""
+        """{"model": the full value model's state (rank 0), "optimizer": AdamW's or None, "shard": this rank's own
+        (Megatron) or None}."""
+        self._ensure_on_device()
         return self.value.checkpoint_state(self.optimizer)
 
     def load_checkpoint(self, state: dict) -> None:
+        self._ensure_on_device()
         self.value.load_checkpoint_state(self.optimizer, state)
+
+    # ---- sharing the GPU with a rollout engine (colocated placement) -----------------------------
+
+    def offload(self) -> None:
+        """The value model and AdamW's state to host memory, as `PolicyTrainer.offload` moves the policy's (and
+        on a CPU, the same no-op); every method that uses them moves them back first. Idempotent."""
+        if self.is_offloaded:
+            return
+        self.optimizer.zero_grad(set_to_none=True)  # None between steps already
+        self.host_moves.to_host((self.value.module,), self.optimizer)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.is_offloaded = True
+
+    def _ensure_on_device(self) -> None:
+        if self.is_offloaded:
+            self.host_moves.to_device((self.value.module,), self.optimizer, self.device)
+            self.is_offloaded = False
