@@ -6,7 +6,7 @@
 Four runs in this process, one after the other, every one seeded alike: configs/default.yaml (the arithmetic
 task, single-turn) and configs/agentic.yaml (the calculator environment, multi-turn), each with its own
 `train.advantage` (grpo, as shipped) and with `train.advantage gae` (the critic: the policy's architecture with a
-value head, its own ranks and AdamW; gamma 1, lambda 0.95, value clip 0.5, advantages whitened: the defaults).
+value head, its own ranks and AdamW; gamma 1, lambda 1, value clip 0.5, advantages whitened: the defaults).
 Nothing else differs. Printed per run: held-out greedy accuracy before and after (200 problems each: a standard
 error of ~3.5 points near 50%, so two runs differ by more than ~10 points only 5% of the time by chance), the
 mean reward of the last 10 iterations, the mean step time and, for gae, the critic's explained variance over the

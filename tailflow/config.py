@@ -203,8 +203,10 @@ class CriticConfig(Section):
 
     gamma: float = Field(1.0, ge=0.0, le=1.0)
     """GAE's discount per model token (1: a reward counts the same however many tokens later)."""
-    lam: float = Field(0.95, ge=0.0, le=1.0)
-    """GAE's lambda: 1 is the Monte Carlo return minus the value, 0 the one-step TD error."""
+    lam: float = Field(1.0, ge=0.0, le=1.0)
+    """GAE's lambda: 1 is the Monte Carlo return minus the value, 0 the one-step TD error. 1 (veRL's default)
+    leans least on a young critic: on the default task, 50 iterations from the warm start, held-out accuracy
+    ended at 43.5% with 1 and 32.0% with 0.95 (GRPO: 42.0%; bench/critic.py, docs/training.md)."""
     value_clip: float = Field(0.5, ge=0.0)
     """How far a value may move from the one the advantages were computed with before the loss stops pulling it
     (PPO's value clipping; 0: not clipped)."""

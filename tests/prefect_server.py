@@ -42,23 +42,56 @@ due after the moment it looks, so a test's schedule due 30 s ahead was skipped t
 whenever the default loop looked more than 30 s after the schedule was made."""
 
 
+class PrefectServer:
+    """`tailflow server` on a fixed loopback port and home: it can be stopped and started again, as an operator
+    restarts or upgrades a server under running flows (same URL, same database)."""
+
+    def __init__(self, home: Path, startup_timeout_s: float = 300) -> None:
+        self.home, self.startup_timeout_s = home, startup_timeout_s
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/api"
+        self.env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                        PREFECT_API_URL=self.url, PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS=str(SCHEDULER_LOOP_S))
+        self.process: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self) -> "PrefectServer":
+        """Start it and wait until /health answers; RuntimeError with the server's log if it never does. Each
+        start's log goes to server.log (the first) or server-N.log."""
+        self.starts += 1
+        log = self.home / ("server.log" if self.starts == 1 else f"server-{self.starts}.log")
+        self.process = start([sys.executable, "-m", "tailflow.cli", "server", "--port", str(self.port)], self.env,
+                             log)
+        deadline = time.time() + self.startup_timeout_s
+        while not answers(f"{self.url}/health"):
+            if time.time() > deadline or self.process.poll() is not None:
+                raise RuntimeError(f"prefect server did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop(self.process)
+            self.process = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def info(self) -> dict:
+        return {"url": self.url, "ui": self.url.removesuffix("/api"), "env": self.env, "home": self.home,
+                "server": self}
+
+
 @contextmanager
 def running_server(home: Path, startup_timeout_s: float = 300):
-    """Yields {"url", "ui", "env", "home"}; raises RuntimeError with the server's log if it never answers."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/api"
-    env = dict(os.environ, PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false", PREFECT_API_URL=url,
-               PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS=str(SCHEDULER_LOOP_S))
-    server = start([sys.executable, "-m", "tailflow.cli", "server", "--port", str(port)], env, home / "server.log")
+    """Yields {"url", "ui", "env", "home", "server"}; raises RuntimeError with the server's log if it never
+    answers."""
+    server = PrefectServer(home, startup_timeout_s)
     try:
-        deadline = time.time() + startup_timeout_s
-        while not answers(f"{url}/health"):
-            if time.time() > deadline or server.poll() is not None:
-                raise RuntimeError(f"prefect server did not start:\n{(home / 'server.log').read_text()[-3000:]}")
-            time.sleep(1)
-        yield {"url": url, "ui": f"http://127.0.0.1:{port}", "env": env, "home": home}
+        yield server.start().info()
     finally:
-        stop(server)
+        server.stop()
 
 
 def answers(url: str) -> bool:
