@@ -13,6 +13,7 @@ from prefect.artifacts import (
 )
 
 from tailflow.driver.links import checkpoint_file, publish_file_link
+from tailflow.driver.prefect_outage import tolerated
 from tailflow.engines.run_state import RunState
 
 SHOWN = (
@@ -75,11 +76,12 @@ def environment_lines(row: dict[str, Any]) -> list[str]:
 
 
 def publish_iteration_summary(row: dict[str, Any], state: RunState) -> None:
-    create_markdown_artifact(
-        key=f"{artifact_key(state.run_id)}-iteration",
-        markdown=iteration_markdown(row, state),
-        description=f"iteration {row['iteration']} of run {state.run_id}",
-    )
+    with tolerated("the iteration's artifact"):
+        create_markdown_artifact(
+            key=f"{artifact_key(state.run_id)}-iteration",
+            markdown=iteration_markdown(row, state),
+            description=f"iteration {row['iteration']} of run {state.run_id}",
+        )
 
 
 def membership_markdown(run_id: str, iteration: int, changes: Any) -> str:
@@ -94,11 +96,12 @@ def membership_markdown(run_id: str, iteration: int, changes: Any) -> str:
 
 
 def publish_rollout_membership(run_id: str, iteration: int, changes: Any) -> None:
-    create_markdown_artifact(
-        key=f"{artifact_key(run_id)}-rollout-workers",
-        markdown=membership_markdown(run_id, iteration, changes),
-        description=f"rollout workers in iteration {iteration} of run {run_id}: joins, leaves, migrations",
-    )
+    with tolerated("the rollout workers' artifact"):
+        create_markdown_artifact(
+            key=f"{artifact_key(run_id)}-rollout-workers",
+            markdown=membership_markdown(run_id, iteration, changes),
+            description=f"rollout workers in iteration {iteration} of run {run_id}: joins, leaves, migrations",
+        )
 
 
 def artifact_key(run_id: str) -> str:
@@ -133,7 +136,8 @@ class RunArtifacts:
     W&B.
 
     Keys are per run id, so the Artifacts page shows one history per run whichever flow run (first
-    attempt, retry, resume) wrote it.
+    attempt, retry, resume) wrote it. Each is what the UI shows, not what the run needs: one the Prefect server
+    does not take is skipped (`prefect_outage.tolerated`).
     """
 
     def __init__(self, run_id: str, iterations_planned: int) -> None:
@@ -145,18 +149,22 @@ class RunArtifacts:
     def progress(self, iterations_done: int) -> None:
         percent = 100.0 * iterations_done / max(self.iterations_planned, 1)
         description = f"run {self.run_id}: {iterations_done} of {self.iterations_planned} iterations committed"
-        if self.progress_id is None:
-            self.progress_id = create_progress_artifact(percent, key=f"{self.key}-progress", description=description)
-        else:
-            update_progress_artifact(self.progress_id, percent, description=description)
+        with tolerated("the progress artifact"):
+            if self.progress_id is None:
+                self.progress_id = create_progress_artifact(percent, key=f"{self.key}-progress",
+                                                            description=description)
+            else:
+                update_progress_artifact(self.progress_id, percent, description=description)
 
     def metrics(self, rows: list[dict[str, Any]]) -> None:
-        create_table_artifact(metrics_table(rows), key=f"{self.key}-metrics",
-                              description=f"run {self.run_id}: metrics per iteration (all keys: metrics.jsonl)")
+        with tolerated("the metrics table artifact"):
+            create_table_artifact(metrics_table(rows), key=f"{self.key}-metrics",
+                                  description=f"run {self.run_id}: metrics per iteration (all keys: metrics.jsonl)")
 
     def checkpoint_link(self, store, checkpoint_key: str, iteration: int, expiry_s: int) -> None:
-        publish_file_link(store, checkpoint_file(store, checkpoint_key, self.run_id, iteration),
-                          f"{self.key}-checkpoint", expiry_s)
+        with tolerated("the checkpoint's link artifact"):
+            publish_file_link(store, checkpoint_file(store, checkpoint_key, self.run_id, iteration),
+                              f"{self.key}-checkpoint", expiry_s)
 
     def wandb_link(self, wandb_run: Any) -> None:
         url = getattr(wandb_run, "url", None)

@@ -79,13 +79,16 @@ class LiveProgress:
 
         from tailflow.driver.artifacts import artifact_key
 
-        if self.progress_id is None:
-            self.progress_id = latest_artifact_id(f"{artifact_key(self.run_id)}-progress")
-        if self.progress_id is not None:
-            planned = self.config.train.iterations
-            update_progress_artifact(self.progress_id, 100.0 * iterations / max(planned, 1),
-                                     description=f"run {self.run_id}: iteration {int(iterations)} of {planned} "
-                                                 "in progress")
+        from tailflow.driver.prefect_outage import tolerated
+
+        with tolerated("the progress artifact's update"):
+            if self.progress_id is None:
+                self.progress_id = latest_artifact_id(f"{artifact_key(self.run_id)}-progress")
+            if self.progress_id is not None:
+                planned = self.config.train.iterations
+                update_progress_artifact(self.progress_id, 100.0 * iterations / max(planned, 1),
+                                         description=f"run {self.run_id}: iteration {int(iterations)} of {planned} "
+                                                     "in progress")
 
     def iteration_done(self, state) -> None:
         self.done = state.iteration

@@ -42,6 +42,9 @@ def publish_report(ctx) -> None:
     except Exception as error:  # noqa: BLE001 - see the docstring
         say(f"[tailflow] run {ctx.run_id}: could not draw the report: {type(error).__name__}: {error}")
         return
+    from tailflow.driver.prefect_outage import tolerated
+
     page = StoredFile(report.page, f"report of run {ctx.run_id}",
                       f"run {ctx.run_id}: plots after {report.iterations} iterations")
-    publish_file_link(ctx.store, page, f"{artifact_key(ctx.run_id)}-report", ctx.config.storage.link_expiry_s)
+    with tolerated("the report's link artifact"):
+        publish_file_link(ctx.store, page, f"{artifact_key(ctx.run_id)}-report", ctx.config.storage.link_expiry_s)

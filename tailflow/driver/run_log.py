@@ -107,7 +107,8 @@ def say(line: str, flow_run_id: UUID | str | None = None, level: int = logging.I
 
 
 def iteration_flow_run_id(iteration: int) -> UUID | None:
-    """The newest `iter-NNNN` subflow run of this flow run (an iteration run again has several)."""
+    """The newest `iter-NNNN` subflow run of this flow run (an iteration run again has several); None when the
+    Prefect server does not answer (the line then goes to the run's log only)."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterParentFlowRunId
     from prefect.client.schemas.sorting import FlowRunSort
@@ -117,8 +118,15 @@ def iteration_flow_run_id(iteration: int) -> UUID | None:
         return None
     runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]),
                                 name=FlowRunFilterName(any_=[f"iter-{iteration:04d}"]))
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=runs_filter, sort=FlowRunSort.START_TIME_DESC, limit=1)
+    from tailflow.driver.prefect_outage import is_prefect_outage
+
+    try:
+        with get_client(sync_client=True) as client:
+            runs = client.read_flow_runs(flow_run_filter=runs_filter, sort=FlowRunSort.START_TIME_DESC, limit=1)
+    except Exception as error:  # noqa: BLE001 - an outage only; anything else is raised
+        if not is_prefect_outage(error):
+            raise
+        return None
     return runs[0].id if runs else None
 
 

@@ -13,6 +13,7 @@ from tailflow.driver.artifacts import RunArtifacts
 from tailflow.driver.cancel import end_left_subflows, ended_on_cancel
 from tailflow.driver.context import build_context, new_run_id, prepare_run_dir, restart_workers
 from tailflow.driver.live_progress import live_progress
+from tailflow.driver.prefect_outage import is_prefect_outage, wait_for_prefect_api
 from tailflow.driver.preflight import check_inputs
 from tailflow.driver.resume import (check_config_for_resume, commit_initial_state, finished_state, restore_commit,
                                     restore_weights, resume_config)
@@ -189,17 +190,40 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
     """One iteration; if an actor dies in it, every actor is replaced, the last commit restored, and the
     iteration runs again from its start (up to `train.iteration_retries` times). The context returned holds
     the workers in use after it. With `rollout.elastic` (the default) a rollout worker's death never gets here:
-    its group replaces it and moves its requests (docs/operations.md, elastic rollout workers)."""
+    its group replaces it and moves its requests (docs/operations.md, elastic rollout workers).
+
+    The same when the Prefect server stopped answering long enough for a request of the iteration's subflow to
+    fail (`driver/prefect_outage.py`), once it answers again: the actors are replaced then too, because the failed
+    iteration may have left a round half generated in them."""
     retries = ctx.config.train.iteration_retries
     for attempt in range(retries + 1):
         try:
             return ctx, iteration(ctx, state.without_pipeline(), step, attempt)
-        except ACTOR_FAILURES as error:
-            if attempt == retries or cancel_requested():  # a Cancel stops Ray's processes: nothing to restart
+        except Exception as error:
+            outage = is_prefect_outage(error)
+            if not (outage or isinstance(error, ACTOR_FAILURES)):
+                raise
+            if attempt == retries or (not outage and cancel_requested()):  # a Cancel stops Ray: nothing to restart
                 shutdown_workers(ctx)  # the caller's context may hold the workers this replaced
                 raise
-            say(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
-                f"from the last commit and running the iteration again (attempt {attempt + 2})")
+            if outage:
+                say(f"[tailflow] iter {step:04d}: the Prefect server did not answer ({type(error).__name__}); "
+                    "waiting for it")
+                waited = wait_for_prefect_api()
+                committed = read_committed_state(ctx.store, ctx.run_id)
+                if committed is not None and committed.iteration > step:  # it failed after its commit
+                    say(f"[tailflow] iter {step:04d}: the Prefect server answers again (waited {waited:.0f} s); "
+                        "the iteration was committed before it failed: restarting the workers from that commit")
+                    ctx = restart_workers(ctx)
+                    restore_weights(ctx, committed)
+                    rollout_first(ctx)
+                    return ctx, committed
+                say(f"[tailflow] iter {step:04d}: the Prefect server answers again (waited {waited:.0f} s); "
+                    f"restarting the workers from the last commit and running the iteration again "
+                    f"(attempt {attempt + 2})")
+            else:
+                say(f"[tailflow] iter {step:04d}: an actor died ({type(error).__name__}); restarting the workers "
+                    f"from the last commit and running the iteration again (attempt {attempt + 2})")
             ctx = restart_workers(ctx)
             restore_weights(ctx, state)
             rollout_first(ctx)
