@@ -86,6 +86,8 @@ def test_objects_round_trip(bucket, raw, tmp_path):
     assert store.list_dir("r1") == ["blob.bin", "checkpoints", "config.yaml"]
     assert store.list_dir("r1/checkpoints") == ["iter-0000"]
     assert store.list_dir("nothing-here") == []
+    assert store.list_files("r1") == ["blob.bin", "checkpoints/iter-0000/model.bin", "config.yaml"]
+    assert store.list_files("nothing-here") == []
     store.append_line("r1/metrics.jsonl", '{"iteration": 0}')
     store.append_line("r1/metrics.jsonl", '{"iteration": 1}\n')
     assert store.read_text("r1/metrics.jsonl") == '{"iteration": 0}\n{"iteration": 1}\n'

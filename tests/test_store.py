@@ -38,6 +38,29 @@ def test_metrics_rows_are_json_lines(tmp_path):
     lines = (tmp_path / "r1" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(line)["iteration"] for line in lines] == [0, 1]
     assert logger.rows()[0]["actor/kl"] is None
+    assert list(logger.recent) == logger.rows()  # what the flow shows, without reading the file
+
+
+def test_recent_rows_are_bounded_and_follow_a_resume(tmp_path, monkeypatch):
+    from tailflow.engines.track import metrics
+
+    monkeypatch.setattr(metrics, "RECENT_ROWS", 3)
+    logger = MetricsLogger(LocalStore(tmp_path), "r1")
+    for iteration in range(5):
+        logger.log({"iteration": iteration})
+    assert [row["iteration"] for row in logger.recent] == [2, 3, 4]
+    resumed = MetricsLogger(LocalStore(tmp_path), "r1")  # a new process: the file's last rows
+    assert [row["iteration"] for row in resumed.recent] == [2, 3, 4]
+    resumed.keep_committed(4)  # iteration 4 was written, never committed
+    assert [row["iteration"] for row in resumed.recent] == [1, 2, 3]
+
+
+def test_local_list_files_walks_every_folder_and_skips_hidden_names(tmp_path):
+    store = LocalStore(tmp_path)
+    for key in ("r1/a.json", "r1/states/iter-0000.json", "r1/.lock", "r1/ckpt/.manifest.json", "r1/ckpt/m.bin"):
+        store.write_text(key, "x")
+    assert store.list_files("r1") == ["a.json", "ckpt/m.bin", "states/iter-0000.json"]
+    assert store.list_files("missing") == []
 
 
 def test_wandb_offline_run_gets_the_rows(tmp_path, monkeypatch):

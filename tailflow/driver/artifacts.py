@@ -117,6 +117,10 @@ TABLE_COLUMNS = ("iteration", "tail/round", "time/step_total", "time/step_genera
                  "token/response_length/max", "tail/long_queue_size", "time/reward_overlap_ratio", "eval/accuracy")
 
 
+TABLE_ROWS = 20
+"""Iterations in the metrics table artifact: each version of it is stored by the server (measured: 279 KB of
+Prefect database per iteration in bench/longrun.py before it was bounded, with the whole run's rows)."""
+
 ENV_COLUMNS = ("env/turns_mean", "time/env_step_s_mean", "env/failures", "env/dropped")
 """Added to TABLE_COLUMNS in an agentic run (rows with env/* keys)."""
 
@@ -157,9 +161,12 @@ class RunArtifacts:
                 update_progress_artifact(self.progress_id, percent, description=description)
 
     def metrics(self, rows: list[dict[str, Any]]) -> None:
+        """`rows`: the newest (`MetricsLogger.recent`): each version of the table is stored by the server, so one
+        holding every row would make its database grow with the square of the run's length."""
         with tolerated("the metrics table artifact"):
             create_table_artifact(metrics_table(rows), key=f"{self.key}-metrics",
-                                  description=f"run {self.run_id}: metrics per iteration (all keys: metrics.jsonl)")
+                                  description=f"run {self.run_id}: metrics of the latest {len(rows)} iterations "
+                                              "(every iteration and key: metrics.jsonl, the report)")
 
     def checkpoint_link(self, store, checkpoint_key: str, iteration: int, expiry_s: int) -> None:
         with tolerated("the checkpoint's link artifact"):

@@ -9,7 +9,7 @@ from prefect import flow
 from prefect.runtime import flow_run
 
 from tailflow.config import FLOW_OVERRIDES, ConfigError, RunConfig, flow_run_config
-from tailflow.driver.artifacts import RunArtifacts
+from tailflow.driver.artifacts import TABLE_ROWS, RunArtifacts
 from tailflow.driver.cancel import end_left_subflows, ended_on_cancel
 from tailflow.driver.context import build_context, new_run_id, prepare_run_dir, restart_workers
 from tailflow.driver.live_progress import live_progress
@@ -161,7 +161,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease, li
             # the hooks too: a Cancel's signal lands as often while the report of a committed step is drawn
             with ended_on_cancel(ctx.store, run_id, run_config.storage.uri, step, since=attempt_started):
                 ctx, state = run_iteration(ctx, state, step)
-                rows = ctx.metrics.rows()
+                rows = list(ctx.metrics.recent)[-TABLE_ROWS:]  # not metrics.jsonl: it grows with the run
                 after_iteration(ctx, state, rows[-1], lease, live)
                 artifacts.progress(state.iteration)
                 artifacts.metrics(rows)

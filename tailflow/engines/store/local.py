@@ -168,6 +168,15 @@ class LocalStore:
             return []
         return sorted(entry.name for entry in target.iterdir() if not entry.name.startswith("."))
 
+    def list_files(self, key: str = "") -> list[str]:
+        """Every file under `key`, as paths relative to it, sorted; hidden names (and what is under them)
+        skipped."""
+        target = self.path(key) if key else self.root
+        if not target.is_dir():
+            return []
+        found = (path.relative_to(target) for path in target.rglob("*") if path.is_file())
+        return sorted(str(path) for path in found if not any(part.startswith(".") for part in path.parts))
+
 
     # -- conditional writes (the run lease, engines/runs/lease.py) ------------------------------------
     # Local files have no ETags: the tag is the content's sha256, and check-then-write runs under an

@@ -279,6 +279,16 @@ class S3Store:
                 names.update(entry["Key"][start:] for entry in page.get("Contents", []))
         return sorted(name for name in names if name and not name.startswith("."))
 
+    def list_files(self, key: str = "") -> list[str]:
+        """Every object under `key/`, as paths relative to it, sorted; hidden names skipped: one listing (a
+        request per 1,000 objects), not one per folder."""
+        start = len(self.dir_prefix(key))
+        names: list[str] = []
+        with s3_errors(self.uri(key)):
+            for page in self.list_objects(key):
+                names += [entry["Key"][start:] for entry in page.get("Contents", [])]
+        return sorted(name for name in names if name and not any(part.startswith(".") for part in name.split("/")))
+
     def delete_prefix(self, key: str) -> None:
         """Remove every object under `key/` (checkpoint retention); nothing there is fine."""
         if not self.clean_key(key):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections import deque
 from typing import Any
 
 from tailflow.engines.runs.layout import metrics_key
@@ -29,10 +30,17 @@ def jsonable_row(row: dict[str, Any]) -> dict[str, Any]:
             for name, value in row.items()}
 
 
+RECENT_ROWS = 100
+"""Rows the logger keeps in memory: what the parent flow shows per iteration (the UI's metrics table), read
+without reading metrics.jsonl, which grows with the run."""
+
+
 class MetricsLogger:
     def __init__(self, store: ArtifactStore, run_id: str, wandb_run: Any = None, tensorboard: Any = None):
         self.store = store
         self.key = metrics_key(run_id)
+        self.recent: deque[dict[str, Any]] = deque(self.rows()[-RECENT_ROWS:], maxlen=RECENT_ROWS)
+        """The newest rows appended (on a resume, first the file's last ones), as `rows` reads them."""
         self.wandb_run = wandb_run
         self.tensorboard = tensorboard
         """TensorBoardLog (tracking.tensorboard) or None."""
@@ -43,7 +51,9 @@ class MetricsLogger:
 
     def append(self, row: dict[str, Any]) -> None:
         """The row into metrics.jsonl (before the iteration commits; `keep_committed` drops it if that fails)."""
-        self.store.append_line(self.key, json.dumps(jsonable_row(row), sort_keys=True))
+        line = json.dumps(jsonable_row(row), sort_keys=True)
+        self.store.append_line(self.key, line)
+        self.recent.append(json.loads(line))
 
     def publish(self, row: dict[str, Any]) -> None:
         """The row to W&B (after the commit, so W&B never sees an iteration that is run again)."""
@@ -58,6 +68,7 @@ class MetricsLogger:
         kept = [row for row in rows if row["iteration"] < num_iterations]
         if len(kept) != len(rows):
             self.store.write_text(self.key, "".join(json.dumps(row, sort_keys=True) + "\n" for row in kept))
+        self.recent = deque(kept[-RECENT_ROWS:], maxlen=RECENT_ROWS)
 
     def rows(self) -> list[dict[str, Any]]:
         if not self.store.exists(self.key):

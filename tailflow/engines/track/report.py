@@ -189,15 +189,6 @@ def write_report(store: Any, run_id: str) -> ReportFiles:
     return ReportFiles(page, tuple(keys), len(rows))
 
 
-def run_files(store: Any, key: str) -> list[str]:
-    """Every file under `key`, relative to it (a name with children is a folder)."""
-    files = []
-    for name in store.list_dir(key):
-        children = run_files(store, f"{key}/{name}")
-        files.extend(f"{name}/{child}" for child in children) if children else files.append(name)
-    return files
-
-
 INDEX_SECTIONS = (("Report", ("report.html",)), ("Commit pointer and config", ("latest.json", "config.yaml")),
                   ("Metrics and traces", ("metrics.jsonl", "rollout_trace.jsonl")), ("States", ("states/",)),
                   ("Checkpoints", ("checkpoints/",)))
@@ -205,7 +196,7 @@ INDEX_SECTIONS = (("Report", ("report.html",)), ("Commit pointer and config", ("
 
 def write_index(store: Any, run_id: str) -> str:
     """`<run_id>/index.html`: links to the run's report, states, metrics and checkpoint files."""
-    files = [name for name in run_files(store, run_id) if name != "index.html"]
+    files = [name for name in store.list_files(run_id) if name != "index.html"]
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(run_id)}</title></head><body>",
              f"<h1>Run {html.escape(run_id)}</h1>"]
     sections = [(title, [name for name in files if any(name == p or (p.endswith("/") and name.startswith(p))
