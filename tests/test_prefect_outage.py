@@ -14,6 +14,7 @@ import yaml
 from durable_cli import outcome, run_config
 from prefect_server import PrefectServer
 from tailflow.driver import prefect_outage
+from tailflow.driver.run_log import tolerated
 from tailflow.engines.run_state import RunState
 
 
@@ -27,9 +28,9 @@ def test_an_outage_is_told_from_other_errors_through_its_causes():
     except RuntimeError as wrapped:
         assert prefect_outage.is_prefect_outage(wrapped)
     assert not prefect_outage.is_prefect_outage(ValueError("train.lrr: unknown key"))
-    with prefect_outage.tolerated("an artifact"):
+    with tolerated("an artifact"):
         raise refused  # swallowed: only what the UI shows is lost
-    with pytest.raises(KeyError), prefect_outage.tolerated("an artifact"):
+    with pytest.raises(KeyError), tolerated("an artifact"):
         raise KeyError("not an outage")
 
 

@@ -13,7 +13,7 @@ from prefect.artifacts import (
 )
 
 from tailflow.driver.links import checkpoint_file, publish_file_link
-from tailflow.driver.prefect_outage import tolerated
+from tailflow.driver.run_log import tolerated
 from tailflow.engines.run_state import RunState
 
 SHOWN = (

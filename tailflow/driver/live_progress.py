@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from typing import Iterator, Sequence
 
 from tailflow.config import RunConfig
-from tailflow.driver.run_log import say
+from tailflow.driver.run_log import say, tolerated
 from tailflow.engines.data.problem import Problem
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.engines.store import open_store
@@ -78,8 +78,6 @@ class LiveProgress:
         from prefect.artifacts import update_progress_artifact
 
         from tailflow.driver.artifacts import artifact_key
-
-        from tailflow.driver.prefect_outage import tolerated
 
         with tolerated("the progress artifact's update"):
             if self.progress_id is None:

@@ -7,14 +7,12 @@ outage only pauses the run. A longer one makes a state change or an artifact fai
 inside the iteration's subflow. The run's truth is in its store, not in Prefect, so nothing is lost: the
 iteration that failed is thrown away, and once the server answers again it runs again from the last commit
 (`flows/training.run_iteration`), as after an actor's death. Artifacts are only what the UI shows: one that
-cannot be published is skipped with a warning (`tolerated`), and the next iteration's replaces it.
+cannot be published is skipped with a warning (`run_log.tolerated`), and the next iteration's replaces it.
 """
 from __future__ import annotations
 
 import time
 import urllib.request
-from contextlib import contextmanager
-from typing import Iterator
 
 import httpx
 
@@ -69,17 +67,3 @@ def wait_for_prefect_api(timeout_s: float = OUTAGE_WAIT_S, poll_s: float = POLL_
             raise TimeoutError(f"the Prefect server ({url}) did not answer for {timeout_s:.0f} s")
         time.sleep(poll_s)
     return time.monotonic() - started
-
-
-@contextmanager
-def tolerated(what: str) -> Iterator[None]:
-    """Run a Prefect call whose loss costs nothing but what the UI shows (an artifact): if the server does not
-    answer, warn and go on."""
-    try:
-        yield
-    except Exception as error:  # noqa: BLE001 - only outages are swallowed, anything else is raised again
-        if not is_prefect_outage(error):
-            raise
-        from tailflow.driver.run_log import say
-
-        say(f"[tailflow] the Prefect server did not answer ({type(error).__name__}); {what} skipped")

@@ -9,7 +9,7 @@ from typing import Any
 
 from tailflow.driver.cancel import stop_if_cancelled
 from tailflow.driver.live_progress import LiveProgress
-from tailflow.driver.run_log import iteration_flow_run_id, progress_line, say
+from tailflow.driver.run_log import iteration_flow_run_id, progress_line, say, tolerated
 from tailflow.engines.runs.lease import HeldLease
 
 
@@ -42,8 +42,6 @@ def publish_report(ctx) -> None:
     except Exception as error:  # noqa: BLE001 - see the docstring
         say(f"[tailflow] run {ctx.run_id}: could not draw the report: {type(error).__name__}: {error}")
         return
-    from tailflow.driver.prefect_outage import tolerated
-
     page = StoredFile(report.page, f"report of run {ctx.run_id}",
                       f"run {ctx.run_id}: plots after {report.iterations} iterations")
     with tolerated("the report's link artifact"):

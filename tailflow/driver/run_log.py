@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from typing import Any, Iterator
 from uuid import UUID
 
+from tailflow.driver.prefect_outage import is_prefect_outage
+
 LOGGER_NAME = "tailflow.run"
 
 
@@ -118,8 +120,6 @@ def iteration_flow_run_id(iteration: int) -> UUID | None:
         return None
     runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run.id]),
                                 name=FlowRunFilterName(any_=[f"iter-{iteration:04d}"]))
-    from tailflow.driver.prefect_outage import is_prefect_outage
-
     try:
         with get_client(sync_client=True) as client:
             runs = client.read_flow_runs(flow_run_filter=runs_filter, sort=FlowRunSort.START_TIME_DESC, limit=1)
@@ -148,3 +148,15 @@ def progress_line(row: dict[str, Any]) -> str:
             f"(gen {row['time/step_generate']:.1f}s, train {row['time/step_train']:.1f}s) | "
             f"reward {row['reward/mean']:.3f} | len mean {row['token/response_length/mean']:.0f} "
             f"max {row['token/response_length/max']}{turns}{evaluated}")
+
+
+@contextmanager
+def tolerated(what: str) -> Iterator[None]:
+    """Run a Prefect call whose loss costs nothing but what the UI shows (an artifact): if the server does not
+    answer (`prefect_outage.is_prefect_outage`), say so and go on."""
+    try:
+        yield
+    except Exception as error:  # noqa: BLE001 - only outages are swallowed, anything else is raised again
+        if not is_prefect_outage(error):
+            raise
+        say(f"[tailflow] the Prefect server did not answer ({type(error).__name__}); {what} skipped")
