@@ -101,26 +101,27 @@ def plot_lengths(ax, lengths: dict[str, list[int]]) -> None:
 
 
 def plot_step_times(ax, rows: list[dict[str, Any]]) -> None:
+    """Stacked areas, one polygon per phase: one bar per iteration and phase made the redraw grow with the run
+    (2.4 s of 8.7 for 470 iterations, bench/longrun.py)."""
     iterations = [row["iteration"] for row in rows]
-    bottom = [0.0] * len(rows)
-    for name, label in STEP_PARTS:
-        values = [row.get(name) or 0.0 for row in rows]
-        ax.bar(iterations, values, bottom=bottom, label=label)
-        bottom = [b + v for b, v in zip(bottom, values)]
+    parts = [[row.get(name) or 0.0 for row in rows] for name, _ in STEP_PARTS]
+    ax.stackplot(iterations, *parts, labels=[label for _, label in STEP_PARTS], step="mid")
     ax.set(xlabel="iteration", ylabel="seconds", title="Step time (commit not timed)")
     ax.legend(fontsize=8)
 
 
 def plot_long_queue(ax, rows: list[dict[str, Any]]) -> None:
     ax.step(*series(rows, "tail/long_queue_size"), where="post", label="long-prompt queue (after the round)")
-    for n, iteration in enumerate(row["iteration"] for row in rows if row.get("tail/round") == 1):
-        ax.axvspan(iteration - 0.5, iteration + 0.5, color="tab:red", alpha=0.15, label="long round" if n == 0 else None)
+    if any(row.get("tail/round") == 1 for row in rows):  # one shaded collection, not a span per long round
+        ax.fill_between([row["iteration"] for row in rows], 0, 1, where=[row.get("tail/round") == 1 for row in rows],
+                        step="mid", color="tab:red", alpha=0.15, transform=ax.get_xaxis_transform(),
+                        label="long round")
     ax.set(xlabel="iteration", ylabel="prompts", title="Long-prompt queue")
     ax.legend(fontsize=8)
 
 
 def plot_wasted(ax, rows: list[dict[str, Any]]) -> None:
-    ax.bar(*series(rows, "tail/wasted_tokens"), label="tokens of aborted responses")
+    ax.fill_between(*series(rows, "tail/wasted_tokens"), step="mid", label="tokens of aborted responses")
     ax.set(xlabel="iteration", ylabel="tokens", title="Tokens wasted by aborts")
     ax.legend(fontsize=8)
 
