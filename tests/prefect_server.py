@@ -7,7 +7,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -94,12 +93,7 @@ def running_server(home: Path, startup_timeout_s: float = 300):
         server.stop()
 
 
-def answers(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=5) as response:
-            return response.status == 200
-    except OSError:
-        return False
+from tailflow.driver.prefect_outage import answers  # noqa: E402 - the run's own health check, shared
 
 
 def api(server: dict):
