@@ -14,7 +14,7 @@ from tailflow.driver.cancel import end_left_subflows, ended_on_cancel
 from tailflow.driver.context import build_context, new_run_id, prepare_run_dir, restart_workers
 from tailflow.driver.live_progress import live_progress
 from tailflow.driver.prefect_outage import is_prefect_outage, wait_for_prefect_api
-from tailflow.driver.prefect_services import release_stopped_services
+from tailflow.driver.prefect_services import forget_dead_results, release_stopped_services
 from tailflow.driver.preflight import check_inputs
 from tailflow.driver.resume import (check_config_for_resume, commit_initial_state, finished_state, restore_commit,
                                     restore_weights, resume_config)
@@ -163,6 +163,7 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease, li
             with ended_on_cancel(ctx.store, run_id, run_config.storage.uri, step, since=attempt_started):
                 ctx, state = run_iteration(ctx, state, step)
                 release_stopped_services()  # prefect 3.8.8 keeps each stopped events worker otherwise
+                forget_dead_results()  # and each iteration's dependency-tracking entries, for the whole run
                 rows = list(ctx.metrics.recent)[-TABLE_ROWS:]  # not metrics.jsonl: it grows with the run
                 after_iteration(ctx, state, rows[-1], lease, live)
                 artifacts.progress(state.iteration)
