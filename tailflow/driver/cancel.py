@@ -73,7 +73,7 @@ def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int, since: d
             raise
         line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
         say(line)
-        cancel_unfinished_subflows(since, line)
+        cancel_unfinished_subflows(since, line, committed_iterations(store, run_id))
         raise run_cancelled(line) from None
 
 
@@ -105,12 +105,24 @@ def run_cancelled(line: str) -> RunCancelled:
     return cancelled
 
 
-def cancel_unfinished_subflows(since: datetime, line: str) -> None:
-    """Set every subflow this flow run started after `since` (this attempt) Cancelled unless it completed or is
-    Cancelled already: the one the signal stopped, and any other it left Crashed or Running on the way (a
-    subflow's engine reports the signal as a crash when it lands outside the iteration's own code; one it hit
-    while starting still has its generated name, not `iter-NNNN`). Subflows of earlier attempts keep their
-    states (a killed attempt's Crashed one says what replaced it)."""
+def committed_iterations(store, run_id: str) -> int:
+    committed = read_committed_state(store, run_id)
+    return committed.iteration if committed is not None else 0
+
+
+def iteration_of(subflow) -> int | None:
+    """The iteration an `iter-NNNN` subflow ran; None for one stopped before it was named."""
+    number = (subflow.name or "")[len("iter-"):]
+    return int(number) if (subflow.name or "").startswith("iter-") and number.isdigit() else None
+
+
+def cancel_unfinished_subflows(since: datetime, line: str, committed: int) -> None:
+    """End every subflow this flow run started after `since` (this attempt) unless it completed or is Cancelled
+    already: the one the signal stopped, and any other it left Crashed or Running on the way (a subflow's engine
+    reports the signal as a crash when it lands outside the iteration's own code; one it hit while starting
+    still has its generated name, not `iter-NNNN`). Subflows of earlier attempts keep their states (a killed
+    attempt's Crashed one says what replaced it). One whose iteration is among the `committed` ones (the signal
+    landed between its commit and its end) ends Completed, as its work is kept; the others end Cancelled."""
     from prefect.client.schemas.filters import FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
     from prefect.runtime import flow_run
@@ -120,8 +132,17 @@ def cancel_unfinished_subflows(since: datetime, line: str) -> None:
     # the server leaves out completed and cancelled ones: a long run has a finished subflow per iteration, more
     # than a page of results
     unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED, StateType.CANCELLED]))
-    set_cancelled([subflow for subflow in unfinished if subflow.created is not None and subflow.created >= since],
-                  line)
+    end_subflows([subflow for subflow in unfinished if subflow.created is not None and subflow.created >= since],
+                 line, committed)
+
+
+def end_subflows(subflows: list, line: str, committed: int) -> None:
+    """Each of `subflows` Completed if its iteration is below `committed`, else Cancelled; `line` the message."""
+    iterations = [iteration_of(subflow) for subflow in subflows]
+    kept = [subflow for subflow, iteration in zip(subflows, iterations)
+            if iteration is not None and iteration < committed]
+    set_state(kept, line, cancelled=False)
+    set_state([subflow for subflow in subflows if subflow not in kept], line, cancelled=True)
 
 
 def subflows_of(parent_flow_run_id, states) -> list:
@@ -135,14 +156,16 @@ def subflows_of(parent_flow_run_id, states) -> list:
         return client.read_flow_runs(flow_run_filter=runs_filter)
 
 
-def set_cancelled(flow_runs: list, line: str) -> None:
-    """Force each of `flow_runs` Cancelled, with the run's line as the state's message."""
+def set_state(flow_runs: list, line: str, cancelled: bool) -> None:
+    """Force each of `flow_runs` Cancelled (or Completed: its iteration committed), with the run's line as the
+    state's message."""
     from prefect.client.orchestration import get_client
-    from prefect.states import Cancelled
+    from prefect.states import Cancelled, Completed
 
     with get_client(sync_client=True) as client:
         for run in flow_runs:
-            client.set_flow_run_state(run.id, Cancelled(message=line), force=True)
+            state = Cancelled(message=line) if cancelled else Completed(message=f"committed before the Cancel; {line}")
+            client.set_flow_run_state(run.id, state, force=True)
 
 
 def end_left_subflows(flow, flow_run, state) -> None:
@@ -152,41 +175,45 @@ def end_left_subflows(flow, flow_run, state) -> None:
     before `ended_on_cancel` or `stop_if_cancelled` got there) the run's line is said here, and a subflow still
     Pending or Running, one the process could not end, is set Cancelled with it. Crashed ones are left: an
     earlier attempt's, ended by the resume that replaced it. Where the run ended itself (the usual case) there is
-    nothing to do."""
+    nothing to do. One whose iteration committed ends Completed, as `ended_on_cancel` ends it."""
     from prefect.client.schemas.filters import FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
 
     subflows = subflows_of(flow_run.id, FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))
-    iterations = [int(subflow.name[len("iter-"):]) for subflow in subflows
-                  if (subflow.name or "").startswith("iter-") and subflow.name[len("iter-"):].isdigit()]
-    set_cancelled(subflows, said_or_say(flow_run, min(iterations) if iterations else None))
+    if not subflows:
+        return
+    store, run_id, store_uri = run_store(flow_run)
+    iterations = [iteration for iteration in map(iteration_of, subflows) if iteration is not None]
+    line = said_or_say(flow_run, store, run_id, store_uri, min(iterations) if iterations else None)
+    end_subflows(subflows, line, committed_iterations(store, run_id))
 
 
-def said_or_say(flow_run, iteration: int | None) -> str:
-    """The run's line, as `ended_on_cancel` says it, for flow run `flow_run` stopped in `iteration` (None: in
-    the one after its last commit): read back from its logs if its process said it, else said now, in its logs
-    (its store and run id come from its parameters, as the flow resolves them)."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
-    from prefect.client.schemas.sorting import LogSort
-
+def run_store(flow_run) -> tuple:
+    """(store, run id, store URI) of flow run `flow_run`, from its parameters as the flow resolves them."""
     from tailflow.config import flow_run_config
     from tailflow.engines.store import open_store
 
     params = flow_run.parameters
-    run_id = params.get("run_id") or flow_run_run_id(flow_run.id)
+    store_uri = flow_run_config(params.get("config_path"), params.get("overrides") or [],
+                                params.get("config")).storage.uri
+    return open_store(store_uri), params.get("run_id") or flow_run_run_id(flow_run.id), store_uri
+
+
+def said_or_say(flow_run, store, run_id: str, store_uri: str, iteration: int | None) -> str:
+    """The run's line, as `ended_on_cancel` says it, for flow run `flow_run` stopped in `iteration` (None: in
+    the one after its last commit): read back from its logs if its process said it, else said now, in its logs."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.client.schemas.sorting import LogSort
+
     with get_client(sync_client=True) as client:
         records = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run.id])),
                                    sort=LogSort.TIMESTAMP_DESC)  # the newest page: the line ends the run's logs
     said = [record.message for record in records if record.message.startswith(f"[tailflow] run {run_id}: cancelled ")]
     if said:
         return said[0]
-    store_uri = flow_run_config(params.get("config_path"), params.get("overrides") or [],
-                                params.get("config")).storage.uri
-    store = open_store(store_uri)
     if iteration is None:
-        committed = read_committed_state(store, run_id)
-        iteration = committed.iteration if committed is not None else 0
+        iteration = committed_iterations(store, run_id)
     line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
     say(line, flow_run_id=flow_run.id)
     return line
