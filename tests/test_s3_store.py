@@ -150,6 +150,49 @@ def test_large_payloads_go_multipart(bucket, raw, tmp_path):
     assert (store.local_dir("r1/ckpt") / "model.bin").read_bytes() == payload
 
 
+def sent(store) -> list[str]:
+    """The S3 operations `store`'s client sends from now on, in order."""
+    calls: list[str] = []
+    store.client.meta.events.register("before-call.s3", lambda model, **_: calls.append(model.name))
+    return calls
+
+
+def test_an_append_to_a_long_file_sends_only_its_line(bucket, raw, tmp_path):
+    """From S3's 5 MiB smallest part on, an append copies the object on the server and uploads the line: no
+    GET, and the same handful of requests at every length. A process that did not write the object last (a
+    resumed run) reads it once; another writer in between is noticed, read and kept. ~1 s (moto, 6 MiB)."""
+    key = "r1/metrics.jsonl"
+    head = b"".join(b'{"row": %08d}\n' % i for i in range(6 * MIB // 16))  # 6 MiB of rows
+    make_store(bucket, tmp_path).write_bytes(key, head)
+    store = make_store(bucket, tmp_path)  # a resumed run's: it knows nothing of the object yet
+    calls = sent(store)
+    store.append_line(key, '{"row": "a"}')
+    assert calls.count("GetObject") == 1  # read once, to learn its hash
+    calls.clear()
+    lines = [f'{{"row": "b{i}"}}' for i in range(3)]
+    for line in lines:
+        store.append_line(key, line)
+    assert "GetObject" not in calls and "PutObject" not in calls
+    assert calls.count("UploadPartCopy") == 3 and len(calls) == 3 * 5  # head, create, copy, the line, complete
+    expected = head + b'{"row": "a"}\n' + "".join(line + "\n" for line in lines).encode()
+    assert stored(raw, bucket, key) == expected
+    assert raw.head_object(Bucket=bucket, Key=f"{PREFIX}/{key}")["Metadata"]["sha256"] == (
+        hashlib.sha256(expected).hexdigest())
+    assert store.read_bytes(key) == expected  # its checksum holds
+
+    other = make_store(bucket, tmp_path)  # another writer: its ETag differs, the object is read again
+    other.append_line(key, '{"row": "other"}')
+    calls.clear()
+    store.append_line(key, '{"row": "c"}')
+    assert calls.count("GetObject") == 1
+    assert stored(raw, bucket, key) == expected + b'{"row": "other"}\n{"row": "c"}\n'
+    assert raw.list_multipart_uploads(Bucket=bucket).get("Uploads", []) == []  # none left unfinished
+
+    store.write_text(key, '{"row": 0}\n')  # a rewrite (a resume cutting rows back) starts it small again
+    store.append_line(key, '{"row": 1}')
+    assert store.read_text(key) == '{"row": 0}\n{"row": 1}\n'
+
+
 def test_tampered_objects_fail_their_checksum(bucket, raw, tmp_path):
     store = make_store(bucket, tmp_path)
     store.write_text("r1/state.json", '{"iteration": 3}')

@@ -11,8 +11,15 @@ What S3 does not give us, and how this file makes up for it:
   create, `If-Match: <ETag>` to renew or delete), which S3 has answered with
   412 since 2024 (and moto 5.x too); a concurrent conditional write may get
   409 instead, read here as "lost the race" all the same;
-- no append: `append_line` reads the whole object and writes it back (fine for
-  the small metrics JSONL files it is used for, with one writer per run).
+- no append: `append_line` rewrites the object. While it is small (under S3's
+  5 MiB minimum part) it is read and written back whole; from 5 MiB on, the
+  new object is a multipart upload whose first part is the old object copied
+  on the server (UploadPartCopy) and whose second is the new line, so an append
+  sends only the line, whatever the file's length (a run's metrics and rollout
+  trace grow a row an iteration for days). The sha256 in the metadata comes
+  from a running hash this process keeps per key; a process that did not write
+  the object last reads it once. One writer per key (the run's lease) is
+  assumed, and checked: every append is conditional on the ETag last written.
 Transient faults (503 Slow Down, dropped connections, timeouts) are retried by
 botocore's "standard" retry mode; what is left after the retries surfaces as one
 StoreError line naming the s3:// URI and the reason. Missing or refused
@@ -62,6 +69,28 @@ CREDENTIALS_HINT = ("give the process that runs tailflow AWS_ACCESS_KEY_ID and A
                     "for an S3-compatible server (docs/operations.md, S3)")
 # A response body that broke off mid-read, or did not match its own checksum: worth reading again.
 BROKEN_BODY = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, FlexibleChecksumError)
+
+
+COPY_FROM = 5 * MIB
+"""S3's smallest part but the last: from this size on, an append copies the object on the server."""
+
+
+@dataclass
+class Appended:
+    """What this process knows of a key it appended to: the running sha256 of its content, its size and the
+    ETag it was written with."""
+    hasher: Any
+    size: int
+    tag: str
+
+    def grown(self, data: bytes, tag: str) -> "Appended":
+        self.hasher.update(data)
+        return Appended(self.hasher, self.size + len(data), tag)
+
+
+def content_type(key: str) -> str:
+    """What a bucket website or console should show `key` as (report.html and its PNGs, not downloads)."""
+    return mimetypes.guess_type(key)[0] or "application/octet-stream"
 
 
 class InterruptedDownload(Exception):
@@ -126,6 +155,7 @@ class S3Store:
         self.transfer = TransferConfig(multipart_threshold=multipart_threshold, multipart_chunksize=multipart_threshold,
                                        preferred_transfer_client="classic")
         self.verify_attempts = verify_attempts
+        self.appended: dict[str, Appended] = {}
 
     # -- naming ---------------------------------------------------------------
 
@@ -159,9 +189,8 @@ class S3Store:
 
     def write_bytes(self, key: str, data: bytes) -> None:
         """One object, whole or not at all (S3 PUTs are atomic); large payloads go multipart."""
-        extra = {"Metadata": {"sha256": hashlib.sha256(data).hexdigest()},
-                 # a bucket website or console shows report.html and its PNGs instead of downloading them
-                 "ContentType": mimetypes.guess_type(key)[0] or "application/octet-stream"}
+        extra = {"Metadata": {"sha256": hashlib.sha256(data).hexdigest()}, "ContentType": content_type(key)}
+        self.appended.pop(key, None)
         with s3_errors(self.uri(key)):
             if len(data) < self.transfer.multipart_threshold:
                 self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=data, **extra)
@@ -173,13 +202,18 @@ class S3Store:
         self.write_bytes(key, text.encode())
 
     def read_bytes(self, key: str) -> bytes:
-        def fetch() -> tuple[bytes, str, str | None]:
+        return self.read_tagged(key)[0]
+
+    def read_tagged(self, key: str) -> tuple[bytes, str]:
+        """The object's bytes, checked against its sha256, and its ETag (FileNotFoundError if there is none)."""
+        def fetch() -> tuple[tuple[bytes, str], str, str | None]:
             response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
             try:
                 data = response["Body"].read()
             except BROKEN_BODY as error:
                 raise InterruptedDownload(one_line(error)) from error
-            return data, hashlib.sha256(data).hexdigest(), response.get("Metadata", {}).get("sha256")
+            expected = response.get("Metadata", {}).get("sha256")
+            return (data, response["ETag"]), hashlib.sha256(data).hexdigest(), expected
         return self.verified(self.uri(key), fetch)
 
     def read_text(self, key: str) -> str:
@@ -193,13 +227,57 @@ class S3Store:
                                                       Params={"Bucket": self.bucket, "Key": self.object_key(key)})
 
     def append_line(self, key: str, line: str) -> None:
-        """Append one line (a JSONL row). S3 cannot append: this rewrites the whole object, so it
-        suits small files with a single writer (a run's metrics), not concurrent appenders."""
+        """Append one line (a JSONL row); one writer per key. Below `COPY_FROM` bytes the object is read and
+        written back; from there on only the line is sent (the module's docstring). If the object changed
+        since this process last appended (another writer, a `write_bytes`), it is read again and appended to."""
+        data = (line.rstrip("\n") + "\n").encode()
+        known = self.appended.pop(key, None)
+        if known is not None and known.size >= COPY_FROM:
+            try:
+                tag = self.conditional(key, lambda: self.append_by_copy(key, known, data))
+            except FileNotFoundError:  # deleted since
+                tag = None
+            if tag is not None:
+                self.appended[key] = known.grown(data, tag)
+                return
         try:
-            existing = self.read_bytes(key)
+            existing, tag = self.read_tagged(key)
         except FileNotFoundError:
-            existing = b""
-        self.write_bytes(key, existing + (line.rstrip("\n") + "\n").encode())
+            existing, tag = b"", None
+        body = existing + data
+        metadata = {"sha256": hashlib.sha256(body).hexdigest()}
+        condition = {"IfMatch": tag} if tag is not None else {"IfNoneMatch": "*"}
+        put = lambda: self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=body,  # noqa: E731
+                                             Metadata=metadata, ContentType=content_type(key), **condition)["ETag"]
+        written = self.conditional(key, put)
+        if written is None:
+            raise StoreError(f"{self.uri(key)}: changed by another writer while a line was appended to it")
+        self.appended[key] = Appended(hashlib.sha256(body), len(body), written)
+
+    def append_by_copy(self, key: str, known: "Appended", data: bytes) -> str | None:
+        """A new object of two parts: the current one, copied on the server if its ETag is still `known.tag`,
+        then `data`. Its ETag; None if the object changed. The HEAD is for servers that ignore the copy's
+        condition (moto 5 does); S3 honours it, which closes the gap between the HEAD and the copy."""
+        target = {"Bucket": self.bucket, "Key": self.object_key(key)}
+        if self.client.head_object(**target)["ETag"] != known.tag:
+            return None
+        digest = known.hasher.copy()
+        digest.update(data)
+        upload = self.client.create_multipart_upload(**target, Metadata={"sha256": digest.hexdigest()},
+                                                     ContentType=content_type(key))["UploadId"]
+        try:
+            copied = self.client.upload_part_copy(**target, UploadId=upload, PartNumber=1, CopySource=target,
+                                                  CopySourceIfMatch=known.tag)["CopyPartResult"]["ETag"]
+            added = self.client.upload_part(**target, UploadId=upload, PartNumber=2, Body=data)["ETag"]
+            parts = [{"PartNumber": 1, "ETag": copied}, {"PartNumber": 2, "ETag": added}]
+            return self.client.complete_multipart_upload(**target, UploadId=upload,
+                                                         MultipartUpload={"Parts": parts})["ETag"]
+        except BaseException:
+            try:
+                self.client.abort_multipart_upload(**target, UploadId=upload)
+            except (ClientError, BotoCoreError):
+                log.warning("%s: could not abort an unfinished append's multipart upload %s", self.uri(key), upload)
+            raise
 
     def verified(self, uri: str, fetch: Callable[[], tuple[Any, str, str | None]]) -> Any:
         """Run `fetch` (-> value, its sha256, the expected sha256 or None) until the digests agree;
