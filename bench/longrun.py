@@ -17,9 +17,11 @@ and its commit after it is readable.
 
 Every `--sample-every` iterations: RSS and open descriptors of the driver, of each Ray actor (by class: rollout,
 trainer, reward) and of the Prefect server (with its children); the Prefect database's size; the run's store
-size on S3; the commit's time (`time/step_commit` where the row has it, else the time between progress lines); the
-time to redraw the report (`write_report`, here, against the run's S3 store). Slopes are least squares per 100
-iterations after the warm-up (the first 20%), per process, each process over the samples of its own lifetime.
+size on S3; an iteration's wall time (the median time between the run's last 11 iteration lines: its rollout,
+training, commit to S3 and artifacts; it grows if a commit's cost grows with the run); the time to redraw the
+report (`write_report`, here, against the run's S3 store). Slopes are least squares per 100
+iterations after the warm-up (the first 20% of the run's iterations from each process's first sample), per
+process, each process over the samples of its own lifetime.
 
     python bench/longrun.py [--iterations 1000] [--sample-every 25] [--seed 0] [--quick] [--no-faults]
 Last line: RESULT iterations=<n> rss_slope_mb_per_100=<largest> fds_slope_per_100=<largest>
@@ -96,14 +98,17 @@ def descendants(pid: int, tree: dict[int, list[int]]) -> list[int]:
     return found
 
 
-def rss_mb(pid: int) -> float:
+def memory_mb(pid: int) -> tuple[float, float]:
+    """(RSS, its anonymous part) in MB: RSS also counts the file-backed pages of code and libraries a process
+    touches; the anonymous part is its heaps, where a leak shows."""
+    found = {}
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+            if line.startswith(("VmRSS:", "RssAnon:")):
+                found[line.split(":")[0]] = int(line.split()[1]) / 1024
     except OSError:
         pass
-    return 0.0
+    return found.get("VmRSS", 0.0), found.get("RssAnon", 0.0)
 
 
 def open_fds(pid: int) -> int:
@@ -120,19 +125,21 @@ def cmdline(pid: int) -> str:
         return ""
 
 
-def sample_processes(driver: int, server: int | None) -> dict[str, tuple[float, int]]:
-    """name -> (RSS MB, open fds): the driver, each actor (role and pid, so a replaced one is a new series) and
-    the Prefect server with its children."""
+def sample_processes(driver: int, server: int | None) -> dict[str, tuple[float, float, int]]:
+    """name -> (RSS MB, anonymous MB, open fds): the driver, each actor and the Prefect server with its children,
+    each named by role and pid, so a process started again (the run relaunched, a worker replaced, the server
+    restarted) is a series of its own."""
     tree = children_of()
-    found = {"driver": (rss_mb(driver), open_fds(driver))}
+    found = {f"driver:{driver}": (*memory_mb(driver), open_fds(driver))}
     for pid in descendants(driver, tree)[1:]:
         line = cmdline(pid)
         for marker, role in ROLES.items():
             if line.startswith(f"ray::{marker}"):
-                found[f"{role}:{pid}"] = (rss_mb(pid), open_fds(pid))
+                found[f"{role}:{pid}"] = (*memory_mb(pid), open_fds(pid))
     if server is not None:
         pids = descendants(server, tree)
-        found["prefect-server"] = (sum(rss_mb(p) for p in pids), sum(open_fds(p) for p in pids))
+        rss, anon = zip(*(memory_mb(p) for p in pids))
+        found[f"prefect-server:{server}"] = (sum(rss), sum(anon), sum(open_fds(p) for p in pids))
     return found
 
 
@@ -146,6 +153,8 @@ class Launch:
                                         start_new_session=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                         text=True)
         self.iterations: queue.Queue[int | None] = queue.Queue()
+        self.line_times: list[float] = []
+        """When each iteration line came: the last ones give an iteration's wall time."""
         self.log = open(log, "a")
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -154,9 +163,15 @@ class Launch:
             self.log.write(line)
             found = ITERATION_LINE.search(line)
             if found:
+                self.line_times.append(time.monotonic())
                 self.iterations.put(int(found.group(1)))
         self.log.flush()
         self.iterations.put(None)
+
+    def iteration_s(self) -> float:
+        """The median time between the last 11 iteration lines (a fault's pause is one outlier among them)."""
+        gaps = sorted(b - a for a, b in zip(self.line_times[-11:], self.line_times[-10:]))
+        return gaps[len(gaps) // 2] if gaps else float("nan")
 
     def kill(self) -> None:
         try:
@@ -177,10 +192,11 @@ class Fault:
 @dataclass
 class Samples:
     iterations: list[int] = field(default_factory=list)
-    processes: list[dict[str, tuple[float, int]]] = field(default_factory=list)
+    processes: list[dict[str, tuple[float, float, int]]] = field(default_factory=list)
     db_mb: list[float] = field(default_factory=list)
     store_mb: list[float] = field(default_factory=list)
     report_s: list[float] = field(default_factory=list)
+    iteration_s: list[float] = field(default_factory=list)
 
 
 def store_mb(client, prefix: str) -> float:
@@ -230,7 +246,7 @@ def main() -> int:
     args = parser.parse_args()
     server_down_s, s3_down_s = (60.0, 30.0)
     if args.quick:
-        args.iterations, args.sample_every, server_down_s, s3_down_s = 60, 10, 10.0, 5.0
+        args.iterations, args.sample_every, server_down_s, s3_down_s = 60, 5, 10.0, 5.0
 
     import boto3
     import yaml
@@ -293,11 +309,12 @@ def main() -> int:
                 samples.processes.append(sample_processes(launch.process.pid, server.pid))
                 samples.db_mb.append(db_mb(work / "prefect"))
                 samples.store_mb.append(store_mb(client, f"runs/{RUN_ID}/"))
+                samples.iteration_s.append(launch.iteration_s())
                 samples.report_s.append(redraw_seconds(store) if iteration >= 100 or args.quick else float("nan"))
-                memory = {name: round(rss, 1) for name, (rss, _) in samples.processes[-1].items()}
+                memory = {name: round(rss, 1) for name, (rss, _, _) in samples.processes[-1].items()}
                 print(f"[{time.time() - started:6.0f}s] iter {iteration}: RSS MB {memory}; db "
-                      f"{samples.db_mb[-1]:.1f} MB; store {samples.store_mb[-1]:.1f} MB; report "
-                      f"{samples.report_s[-1]:.2f}s", flush=True)
+                      f"{samples.db_mb[-1]:.1f} MB; store {samples.store_mb[-1]:.1f} MB; iteration "
+                      f"{samples.iteration_s[-1]:.2f}s; report {samples.report_s[-1]:.2f}s", flush=True)
             while pending and pending[0].at <= iteration:
                 fault = pending.pop(0)
                 fault.fired_at = iteration
@@ -340,15 +357,20 @@ def slope_per_100(xs: list[int], ys: list[float]) -> float:
     return 100 * sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var if var else 0.0
 
 
-def series(samples: Samples, warm: int) -> dict[str, tuple[list[int], list[float], list[float]]]:
-    found: dict[str, tuple[list[int], list[float], list[float]]] = {}
+def series(samples: Samples, warm: int) -> dict[str, tuple[list[int], list[float], list[float], list[int]]]:
+    """Each process's samples from `warm` iterations after its first sample on: a process started mid-run (the
+    run relaunched, a worker replaced) warms up as the first ones did, loading what it loads once (the report's
+    plotting library at its first report, its engine's buffers at its first rounds)."""
+    found: dict[str, tuple[list[int], list[float], list[float], list[int]]] = {}
+    born: dict[str, int] = {}
     for iteration, processes in zip(samples.iterations, samples.processes):
-        if iteration < warm:
-            continue
-        for name, (rss, fds) in processes.items():
-            xs, rs, fs = found.setdefault(name, ([], [], []))
+        for name, (rss, anon, fds) in processes.items():
+            if iteration < born.setdefault(name, iteration) + warm:
+                continue
+            xs, rs, anons, fs = found.setdefault(name, ([], [], [], []))
             xs.append(iteration)
             rs.append(rss)
+            anons.append(anon)
             fs.append(fds)
     return found
 
@@ -370,20 +392,27 @@ def report(args, samples: Samples, faults: list[Fault], store, work: Path, refer
     warm = int(0.2 * args.iterations)
     per_process = {name: values for name, values in series(samples, warm).items() if len(values[0]) >= 5}
     """A process sampled fewer than 5 times after the warm-up (a replaced worker's short life) has no slope."""
-    rss_slopes = {name: slope_per_100(xs, rs) for name, (xs, rs, _) in per_process.items()}
-    fd_slopes = {name: slope_per_100(xs, fs) for name, (xs, _, fs) in per_process.items()}
+    rss_slopes = {name: slope_per_100(xs, rs) for name, (xs, rs, _, _) in per_process.items()}
+    anon_slopes = {name: slope_per_100(xs, anons) for name, (xs, _, anons, _) in per_process.items()}
+    fd_slopes = {name: slope_per_100(xs, fs) for name, (xs, _, _, fs) in per_process.items()}
     after = [(i, d, s) for i, d, s in zip(samples.iterations, samples.db_mb, samples.store_mb) if i >= warm]
     db_slope = slope_per_100([i for i, _, _ in after], [d for _, d, _ in after])
     store_slope = slope_per_100([i for i, _, _ in after], [s for _, _, s in after])
-    print(f"\nafter warm-up (iteration {warm} on), least-squares slopes per 100 iterations:")
+    print(f"\nafter warm-up ({warm} iterations from each process's first sample), least-squares slopes per 100 "
+          "iterations:")
     for name in sorted(per_process):
-        xs, rs, fs = per_process[name]
-        print(f"  {name:22} RSS {rs[0]:7.1f} -> {rs[-1]:7.1f} MB, slope {rss_slopes[name]:+6.2f} MB; fds {fs[0]:4d} -> "
-              f"{fs[-1]:4d}, slope {fd_slopes[name]:+6.2f}  ({len(xs)} samples)")
+        xs, rs, _, fs = per_process[name]
+        print(f"  {name:22} RSS {rs[0]:7.1f} -> {rs[-1]:7.1f} MB, slope {rss_slopes[name]:+6.2f} MB (anonymous "
+              f"{anon_slopes[name]:+6.2f}); fds {fs[0]:4d} -> {fs[-1]:4d}, slope {fd_slopes[name]:+6.2f}  "
+              f"(iterations {xs[0]}..{xs[-1]}, {len(xs)} samples)")
     print(f"  Prefect database: {samples.db_mb[0]:.1f} -> {samples.db_mb[-1]:.1f} MB, {db_slope:+.2f} MB per 100 "
           f"iterations ({1024 * db_slope / 100:.1f} KB per iteration)")
     print(f"  run store on S3: {samples.store_mb[0]:.1f} -> {samples.store_mb[-1]:.1f} MB, {store_slope:+.2f} MB per "
           f"100 iterations ({1024 * store_slope / 100:.1f} KB per iteration)")
+    steps = [(i, s) for i, s in zip(samples.iterations, samples.iteration_s) if i >= warm and s == s]
+    if steps:
+        print(f"  iteration wall time: {steps[0][1]:.2f} s at iteration {steps[0][0]}, {steps[-1][1]:.2f} s at the end "
+              f"(x{steps[-1][1] / steps[0][1]:.2f}; slope {slope_per_100(*map(list, zip(*steps))):+.3f} s per 100)")
     redraws = [(i, s) for i, s in zip(samples.iterations, samples.report_s) if s == s]
     first = next((s for i, s in redraws if i >= 100), redraws[0][1] if redraws else float("nan"))
     redraw_ratio = redraws[-1][1] / first if redraws else float("nan")
@@ -404,8 +433,10 @@ def report(args, samples: Samples, faults: list[Fault], store, work: Path, refer
         print(f"  fault {fault.kind}@{fault.at}: {'survived' if fault.survived else 'NOT survived'}")
     survived = sum(f.survived for f in faults) if state is not None and state.iteration == args.iterations else 0
     plot(samples, work, args)
-    largest_rss = max(rss_slopes.values(), default=0.0)
-    largest_fds = max(fd_slopes.values(), default=0.0)
+    if not per_process:
+        print("  no process was sampled 5 times after its warm-up: no slopes (sample more often)")
+    largest_rss = max(rss_slopes.values(), default=float("nan"))
+    largest_fds = max(fd_slopes.values(), default=float("nan"))
     ok = largest_rss <= 1.0 and largest_fds <= 1.0 and equal and survived == len(faults) and redraw_ratio <= 2.0
     print(f"\n{last + 1} iterations in {wall / 60:.1f} min; verdict: "
           f"{'all targets met' if ok else 'targets missed'} (RSS slope <= 1 MB/100, fds flat, metrics equal, "
@@ -423,7 +454,7 @@ def plot(samples: Samples, work: Path, args) -> None:
     import matplotlib.pyplot as plt
 
     figure, (memory, disk) = plt.subplots(1, 2, figsize=(12, 4))
-    for name, (xs, rs, _) in series(samples, 0).items():
+    for name, (xs, rs, _, _) in series(samples, 0).items():
         memory.plot(xs, rs, label=name)
     memory.set_xlabel("iteration")
     memory.set_ylabel("RSS (MB)")
