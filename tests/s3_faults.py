@@ -5,7 +5,9 @@ store must ride through both on retries. This proxy forwards each request to mot
 except the next `count` requests, which get one of three faults:
 - "503": a 503 with an S3-style XML error body (code SlowDown), then the connection closes;
 - "reset": the connection is closed abruptly (TCP RST) before any response;
-- "stall": nothing is sent back, so only the client's read timeout ends the wait.
+- "stall": nothing is sent back, so only the client's read timeout ends the wait;
+- "lost": the request reaches moto and is done, then the connection is reset before its answer (the
+  client's retry meets its own write).
 """
 from __future__ import annotations
 
@@ -122,7 +124,10 @@ class ProxyHandler(socketserver.StreamRequestHandler):
                 return
             if expects_continue:
                 self.wfile.write(b"HTTP/1.1 100 Continue\r\n\r\n")
-            self.forward(proxy, request, self.read_body(request))
+            self.forward(proxy, request, self.read_body(request), answer=fault != "lost")
+            if fault == "lost":
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                return
 
     def read_head(self) -> Request | None:
         line = self.rfile.readline()
@@ -151,7 +156,7 @@ class ProxyHandler(socketserver.StreamRequestHandler):
                 f"Content-Length: {len(SLOW_DOWN_BODY)}\r\nConnection: close\r\n\r\n").encode()
         self.wfile.write(head + (b"" if request.method == "HEAD" else SLOW_DOWN_BODY))
 
-    def forward(self, proxy: FaultProxy, request: Request, body: bytes) -> None:
+    def forward(self, proxy: FaultProxy, request: Request, body: bytes, answer: bool = True) -> None:
         upstream = http.client.HTTPConnection(*proxy.upstream, timeout=30)
         try:
             upstream.putrequest(request.method, request.target, skip_host=True, skip_accept_encoding=True)
@@ -166,6 +171,8 @@ class ProxyHandler(socketserver.StreamRequestHandler):
             length = response.getheader("content-length", "0") if request.method == "HEAD" else str(len(payload))
         finally:
             upstream.close()
+        if not answer:
+            return
         lines = [f"HTTP/1.1 {response.status} {response.reason}"] + [f"{k}: {v}" for k, v in headers]
         lines.append(f"Content-Length: {length}")
         self.wfile.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + payload)

@@ -193,6 +193,32 @@ def test_an_append_to_a_long_file_sends_only_its_line(bucket, raw, tmp_path):
     assert store.read_text(key) == '{"row": 0}\n{"row": 1}\n'
 
 
+@pytest.mark.parametrize("size", [0, 6 * MIB], ids=["small", "past-5MiB"])
+def test_an_append_whose_answer_was_lost_is_not_refused_by_its_own_retry(size, bucket, raw, proxy, monkeypatch,
+                                                                        tmp_path):
+    """The write lands on S3, its answer is lost, botocore sends it again: the retry meets the append's own
+    write (a precondition refused; an upload already completed), which is read as done, not as another
+    writer. Each line is in the object once. ~1 s (moto)."""
+    key = "r1/metrics.jsonl"
+    head = b"x" * size
+    direct = make_store(bucket, tmp_path)
+    direct.write_bytes(key, head)
+    direct.append_line(key, "first")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    store = make_store(bucket, tmp_path)
+    store.append_line(key, "second")  # learns the object
+    # the write that ends the append: the whole object's PUT, or the multipart upload's completing POST
+    proxy.inject("lost", 1, method="POST" if size else "PUT", path_part="metrics.jsonl" + ("?uploadId" if size else ""))
+    try:
+        store.append_line(key, "third")
+        assert proxy.faults_served == 1
+    finally:
+        proxy.inject(None, 0)
+    assert stored(raw, bucket, key) == head + b"first\nsecond\nthird\n"
+    store.append_line(key, "fourth")
+    assert store.read_bytes(key) == head + b"first\nsecond\nthird\nfourth\n"
+
+
 def test_tampered_objects_fail_their_checksum(bucket, raw, tmp_path):
     store = make_store(bucket, tmp_path)
     store.write_text("r1/state.json", '{"iteration": 3}')

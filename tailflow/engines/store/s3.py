@@ -249,10 +249,20 @@ class S3Store:
         condition = {"IfMatch": tag} if tag is not None else {"IfNoneMatch": "*"}
         put = lambda: self.client.put_object(Bucket=self.bucket, Key=self.object_key(key), Body=body,  # noqa: E731
                                              Metadata=metadata, ContentType=content_type(key), **condition)["ETag"]
-        written = self.conditional(key, put)
+        written = self.conditional(key, put) or self.landed(key, metadata["sha256"])
         if written is None:
             raise StoreError(f"{self.uri(key)}: changed by another writer while a line was appended to it")
         self.appended[key] = Appended(hashlib.sha256(body), len(body), written)
+
+    def landed(self, key: str, sha256: str) -> str | None:
+        """The object's ETag if its content is the one whose sha256 is given: a write whose answer was lost
+        landed, and its retry found its own write (a precondition refused, an upload already completed)."""
+        with s3_errors(self.uri(key)):
+            try:
+                head = self.client.head_object(Bucket=self.bucket, Key=self.object_key(key))
+            except ClientError:
+                return None
+        return head["ETag"] if head.get("Metadata", {}).get("sha256") == sha256 else None
 
     def append_by_copy(self, key: str, known: "Appended", data: bytes) -> str | None:
         """A new object of two parts: the current one, copied on the server if its ETag is still `known.tag`,
@@ -270,8 +280,15 @@ class S3Store:
                                                   CopySourceIfMatch=known.tag)["CopyPartResult"]["ETag"]
             added = self.client.upload_part(**target, UploadId=upload, PartNumber=2, Body=data)["ETag"]
             parts = [{"PartNumber": 1, "ETag": copied}, {"PartNumber": 2, "ETag": added}]
-            return self.client.complete_multipart_upload(**target, UploadId=upload,
-                                                         MultipartUpload={"Parts": parts})["ETag"]
+            try:
+                return self.client.complete_multipart_upload(**target, UploadId=upload,
+                                                             MultipartUpload={"Parts": parts})["ETag"]
+            except ClientError as error:
+                if error.response.get("Error", {}).get("Code") == "NoSuchUpload":  # a retry of one that landed
+                    tag = self.landed(key, digest.hexdigest())
+                    if tag is not None:
+                        return tag
+                raise
         except BaseException:
             try:
                 self.client.abort_multipart_upload(**target, UploadId=upload)
