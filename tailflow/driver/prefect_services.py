@@ -19,8 +19,8 @@ thread, both private; if either is not there (another version), it does nothing.
 subflow returns (and each item one level inside it), Prefect records `id(result) -> (a copy of its state, ...)`,
 to draw an arrow in the UI when that object is passed to a later task. Nothing removes an entry while the flow
 run lasts, and the parent `rl_training` flow run lasts the whole training run: ~7 entries an iteration, ~90% of
-the objects the driver gained per iteration (measured in process, bench conditions, 160 micro iterations: +22
-objects an iteration, +2 with the entries pruned). An entry whose object is gone, or that keeps no weak
+the objects the driver gained per iteration (measured in process, bench conditions, 160 micro iterations: ~21
+objects an iteration, under 1 with the entries pruned). An entry whose object is gone, or that keeps no weak
 reference to its object (a dict, list or tuple, looked up by `id` alone, which a new object may reuse), can
 never draw a correct arrow again; those are dropped. Entries of objects still alive (the run state passed to the
 next iteration's subflow) stay.
