@@ -106,6 +106,7 @@ def run_cancelled(line: str) -> RunCancelled:
 
 
 def committed_iterations(store, run_id: str) -> int:
+    """How many iterations run `run_id` has committed (0 before its first commit)."""
     committed = read_committed_state(store, run_id)
     return committed.iteration if committed is not None else 0
 
@@ -180,8 +181,6 @@ def end_left_subflows(flow, flow_run, state) -> None:
     from prefect.client.schemas.objects import StateType
 
     subflows = subflows_of(flow_run.id, FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))
-    if not subflows:
-        return
     store, run_id, store_uri = run_store(flow_run)
     iterations = [iteration for iteration in map(iteration_of, subflows) if iteration is not None]
     line = said_or_say(flow_run, store, run_id, store_uri, min(iterations) if iterations else None)
