@@ -118,21 +118,22 @@ def iteration_of(subflow) -> int | None:
 
 
 def cancel_unfinished_subflows(since: datetime, line: str, committed: int) -> None:
-    """End every subflow this flow run started after `since` (this attempt) unless it completed or is Cancelled
-    already: the one the signal stopped, and any other it left Crashed or Running on the way (a subflow's engine
-    reports the signal as a crash when it lands outside the iteration's own code; one it hit while starting
-    still has its generated name, not `iter-NNNN`). Subflows of earlier attempts keep their states (a killed
-    attempt's Crashed one says what replaced it). One whose iteration is among the `committed` ones (the signal
-    landed between its commit and its end) ends Completed, as its work is kept; the others end Cancelled."""
+    """End every subflow this flow run started after `since` (this attempt) unless it completed: the one the
+    signal stopped, one Prefect's engine set Cancelled ("Flow run was cancelled."), and any other it left Crashed
+    or Running on the way (a subflow's engine reports the signal as a crash when it lands outside the iteration's
+    own code; one it hit while starting still has its generated name, not `iter-NNNN`). Subflows of earlier
+    attempts keep their states (a killed attempt's Crashed one says what replaced it). One whose iteration is
+    among the `committed` ones (the signal landed between its commit and its end) ends Completed, as its work is
+    kept; the others end Cancelled."""
     from prefect.client.schemas.filters import FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
     from prefect.runtime import flow_run
 
     if not flow_run.id:
         return
-    # the server leaves out completed and cancelled ones: a long run has a finished subflow per iteration, more
-    # than a page of results
-    unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED, StateType.CANCELLED]))
+    # the server leaves out completed ones: a long run has a finished subflow per iteration, more than a page of
+    # results. Cancelled ones stay in: Prefect's engine may have cancelled a committed one already.
+    unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED]))
     end_subflows([subflow for subflow in unfinished if subflow.created is not None and subflow.created >= since],
                  line, committed)
 
