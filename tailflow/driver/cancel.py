@@ -20,7 +20,9 @@ unsaid). So an iteration's own code runs with SIGTERM raising SystemExit, as Ray
 so the run ignores SIGTERM again as soon as the error that reaches it says it is cancelled (`ended_on_cancel`),
 and while it asks the API the signal waits (tasks/cancellable.py): a second SIGTERM (Prefect's engine sends one
 to its own process when the first came without the runner's cancel intent; a runner sends one per cancellation
-it acts on) must not stop that handling halfway. Should the process die anyway, the runner runs
+it acts on) must not stop that handling halfway. From an iteration's commit until its subflow returns the signal
+waits (`deferred_to_return`): landing in the subflow engine's end it was reported as a crash; it stops the run in
+its flow instead, after the committed iteration. Should the process die anyway, the runner runs
 `end_left_subflows`, which says the line if the process did not and ends the iteration it left Running.
 """
 from __future__ import annotations
@@ -34,10 +36,10 @@ from tailflow.engines.runs.commit import read_committed_state
 from tailflow.tasks.cancellable import RunCancelled, cancel_requested, exits_on_sigterm, hold_off_termination
 
 
-def cancelled_line(store, run_id: str, store_uri: str, iteration: int, finished: bool) -> str:
-    """What the run says when cancelled in (or, `finished`, after) `iteration`: what is committed, how to go on."""
-    committed = read_committed_state(store, run_id)
-    done = committed.iteration if committed is not None else 0
+def cancelled_line(committed, run_id: str, store_uri: str, iteration: int, finished: bool) -> str:
+    """What the run says when cancelled in (or, `finished`, after) `iteration`, `committed` its last commit (None
+    before the first): what is committed, how to go on."""
+    done = committed_count(committed)
     checkpoint = committed.latest_checkpoint if committed is not None else None
     where = (f"after iteration {iteration:04d}" if finished or done > iteration
              else f"in iteration {iteration:04d} (nothing of it is kept)")
@@ -50,7 +52,7 @@ def cancelled_line(store, run_id: str, store_uri: str, iteration: int, finished:
 def stop_if_cancelled(store, run_id: str, store_uri: str, iteration: int) -> None:
     """Between iterations: end the run here if its flow run was cancelled."""
     if cancel_requested():
-        line = cancelled_line(store, run_id, store_uri, iteration, finished=True)
+        line = cancelled_line(read_committed_state(store, run_id), run_id, store_uri, iteration, finished=True)
         say(line)
         raise run_cancelled(line)
 
@@ -71,9 +73,10 @@ def ended_on_cancel(store, run_id: str, store_uri: str, iteration: int, since: d
             hold_off_termination()  # the subflow's engine put back the handler it had replaced (Ray's)
         elif not cancel_requested():
             raise
-        line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
+        committed = read_committed_state(store, run_id)
+        line = cancelled_line(committed, run_id, store_uri, iteration, finished=False)
         say(line)
-        cancel_unfinished_subflows(since, line, committed_iterations(store, run_id))
+        cancel_unfinished_subflows(since, line, committed_count(committed))
         raise run_cancelled(line) from None
 
 
@@ -105,9 +108,8 @@ def run_cancelled(line: str) -> RunCancelled:
     return cancelled
 
 
-def committed_iterations(store, run_id: str) -> int:
-    """How many iterations run `run_id` has committed (0 before its first commit)."""
-    committed = read_committed_state(store, run_id)
+def committed_count(committed) -> int:
+    """How many iterations a run whose last commit is `committed` has committed (0: None, before its first)."""
     return committed.iteration if committed is not None else 0
 
 
@@ -184,8 +186,9 @@ def end_left_subflows(flow, flow_run, state) -> None:
     subflows = subflows_of(flow_run.id, FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))
     store, run_id, store_uri = run_store(flow_run)
     iterations = [iteration for iteration in map(iteration_of, subflows) if iteration is not None]
-    line = said_or_say(flow_run, store, run_id, store_uri, min(iterations) if iterations else None)
-    end_subflows(subflows, line, committed_iterations(store, run_id))
+    committed = read_committed_state(store, run_id)
+    line = said_or_say(flow_run, committed, run_id, store_uri, min(iterations) if iterations else None)
+    end_subflows(subflows, line, committed_count(committed))
 
 
 def run_store(flow_run) -> tuple:
@@ -199,9 +202,9 @@ def run_store(flow_run) -> tuple:
     return open_store(store_uri), params.get("run_id") or flow_run_run_id(flow_run.id), store_uri
 
 
-def said_or_say(flow_run, store, run_id: str, store_uri: str, iteration: int | None) -> str:
+def said_or_say(flow_run, committed, run_id: str, store_uri: str, iteration: int | None) -> str:
     """The run's line, as `ended_on_cancel` says it, for flow run `flow_run` stopped in `iteration` (None: in
-    the one after its last commit): read back from its logs if its process said it, else said now, in its logs."""
+    the one after its last commit, `committed`): read back from its logs if its process said it, else said now, in its logs."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
@@ -213,7 +216,7 @@ def said_or_say(flow_run, store, run_id: str, store_uri: str, iteration: int | N
     if said:
         return said[0]
     if iteration is None:
-        iteration = committed_iterations(store, run_id)
-    line = cancelled_line(store, run_id, store_uri, iteration, finished=False)
+        iteration = committed_count(committed)
+    line = cancelled_line(committed, run_id, store_uri, iteration, finished=False)
     say(line, flow_run_id=flow_run.id)
     return line

@@ -22,6 +22,7 @@ from tailflow.engines.round_work import RoundWork
 from tailflow.engines.run_context import RunContext
 from tailflow.engines.run_state import RunState
 from tailflow.engines.track.summary import metrics_row
+from tailflow.tasks.cancellable import deferred_to_return
 from tailflow.tasks.commit import commit
 from tailflow.tasks.evaluate import evaluate_policy
 from tailflow.tasks.rollout import pause_rollout, resume_rollout, take_round
@@ -52,6 +53,7 @@ def iteration(ctx: RunContext, state: RunState, iteration: int, attempt: int = 0
         row = metrics_row(outcome, state.initial_eval_accuracy) | workers.metrics()
         next_state = commit(ctx, state.advance(outcome, pipeline=in_flight,
                                                rollout_workers_added=ctx.rollout.workers_added()), row)
+        deferred_to_return()  # committed: a Cancel's signal from here stops the run in its flow, not in this one's end
         publish_iteration_summary(row, next_state)
         publish_rollout_membership(ctx.run_id, iteration, workers)
         return next_state

@@ -33,7 +33,7 @@ from tailflow.engines.track import MetricsLogger
 from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
 from tailflow.flows.iteration import iteration
-from tailflow.tasks.cancellable import cancel_requested
+from tailflow.tasks.cancellable import cancel_requested, subflow_end_deferred
 from tailflow.tasks.evaluate import evaluate_policy
 
 
@@ -201,7 +201,8 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
     retries = ctx.config.train.iteration_retries
     for attempt in range(retries + 1):
         try:
-            return ctx, iteration(ctx, state.without_pipeline(), step, attempt)
+            with subflow_end_deferred():  # a signal held from its commit to its return stops the run here
+                return ctx, iteration(ctx, state.without_pipeline(), step, attempt)
         except Exception as error:
             outage = is_prefect_outage(error)
             if not (outage or isinstance(error, ACTOR_FAILURES)):

@@ -196,6 +196,44 @@ def flow_sigterm_inside() -> Iterator[None]:
             signal.signal(signal.SIGTERM, deferred.record)
 
 
+SUBFLOW_RETURNS: list[DeferredTermination] = []
+"""The SIGTERM deferrals of the subflow calls in progress in the main thread, innermost last."""
+
+
+@contextmanager
+def subflow_end_deferred() -> Iterator[None]:
+    """Around a subflow's call in its parent flow: a SIGTERM the subflow recorded once its work was kept
+    (`deferred_to_return`) is handed to the parent's handler when the call returns, where the parent's code stops
+    on it (driver/cancel.py: `ended_on_cancel`); none once the run holds off termination (a Cancel it knows of)."""
+    deferred = DeferredTermination()
+    if threading.current_thread() is threading.main_thread():
+        deferred.previous, deferred.installed = signal.getsignal(signal.SIGTERM), True
+    SUBFLOW_RETURNS.append(deferred)
+    try:
+        yield
+    finally:
+        SUBFLOW_RETURNS.pop()
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+            deferred.drop()
+        deferred.resume()
+
+
+def deferred_to_return() -> None:
+    """In a subflow called in `subflow_end_deferred`, once its work is kept (the iteration committed): SIGTERM
+    recorded from here until the call returns to the parent. Prefect's engine ends the subflow run after the body
+    returns, under its own handler (Prefect 3.8.8's `capture_sigterm`), and a signal landing there without the
+    runner's cancel intent was reported as a crash: seen in the Cancel test, "Crash detected! Execution was
+    aborted by a termination signal." at ERROR for a committed iteration. The recorder stays installed past the
+    body (`exits_on_sigterm` leaves a handler it did not set) until the engine puts back the parent's handler or
+    the parent does (`subflow_end_deferred`). Nothing changes once the run holds off termination, outside a
+    `subflow_end_deferred` call, or from another thread."""
+    deferred = SUBFLOW_RETURNS[-1] if SUBFLOW_RETURNS else None
+    if (deferred is None or not deferred.installed or threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN):
+        return
+    signal.signal(signal.SIGTERM, deferred.record)
+
+
 def run_task(fn: Callable) -> CancellableTask:
     """`fn` as a never-cached task (each drives stateful Ray actors) that a Cancel stops quietly."""
 
