@@ -168,14 +168,21 @@ def engine_sigterm_deferred() -> Iterator[None]:
     """Around a task run in Prefect's engine: a SIGTERM is recorded, then handed to the flow's handler, at the body's
     start (one that came while the run started) or after the run ended (one that came while it ended), where the
     flow's code stops on it; none is handed on once the run holds off termination (a Cancel it knows of)."""
-    with deferred_termination() as deferred:
-        ENGINE_DEFERRALS.append(deferred)
-        try:
-            yield
-        finally:
-            ENGINE_DEFERRALS.pop()
-            if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
-                deferred.drop()  # the body learnt of the Cancel (`cancel_requested`): the run winds down
+    with deferred_termination() as deferred, in_progress(ENGINE_DEFERRALS, deferred):
+        yield
+
+
+@contextmanager
+def in_progress(deferrals: list[DeferredTermination], deferred: DeferredTermination) -> Iterator[None]:
+    """`deferred` innermost in `deferrals` for the block; dropped at its end if the code inside learnt of the Cancel
+    (`cancel_requested` ignores SIGTERM from then on): the run winds down by itself."""
+    deferrals.append(deferred)
+    try:
+        yield
+    finally:
+        deferrals.pop()
+        if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+            deferred.drop()
 
 
 @contextmanager
@@ -208,13 +215,10 @@ def subflow_end_deferred() -> Iterator[None]:
     deferred = DeferredTermination()
     if threading.current_thread() is threading.main_thread():
         deferred.previous, deferred.installed = signal.getsignal(signal.SIGTERM), True
-    SUBFLOW_RETURNS.append(deferred)
     try:
-        yield
+        with in_progress(SUBFLOW_RETURNS, deferred):
+            yield
     finally:
-        SUBFLOW_RETURNS.pop()
-        if signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
-            deferred.drop()
         deferred.resume()
 
 
