@@ -204,7 +204,8 @@ def run_store(flow_run) -> tuple:
 
 def said_or_say(flow_run, committed, run_id: str, store_uri: str, iteration: int | None) -> str:
     """The run's line, as `ended_on_cancel` says it, for flow run `flow_run` stopped in `iteration` (None: in
-    the one after its last commit, `committed`): read back from its logs if its process said it, else said now, in its logs."""
+    the one after its last commit, `committed`): read back from its logs if its process said it, else said now,
+    in its logs."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
     from prefect.client.schemas.sorting import LogSort
