@@ -3,7 +3,8 @@ the signal landed (it stopped between its commit and its subflow's end) keeps it
 Completed; the iteration the signal stopped, and a subflow stopped before it was named, end Cancelled."""
 from __future__ import annotations
 
-from tailflow.driver.cancel import end_subflows, iteration_of
+from tailflow.driver.cancel import end_subflows
+from tailflow.driver.subflows import iteration_of
 
 
 def test_committed_iterations_end_completed_and_the_rest_cancelled(prefect_api):

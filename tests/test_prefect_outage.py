@@ -63,14 +63,54 @@ def test_run_iteration_waits_out_an_outage_and_never_runs_a_committed_iteration_
     monkeypatch.setattr(training, "restore_weights", lambda ctx, state: seen.append(f"restored {state.iteration}"))
     monkeypatch.setattr(training, "rollout_first", lambda ctx: None)
     monkeypatch.setattr(training, "say", lambda line: None)
+    monkeypatch.setattr(training, "complete_committed_subflow",
+                        lambda step, since, line: seen.append(f"completed iter-{step:04d}"))
     ctx = SimpleNamespace(config=SimpleNamespace(train=SimpleNamespace(iteration_retries=2)), store=None,
                           run_id="r")
     _, state = training.run_iteration(ctx, before, 3)
     assert state == after
     if committed_before_failing:
-        assert ran == [0] and seen == ["waited", "restarted", "restored 4"]
+        assert ran == [0] and seen == ["waited", "completed iter-0003", "restarted", "restored 4"]
     else:
         assert ran == [0, 1] and seen == ["waited", "restarted", "restored 3"]
+
+
+@pytest.mark.slow
+def test_the_subflow_an_outage_failed_after_its_commit_ends_completed(prefect_api):
+    """The outage test once ended with `iter-0002` Failed: the server went away after that iteration's commit, so
+    it was kept, not run again, and nothing ended its subflow otherwise. `complete_committed_subflow` sets the
+    failed try's subflow Completed with the run's line; an earlier try of the same iteration and another
+    iteration's subflow keep their states. Real subflows on the session's Prefect server.
+
+    Marked slow because it needs the session's Prefect server (`prefect_api`, 15-35 s to start here, paid by the
+    first test on each xdist worker that asks for it); this test's own part is ~3 s."""
+    from datetime import datetime, timezone
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort
+
+    @flow(flow_run_name="iter-{step:04d}", persist_result=False)
+    def failed_by_the_outage(step: int) -> None:
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    @flow(name="tailflow-outage-parent", persist_result=False)
+    def run() -> int:
+        failed_by_the_outage(2, return_state=True)  # an earlier try of iteration 2
+        since = datetime.now(timezone.utc)
+        failed_by_the_outage(2, return_state=True)  # the try that committed, then failed
+        failed_by_the_outage(3, return_state=True)
+        return prefect_outage.complete_committed_subflow(2, since, "[tailflow] iter 0002: committed before it failed")
+
+    state = run(return_state=True)
+    assert state.result() == 1
+    with get_client(sync_client=True) as client:
+        subflows = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(
+            any_=[state.state_details.flow_run_id])), sort=FlowRunSort.START_TIME_ASC)
+    assert [(run.name, run.state.type.value) for run in subflows] == [
+        ("iter-0002", "FAILED"), ("iter-0002", "COMPLETED"), ("iter-0003", "FAILED")]
+    assert subflows[1].state.message == "[tailflow] iter 0002: committed before it failed"
 
 
 @pytest.mark.slow
@@ -79,7 +119,8 @@ def test_a_prefect_server_stopped_and_restarted_during_a_run_loses_and_repeats_n
     for 15 s and started again on the same port and database. Prefect's client retries once only here
     (PREFECT_CLIENT_MAX_RETRIES=1, ~2 s; the default rides ~1 minute out), so the run's requests fail during the
     outage: the run must go on by itself and end with iterations 0..3 committed once each, every metrics row
-    once, one Completed `iter-NNNN` subflow per iteration (an attempt the outage failed, if any, ended Failed).
+    once, one Completed `iter-NNNN` subflow per iteration (an attempt the outage failed before its commit, if
+    any, ended Failed; one it failed after its commit ends Completed, `complete_committed_subflow`).
     Costs ~80 s here (a server started twice, one run of 4 iterations, Ray and its actors, the outage): the
     server must be this test's own to be stopped, and the run a process of its own to go on without it."""
     server = PrefectServer(tmp_path / "prefect")

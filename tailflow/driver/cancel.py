@@ -32,6 +32,7 @@ from datetime import datetime
 from typing import Iterator
 
 from tailflow.driver.run_log import flow_run_run_id, say
+from tailflow.driver.subflows import iteration_of, subflows_of
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.tasks.cancellable import RunCancelled, cancel_requested, exits_on_sigterm, hold_off_termination
 
@@ -113,12 +114,6 @@ def committed_count(committed) -> int:
     return committed.iteration if committed is not None else 0
 
 
-def iteration_of(subflow) -> int | None:
-    """The iteration an `iter-NNNN` subflow ran; None for one stopped before it was named."""
-    number = (subflow.name or "")[len("iter-"):]
-    return int(number) if (subflow.name or "").startswith("iter-") and number.isdigit() else None
-
-
 def cancel_unfinished_subflows(since: datetime, line: str, committed: int) -> None:
     """End every subflow this flow run started after `since` (this attempt) unless it completed: the one the
     signal stopped, one Prefect's engine set Cancelled ("Flow run was cancelled."), and any other it left Crashed
@@ -147,17 +142,6 @@ def end_subflows(subflows: list, line: str, committed: int) -> None:
             if iteration is not None and iteration < committed]
     set_state(kept, line, cancelled=False)
     set_state([subflow for subflow in subflows if subflow not in kept], line, cancelled=True)
-
-
-def subflows_of(parent_flow_run_id, states) -> list:
-    """The subflow runs of `parent_flow_run_id` whose state type `states` (a `FlowRunFilterStateType`) admits."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState
-
-    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_flow_run_id]),
-                                state=FlowRunFilterState(type=states))
-    with get_client(sync_client=True) as client:
-        return client.read_flow_runs(flow_run_filter=runs_filter)
 
 
 def set_state(flow_runs: list, line: str, cancelled: bool) -> None:

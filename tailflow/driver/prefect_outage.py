@@ -7,12 +7,15 @@ outage only pauses the run. A longer one makes a state change or an artifact fai
 inside the iteration's subflow. The run's truth is in its store, not in Prefect, so nothing is lost: the
 iteration that failed is thrown away, and once the server answers again it runs again from the last commit
 (`flows/training.run_iteration`), as after an actor's death. Artifacts are only what the UI shows: one that
-cannot be published is skipped with a warning (`run_log.tolerated`), and the next iteration's replaces it.
+cannot be published is skipped with a warning (`run_log.tolerated`), and the next iteration's replaces it. An
+iteration the outage failed after its commit is kept, not run again, and its subflow, left Failed by the outage,
+ends Completed (`complete_committed_subflow`).
 """
 from __future__ import annotations
 
 import time
 import urllib.request
+from datetime import datetime
 
 import httpx
 
@@ -67,3 +70,27 @@ def wait_for_prefect_api(timeout_s: float = OUTAGE_WAIT_S, poll_s: float = POLL_
             raise TimeoutError(f"the Prefect server ({url}) did not answer for {timeout_s:.0f} s")
         time.sleep(poll_s)
     return time.monotonic() - started
+
+
+def complete_committed_subflow(step: int, since: datetime, line: str) -> int:
+    """After an outage failed iteration `step` after its commit: its subflow, started at or after `since` (the
+    try that failed), which the outage left Failed or Running, ends Completed with `line` as its message, as its
+    work is kept (seen in tests/test_prefect_outage.py: `iter-0002` Failed, its iteration committed and not run
+    again). The number of subflows set."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.runtime import flow_run
+    from prefect.states import Completed
+
+    from tailflow.driver.subflows import iteration_of, subflows_of
+
+    if not flow_run.id:
+        return 0
+    unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED]))
+    tried = [run for run in unfinished
+             if iteration_of(run) == step and run.created is not None and run.created >= since]
+    with get_client(sync_client=True) as client:
+        for run in tried:
+            client.set_flow_run_state(run.id, Completed(message=line), force=True)
+    return len(tried)

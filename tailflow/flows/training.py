@@ -13,7 +13,7 @@ from tailflow.driver.artifacts import TABLE_ROWS, RunArtifacts
 from tailflow.driver.cancel import end_left_subflows, ended_on_cancel
 from tailflow.driver.context import build_context, new_run_id, prepare_run_dir, restart_workers
 from tailflow.driver.live_progress import live_progress
-from tailflow.driver.prefect_outage import is_prefect_outage, wait_for_prefect_api
+from tailflow.driver.prefect_outage import complete_committed_subflow, is_prefect_outage, wait_for_prefect_api
 from tailflow.driver.prefect_services import forget_dead_results, release_stopped_services
 from tailflow.driver.preflight import check_inputs
 from tailflow.driver.resume import (check_config_for_resume, commit_initial_state, finished_state, restore_commit,
@@ -201,6 +201,7 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
     retries = ctx.config.train.iteration_retries
     for attempt in range(retries + 1):
         try:
+            tried = datetime.now(timezone.utc)
             with subflow_end_deferred():  # a signal held from its commit to its return stops the run here
                 return ctx, iteration(ctx, state.without_pipeline(), step, attempt)
         except Exception as error:
@@ -216,8 +217,10 @@ def run_iteration(ctx: RunContext, state: RunState, step: int) -> tuple[RunConte
                 waited = wait_for_prefect_api()
                 committed = read_committed_state(ctx.store, ctx.run_id)
                 if committed is not None and committed.iteration > step:  # it failed after its commit
-                    say(f"[tailflow] iter {step:04d}: the Prefect server answers again (waited {waited:.0f} s); "
-                        "the iteration was committed before it failed: restarting the workers from that commit")
+                    line = (f"[tailflow] iter {step:04d}: the Prefect server answers again (waited {waited:.0f} s); "
+                            "the iteration was committed before it failed: restarting the workers from that commit")
+                    say(line)
+                    complete_committed_subflow(step, tried, line)
                     ctx = restart_workers(ctx)
                     restore_weights(ctx, committed)
                     rollout_first(ctx)

@@ -1,0 +1,21 @@
+"""A training run's iteration subflows on the Prefect server: which iteration one ran, and finding them. Shared by
+the endings that set a subflow's state after the fact: a Cancel (driver/cancel.py) and a Prefect server outage
+(driver/prefect_outage.py)."""
+from __future__ import annotations
+
+
+def iteration_of(subflow) -> int | None:
+    """The iteration an `iter-NNNN` subflow ran; None for one stopped before it was named."""
+    number = (subflow.name or "")[len("iter-"):]
+    return int(number) if (subflow.name or "").startswith("iter-") and number.isdigit() else None
+
+
+def subflows_of(parent_flow_run_id, states) -> list:
+    """The subflow runs of `parent_flow_run_id` whose state type `states` (a `FlowRunFilterStateType`) admits."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState
+
+    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_flow_run_id]),
+                                state=FlowRunFilterState(type=states))
+    with get_client(sync_client=True) as client:
+        return client.read_flow_runs(flow_run_filter=runs_filter)
