@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Iterator
 
 from tailflow.driver.run_log import flow_run_run_id, say
-from tailflow.driver.subflows import iteration_of, subflows_of
+from tailflow.driver.subflows import iteration_of, subflows_of, unfinished_since
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.tasks.cancellable import RunCancelled, cancel_requested, exits_on_sigterm, hold_off_termination
 
@@ -122,17 +122,7 @@ def cancel_unfinished_subflows(since: datetime, line: str, committed: int) -> No
     attempts keep their states (a killed attempt's Crashed one says what replaced it). One whose iteration is
     among the `committed` ones (the signal landed between its commit and its end) ends Completed, as its work is
     kept; the others end Cancelled."""
-    from prefect.client.schemas.filters import FlowRunFilterStateType
-    from prefect.client.schemas.objects import StateType
-    from prefect.runtime import flow_run
-
-    if not flow_run.id:
-        return
-    # the server leaves out completed ones: a long run has a finished subflow per iteration, more than a page of
-    # results. Cancelled ones stay in: Prefect's engine may have cancelled a committed one already.
-    unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED]))
-    end_subflows([subflow for subflow in unfinished if subflow.created is not None and subflow.created >= since],
-                 line, committed)
+    end_subflows(unfinished_since(since), line, committed)
 
 
 def end_subflows(subflows: list, line: str, committed: int) -> None:

@@ -78,18 +78,11 @@ def complete_committed_subflow(step: int, since: datetime, line: str) -> int:
     work is kept (seen in tests/test_prefect_outage.py: `iter-0002` Failed, its iteration committed and not run
     again). The number of subflows set."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilterStateType
-    from prefect.client.schemas.objects import StateType
-    from prefect.runtime import flow_run
     from prefect.states import Completed
 
-    from tailflow.driver.subflows import iteration_of, subflows_of
+    from tailflow.driver.subflows import iteration_of, unfinished_since
 
-    if not flow_run.id:
-        return 0
-    unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED]))
-    tried = [run for run in unfinished
-             if iteration_of(run) == step and run.created is not None and run.created >= since]
+    tried = [run for run in unfinished_since(since) if iteration_of(run) == step]
     with get_client(sync_client=True) as client:
         for run in tried:
             client.set_flow_run_state(run.id, Completed(message=line), force=True)

@@ -19,3 +19,18 @@ def subflows_of(parent_flow_run_id, states) -> list:
                                 state=FlowRunFilterState(type=states))
     with get_client(sync_client=True) as client:
         return client.read_flow_runs(flow_run_filter=runs_filter)
+
+
+def unfinished_since(since) -> list:
+    """This flow run's subflows started at or after `since` (a `datetime`: an attempt's or a try's start) that did
+    not complete: a Cancel or an outage left them Cancelled, Crashed, Failed or Running. The server leaves out
+    completed ones (a long run has a finished subflow per iteration, more than a page of results); Cancelled ones
+    stay in (Prefect's engine may have cancelled a committed one already). Empty outside a flow run."""
+    from prefect.client.schemas.filters import FlowRunFilterStateType
+    from prefect.client.schemas.objects import StateType
+    from prefect.runtime import flow_run
+
+    if not flow_run.id:
+        return []
+    unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED]))
+    return [subflow for subflow in unfinished if subflow.created is not None and subflow.created >= since]
