@@ -142,16 +142,17 @@ def test_iteration_artifact_and_run_table_show_the_environment_only_when_present
 
 def test_report_page_lists_environment_facts_only_for_agentic_runs():
     from tailflow.engines.track.report import environment_facts, page_html
+    from tailflow.engines.track.report_data import MetricColumns
 
-    facts = dict(environment_facts([agentic_row(0), agentic_row(1)]))
+    facts = dict(environment_facts(MetricColumns.of_rows([agentic_row(0), single_turn_row(1), agentic_row(2)])))
     assert facts["turns per trajectory (mean over iterations)"] == "2.00 (max 3)"
     assert facts["environment failures (failed resets and steps)"] == "2"
-    assert environment_facts([single_turn_row(0)]) == []
-    assert "turns per trajectory" not in page_html("r", [single_turn_row(0)], [])
+    assert environment_facts(MetricColumns.of_rows([single_turn_row(0)])) == []
+    assert "turns per trajectory" not in page_html("r", MetricColumns.of_rows([single_turn_row(0)]), [])
 
 
 def test_report_length_histogram_counts_a_trajectorys_model_tokens():
-    from tailflow.engines.track.report import model_length
+    from tailflow.engines.track.report_data import model_length
 
     assert model_length(traced_response(0, DONE, None, "kept", (0, 1)).to_dict()) == 5
     assert model_length(traced_response(0, single("s", 7), None, "kept", (0, 1)).to_dict()) == 7

@@ -61,6 +61,31 @@ def test_tailflow_report_writes_every_plot_the_page_and_the_index(tmp_path):
         assert f'href="{name}"' in index, name
 
 
+class StreamedOnly(LocalStore):
+    """A store on which the run's growing files can only be streamed: reading one whole raises."""
+
+    def read_bytes(self, key: str) -> bytes:
+        assert not key.endswith(".jsonl"), f"{key} read whole"
+        return super().read_bytes(key)
+
+
+def test_a_redraw_streams_the_growing_files_and_draws_what_the_whole_rows_say(tmp_path):
+    """The driver redraws every `report_every` iterations for the run's life: metrics.jsonl and
+    rollout_trace.jsonl are streamed into the drawn columns and length counts, not held whole."""
+    from tailflow.engines.track.report_data import read_columns, response_lengths
+
+    store = StreamedOnly(tmp_path)
+    fake_run(store, "r1")
+    assert write_report(store, "r1").iterations == 6
+    columns = read_columns(store, "r1")
+    assert list(columns.iterations) == [0, 1, 2, 3, 4, 5]  # the uncommitted row left out
+    assert columns.series("eval/accuracy") == ([1, 3, 5], [0.3, 0.3, 0.3])
+    assert columns.first("eval/accuracy_initial") == 0.25
+    assert columns.filled("time/eval") == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    lengths = response_lengths(store, "r1")
+    assert lengths["long"] == {30: 2, 60: 2, 90: 2, 120: 2} and sum(lengths["short"].values()) == 4 * 5
+
+
 def test_report_of_a_missing_run_is_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-m", "tailflow.cli", "report", "nope", "--set", f"storage.uri={tmp_path}"],
                           capture_output=True, text=True, timeout=300)

@@ -237,6 +237,26 @@ def test_tampered_objects_fail_their_checksum(bucket, raw, tmp_path):
     assert store.read_text("r1/foreign.txt") == "written by another tool"  # no metadata: accepted unverified
 
 
+def test_read_lines_streams_an_object_and_checks_it_at_the_end(bucket, raw, tmp_path, monkeypatch):
+    import tailflow.engines.store.s3 as s3_module
+
+    monkeypatch.setattr(s3_module, "LINE_CHUNK", 7)  # lines cut across chunks, and a chunk holding several
+    lines = ['{"iteration": 0}\n', "\n", '{"iteration": 1, "name": "ü"}\n', "no newline at the end"]
+    for store in (make_store(bucket, tmp_path), LocalStore(tmp_path / "local")):
+        store.write_text("r1/metrics.jsonl", "".join(lines))
+        assert list(store.read_lines("r1/metrics.jsonl")) == lines
+        with pytest.raises(FileNotFoundError, match="r1/absent.jsonl"):
+            list(store.read_lines("r1/absent.jsonl"))
+
+    store = make_store(bucket, tmp_path)
+    old = raw.head_object(Bucket=bucket, Key=f"{PREFIX}/r1/metrics.jsonl")["Metadata"]
+    raw.put_object(Bucket=bucket, Key=f"{PREFIX}/r1/metrics.jsonl", Body=b"a\nb\n", Metadata=old)
+    read = []
+    with pytest.raises(StoreError, match=f"s3://{bucket}/{PREFIX}/r1/metrics.jsonl: sha256 mismatch"):
+        read.extend(store.read_lines("r1/metrics.jsonl"))
+    assert read == ["a\n", "b\n"]  # said at the end: what came before it was yielded
+
+
 @pytest.mark.parametrize("fault", ["503", "reset"])
 def test_transient_faults_are_retried(fault, bucket, raw, proxy, monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)

@@ -107,6 +107,15 @@ class LocalStore:
     def read_text(self, key: str) -> str:
         return self.read_bytes(key).decode()
 
+    def read_lines(self, key: str) -> Iterator[str]:
+        """The file's lines, one at a time: a reader of a file that grows with the run (metrics.jsonl) holds a
+        line, not the file."""
+        target = self.path(key)
+        if not target.is_file():
+            raise FileNotFoundError(f"{target} does not exist in the artifact store")
+        with open(target, encoding="utf-8") as handle:
+            yield from handle
+
     def append_line(self, key: str, line: str) -> None:
         """Append one line (a JSONL row); flushed and fsynced before returning."""
         target = self.path(key)

@@ -71,6 +71,9 @@ CREDENTIALS_HINT = ("give the process that runs tailflow AWS_ACCESS_KEY_ID and A
 BROKEN_BODY = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, FlexibleChecksumError)
 
 
+LINE_CHUNK = 64 * 1024
+"""Bytes read at a time by `read_lines`."""
+
 COPY_FROM = 5 * MIB
 """S3's smallest part but the last: from this size on, an append copies the object on the server."""
 
@@ -218,6 +221,28 @@ class S3Store:
 
     def read_text(self, key: str) -> str:
         return self.read_bytes(key).decode()
+
+    def read_lines(self, key: str) -> Iterator[str]:
+        """The object's lines, streamed: a reader of an object that grows with the run (metrics.jsonl) holds a
+        chunk and a line, not the object. Its sha256 is checked at the end, so a bad or broken download raises
+        StoreError after the lines before it were yielded, and is not read again: a reader that must not act on
+        part of a bad copy reads it whole (`read_bytes`)."""
+        uri = self.uri(key)
+        with s3_errors(uri):
+            response = self.client.get_object(Bucket=self.bucket, Key=self.object_key(key))
+            digest, rest = hashlib.sha256(), b""
+            try:
+                for chunk in response["Body"].iter_chunks(LINE_CHUNK):
+                    digest.update(chunk)
+                    *lines, rest = (rest + chunk).split(b"\n")
+                    yield from (line.decode() + "\n" for line in lines)
+            except BROKEN_BODY as error:
+                raise StoreError(f"{uri}: download interrupted ({one_line(error)})") from error
+        if rest:
+            yield rest.decode()
+        expected = response.get("Metadata", {}).get("sha256")
+        if expected is not None and digest.hexdigest() != expected:
+            raise StoreError(f"{uri}: sha256 mismatch (stored {expected}, downloaded {digest.hexdigest()})")
 
     def presigned_url(self, key: str, expiry_s: int) -> str:
         """A URL that GETs the object at `key` without credentials for `expiry_s` seconds (signed here, offline,

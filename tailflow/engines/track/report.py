@@ -13,7 +13,8 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
+import math
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -22,14 +23,11 @@ import matplotlib
 matplotlib.use("Agg")  # no display; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tailflow.engines.runs.commit import read_latest  # noqa: E402
-from tailflow.engines.runs.layout import rollout_trace_key  # noqa: E402
-from tailflow.engines.track.metrics import MetricsLogger  # noqa: E402
+from tailflow.engines.track.report_data import (  # noqa: E402
+    STEP_PARTS, MetricColumns, read_columns, response_lengths)
 
 REPORT = "report.html"
 PLOTS_DIR = "report"
-STEP_PARTS = (("time/step_generate", "generate"), ("time/step_reward", "reward"), ("time/step_train", "train"),
-              ("time/step_model_update", "sync"), ("time/eval", "eval"))
 
 
 @dataclass(frozen=True)
@@ -40,46 +38,11 @@ class ReportFiles:
     iterations: int
 
 
-def read_rows(store: Any, run_id: str) -> list[dict[str, Any]]:
-    rows = MetricsLogger(store, run_id).rows()
-    latest = read_latest(store, run_id)
-    committed = latest.iteration if latest else 0
-    return [row for row in rows if row["iteration"] < committed]  # rows past the commit may be run again
-
-
-def response_lengths(store: Any, run_id: str) -> dict[str, list[int]]:
-    """Lengths of responses that ended by themselves, by round kind (short, long, sync), from the trace (a
-    trajectory's: its model tokens, as `token/response_length/*` counts them)."""
-    key = rollout_trace_key(run_id)
-    lengths: dict[str, list[int]] = {}
-    if not store.exists(key):
-        return lengths
-    for line in store.read_text(key).splitlines():
-        if line.strip():
-            round_ = json.loads(line)
-            lengths.setdefault(round_["round"], []).extend(
-                model_length(response) for prompt in round_["prompts"] for response in prompt["responses"]
-                if response["finish"] != "abort")
-    return lengths
-
-
-def model_length(response: dict[str, Any]) -> int:
-    """A traced response's tokens the model sampled: its length, or a trajectory's turns' model tokens."""
-    if "turns" in response:
-        return sum(turn["model_tokens"] for turn in response["turns"])
-    return response["length"]
-
-
-def series(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
-    points = [(row["iteration"], row[name]) for row in rows if row.get(name) is not None]
-    return [x for x, _ in points], [y for _, y in points]
-
-
-def plot_reward(ax, rows: list[dict[str, Any]]) -> None:
-    ax.plot(*series(rows, "reward/mean"), label="reward/mean (train rounds)")
-    ax.plot(*series(rows, "reward/accuracy"), "--", label="reward/accuracy (= reward/mean for math)", alpha=0.7)
-    x, y = series(rows, "eval/accuracy")
-    initial = next((row["eval/accuracy_initial"] for row in rows if row.get("eval/accuracy_initial") is not None), None)
+def plot_reward(ax, columns: MetricColumns) -> None:
+    ax.plot(*columns.series("reward/mean"), label="reward/mean (train rounds)")
+    ax.plot(*columns.series("reward/accuracy"), "--", label="reward/accuracy (= reward/mean for math)", alpha=0.7)
+    x, y = columns.series("eval/accuracy")
+    initial = columns.first("eval/accuracy_initial")
     if initial is not None:
         x, y = [-1, *x], [initial, *y]
     ax.plot(x, y, "o-", label="eval/accuracy (held out, greedy; -1 = initial)")
@@ -87,41 +50,41 @@ def plot_reward(ax, rows: list[dict[str, Any]]) -> None:
     ax.legend(fontsize=8)
 
 
-def plot_lengths(ax, lengths: dict[str, list[int]]) -> None:
-    if not lengths:
+def plot_lengths(ax, lengths: dict[str, Counter[int]]) -> None:
+    if not any(lengths.values()):
         ax.text(0.5, 0.5, "no rollout_trace.jsonl (storage.rollout_trace: false)", ha="center", va="center")
         return
-    top = max(max(values) for values in lengths.values() if values) if any(lengths.values()) else 1
+    top = max(max(counts) for counts in lengths.values() if counts)
     bins = [edge for edge in range(0, top + 20, max(1, top // 40))]
-    for kind, values in sorted(lengths.items()):
-        ax.hist(values, bins=bins, alpha=0.55, label=f"{kind} rounds ({len(values)} responses)")
+    for kind, counts in sorted(lengths.items()):
+        ax.hist(list(counts), bins=bins, weights=list(counts.values()), alpha=0.55,
+                label=f"{kind} rounds ({sum(counts.values())} responses)")
     ax.set_yscale("log")
     ax.set(xlabel="response length (tokens)", ylabel="responses (log scale)", title="Response lengths by round")
     ax.legend(fontsize=8)
 
 
-def plot_step_times(ax, rows: list[dict[str, Any]]) -> None:
+def plot_step_times(ax, columns: MetricColumns) -> None:
     """Stacked areas, one polygon per phase: one bar per iteration and phase made the redraw grow with the run
     (2.4 s of 8.7 for 470 iterations, bench/longrun.py)."""
-    iterations = [row["iteration"] for row in rows]
-    parts = [[row.get(name) or 0.0 for row in rows] for name, _ in STEP_PARTS]
-    ax.stackplot(iterations, *parts, labels=[label for _, label in STEP_PARTS], step="mid")
+    ax.stackplot(list(columns.iterations), *(columns.filled(name) for name, _ in STEP_PARTS),
+                 labels=[label for _, label in STEP_PARTS], step="mid")
     ax.set(xlabel="iteration", ylabel="seconds", title="Step time (commit not timed)")
     ax.legend(fontsize=8)
 
 
-def plot_long_queue(ax, rows: list[dict[str, Any]]) -> None:
-    ax.step(*series(rows, "tail/long_queue_size"), where="post", label="long-prompt queue (after the round)")
-    if any(row.get("tail/round") == 1 for row in rows):  # one shaded collection, not a span per long round
-        ax.fill_between([row["iteration"] for row in rows], 0, 1, where=[row.get("tail/round") == 1 for row in rows],
-                        step="mid", color="tab:red", alpha=0.15, transform=ax.get_xaxis_transform(),
-                        label="long round")
+def plot_long_queue(ax, columns: MetricColumns) -> None:
+    ax.step(*columns.series("tail/long_queue_size"), where="post", label="long-prompt queue (after the round)")
+    long_rounds = [value == 1 for value in columns.values["tail/round"]]
+    if any(long_rounds):  # one shaded collection, not a span per long round
+        ax.fill_between(list(columns.iterations), 0, 1, where=long_rounds, step="mid", color="tab:red", alpha=0.15,
+                        transform=ax.get_xaxis_transform(), label="long round")
     ax.set(xlabel="iteration", ylabel="prompts", title="Long-prompt queue")
     ax.legend(fontsize=8)
 
 
-def plot_wasted(ax, rows: list[dict[str, Any]]) -> None:
-    ax.fill_between(*series(rows, "tail/wasted_tokens"), step="mid", label="tokens of aborted responses")
+def plot_wasted(ax, columns: MetricColumns) -> None:
+    ax.fill_between(*columns.series("tail/wasted_tokens"), step="mid", label="tokens of aborted responses")
     ax.set(xlabel="iteration", ylabel="tokens", title="Tokens wasted by aborts")
     ax.legend(fontsize=8)
 
@@ -138,27 +101,31 @@ def png(draw: Callable[[Any], None]) -> bytes:
         plt.close(figure)
 
 
-def environment_facts(rows: list[dict[str, Any]]) -> list[tuple[str, str]]:
+def environment_facts(columns: MetricColumns) -> list[tuple[str, str]]:
     """An agentic run's lines of the page's table (rows with `env/*`); none for a single-turn run."""
-    rows = [row for row in rows if row.get("env/turns_mean") is not None]
-    if not rows:
+    agentic = [i for i, turns in enumerate(columns.values["env/turns_mean"]) if not math.isnan(turns)]
+    if not agentic:
         return []
-    turns = sum(row["env/turns_mean"] for row in rows) / len(rows)
-    step_ms = 1000 * sum(row["time/env_step_s_mean"] for row in rows) / len(rows)
-    return [("turns per trajectory (mean over iterations)", f"{turns:.2f} (max {max(r['env/turns_max'] for r in rows)})"),
+
+    def values(name: str) -> list[float]:
+        return [columns.values[name][i] for i in agentic]
+
+    turns = sum(values("env/turns_mean")) / len(agentic)
+    step_ms = 1000 * sum(values("time/env_step_s_mean")) / len(agentic)
+    return [("turns per trajectory (mean over iterations)", f"{turns:.2f} (max {max(values('env/turns_max')):.0f})"),
             ("environment step (mean)", f"{step_ms:.1f} ms"),
-            ("environment failures (failed resets and steps)", str(sum(row["env/failures"] for row in rows))),
-            ("kept trajectories not trained (env/dropped)", str(sum(row["env/dropped"] for row in rows)))]
+            ("environment failures (failed resets and steps)", f"{sum(values('env/failures')):.0f}"),
+            ("kept trajectories not trained (env/dropped)", f"{sum(values('env/dropped')):.0f}")]
 
 
-def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, bytes]]) -> str:
+def page_html(run_id: str, columns: MetricColumns, plots: list[tuple[str, bytes]]) -> str:
     """The page, its plots (title, PNG bytes) inlined: one URL shows everything, e.g. a link presigned for
     report.html alone on a private bucket (driver/links.py), where the plots' own URLs would answer 403."""
-    evals = series(rows, "eval/accuracy")[1]
-    rounds = "".join("L" if row.get("tail/round") == 1 else "S" for row in rows)
-    facts = [("iterations committed", str(len(rows))), ("rounds (S short, L long)", rounds or "-"),
+    evals = columns.series("eval/accuracy")[1]
+    rounds = "".join("L" if value == 1 else "S" for value in columns.values["tail/round"])
+    facts = [("iterations committed", str(len(columns))), ("rounds (S short, L long)", rounds or "-"),
              ("last held-out accuracy", f"{evals[-1]:.1%}" if evals else "-")]
-    facts += environment_facts(rows)
+    facts += environment_facts(columns)
     table = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
     images = "".join(f'<figure><img src="data:image/png;base64,{base64.b64encode(data).decode()}" '
                      f'alt="{html.escape(title)}"></figure>' for title, data in plots)
@@ -172,22 +139,22 @@ def page_html(run_id: str, rows: list[dict[str, Any]], plots: list[tuple[str, by
 
 def write_report(store: Any, run_id: str) -> ReportFiles:
     """Draw the plots and `report.html` into `<run_id>/`, then refresh the run's `index.html`."""
-    rows = read_rows(store, run_id)
-    plots = [("reward", "Reward and held-out accuracy", lambda ax: plot_reward(ax, rows)),
+    columns = read_columns(store, run_id)
+    plots = [("reward", "Reward and held-out accuracy", lambda ax: plot_reward(ax, columns)),
              ("lengths", "Response lengths, short vs long rounds (log scale)",
               lambda ax: plot_lengths(ax, response_lengths(store, run_id))),
-             ("step_times", "Step-time breakdown", lambda ax: plot_step_times(ax, rows)),
-             ("long_queue", "Long-prompt queue size", lambda ax: plot_long_queue(ax, rows)),
-             ("wasted_tokens", "Tokens wasted by aborts", lambda ax: plot_wasted(ax, rows))]
+             ("step_times", "Step-time breakdown", lambda ax: plot_step_times(ax, columns)),
+             ("long_queue", "Long-prompt queue size", lambda ax: plot_long_queue(ax, columns)),
+             ("wasted_tokens", "Tokens wasted by aborts", lambda ax: plot_wasted(ax, columns))]
     keys, drawn = [], []
     for name, title, draw in plots:
         keys.append(f"{run_id}/{PLOTS_DIR}/{name}.png")
         drawn.append((title, png(draw)))
         store.write_bytes(keys[-1], drawn[-1][1])
     page = f"{run_id}/{REPORT}"
-    store.write_text(page, page_html(run_id, rows, drawn))
+    store.write_text(page, page_html(run_id, columns, drawn))
     write_index(store, run_id)
-    return ReportFiles(page, tuple(keys), len(rows))
+    return ReportFiles(page, tuple(keys), len(columns))
 
 
 INDEX_SECTIONS = (("Report", ("report.html",)), ("Commit pointer and config", ("latest.json", "config.yaml")),
