@@ -350,7 +350,8 @@ def run_prefect_ops(args, config=None) -> int:
     from tailflow import prefect_ops
 
     if args.command == "server":
-        os.execv(sys.executable, prefect_ops.server_command(args.host, args.port))
+        os.execve(sys.executable, prefect_ops.server_command(args.host, args.port),
+                  prefect_ops.server_environment(dict(os.environ)))
     if args.command == "worker":
         os.execv(sys.executable, prefect_ops.worker_command(args.pool))
     try:

@@ -204,6 +204,39 @@ def test_list_calls_with_default_arguments_answer(operated_prefect):
             assert isinstance(read(), list), read.__name__  # a 422 raises instead
 
 
+URL_SETTING = "PREFECT_SERVER_DATABASE_CONNECTION_URL"
+
+
+def test_the_server_keeps_a_short_statement_cache_on_sqlite_only(monkeypatch, tmp_path):
+    """`tailflow server` cuts a SQLite database's statement cache per connection (prefect_ops.py says why) and
+    leaves another database's URL, or a URL that names its own cache, as the user wrote it. ~0.1 s: settings only,
+    no server."""
+    from tailflow.prefect_ops import SQLITE_CACHED_STATEMENTS, server_environment
+
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path))
+    for name in (URL_SETTING, "PREFECT_API_DATABASE_CONNECTION_URL"):
+        monkeypatch.delenv(name, raising=False)
+    cached = f"cached_statements={SQLITE_CACHED_STATEMENTS}"
+    default = f"sqlite+aiosqlite:///{tmp_path}/prefect.db"
+    assert server_environment({"A": "1"}) == {"A": "1", URL_SETTING: f"{default}?{cached}"}
+    mine = "sqlite+aiosqlite:////data/p.db"
+    for url, expected in ((f"{mine}?timeout=9", f"{mine}?timeout=9&{cached}"), (f"{mine}?cached_statements=64", None),
+                          ("postgresql+asyncpg://u:p@db:5432/prefect", None)):
+        monkeypatch.setenv(URL_SETTING, url)
+        assert server_environment({}).get(URL_SETTING) == expected, url
+
+
+def test_the_running_server_has_the_short_statement_cache(operated_prefect):
+    """The setting reaches the server process `tailflow server` became (it execs Prefect's). ~0 s: reads the
+    module's server's environment."""
+    from tailflow.prefect_ops import SQLITE_CACHED_STATEMENTS
+
+    environ = Path(f"/proc/{operated_prefect['server'].pid}/environ").read_bytes().split(b"\0")
+    url = next(item.decode().split("=", 1)[1] for item in environ if item.startswith(URL_SETTING.encode() + b"="))
+    home = operated_prefect["home"]
+    assert url == f"sqlite+aiosqlite:///{home}/prefect.db?cached_statements={SQLITE_CACHED_STATEMENTS}"
+
+
 # ---- a schedule fires: Prefect's scheduler creates a run of a training deployment and a worker completes it ---
 
 def test_an_interval_schedule_creates_a_run_that_a_worker_completes(operated_prefect, tmp_path):
