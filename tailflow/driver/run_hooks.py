@@ -32,7 +32,10 @@ def after_iteration(ctx, state, row: dict[str, Any], lease: HeldLease, live: Liv
 
 def publish_report(ctx) -> None:
     """Redraw the report and the run's index; link it from the flow run (a link that opens: driver/links.py). A
-    report is not worth a run: a failure to draw it is said, not raised."""
+    report is not worth a run: a failure to draw it is said, not raised.
+
+    Its closed figures are freed through their reference cycles: the run's loop collects those after each
+    iteration (driver/garbage.py; bench/report_memory.py measures a redraw with and without)."""
     from tailflow.engines.track.report import write_report
     from tailflow.driver.artifacts import artifact_key
     from tailflow.driver.links import StoredFile, publish_file_link

@@ -14,6 +14,7 @@ from tailflow.driver.cancel import end_left_subflows, ended_on_cancel
 from tailflow.driver.context import build_context, new_run_id, prepare_run_dir, restart_workers
 from tailflow.driver.live_progress import live_progress
 from tailflow.driver.prefect_outage import complete_committed_subflow, is_prefect_outage, wait_for_prefect_api
+from tailflow.driver.garbage import collect_iteration_garbage, iteration_garbage_collected
 from tailflow.driver.prefect_services import forget_dead_results, release_stopped_services
 from tailflow.driver.preflight import check_inputs
 from tailflow.driver.resume import (check_config_for_resume, commit_initial_state, finished_state, restore_commit,
@@ -158,17 +159,20 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease, li
         if ctx.metrics.wandb_run is not None:
             artifacts.wandb_link(ctx.metrics.wandb_run)
         attempt_started = datetime.now(timezone.utc)  # a Cancel ends this attempt's subflows, not earlier ones
-        for step in range(state.iteration, run_config.train.iterations):
-            # the hooks too: a Cancel's signal lands as often while the report of a committed step is drawn
-            with ended_on_cancel(ctx.store, run_id, run_config.storage.uri, step, since=attempt_started):
-                ctx, state = run_iteration(ctx, state, step)
-                release_stopped_services()  # prefect 3.8.8 keeps each stopped events worker otherwise
-                forget_dead_results()  # and each iteration's dependency-tracking entries, for the whole run
-                rows = list(ctx.metrics.recent)[-TABLE_ROWS:]  # not metrics.jsonl: it grows with the run
-                after_iteration(ctx, state, rows[-1], lease, live)
-                artifacts.progress(state.iteration)
-                artifacts.metrics(rows)
-                artifacts.checkpoint_link(ctx.store, state.latest_checkpoint, step, run_config.storage.link_expiry_s)
+        with iteration_garbage_collected():
+            for step in range(state.iteration, run_config.train.iterations):
+                # the hooks too: a Cancel's signal lands as often while the report of a committed step is drawn
+                with ended_on_cancel(ctx.store, run_id, run_config.storage.uri, step, since=attempt_started):
+                    ctx, state = run_iteration(ctx, state, step)
+                    release_stopped_services()  # prefect 3.8.8 keeps each stopped events worker otherwise
+                    forget_dead_results()  # and each iteration's dependency-tracking entries, for the whole run
+                    rows = list(ctx.metrics.recent)[-TABLE_ROWS:]  # not metrics.jsonl: it grows with the run
+                    after_iteration(ctx, state, rows[-1], lease, live)
+                    artifacts.progress(state.iteration)
+                    artifacts.metrics(rows)
+                    artifacts.checkpoint_link(ctx.store, state.latest_checkpoint, step,
+                                              run_config.storage.link_expiry_s)
+                    collect_iteration_garbage()  # the iteration's reference cycles, now: driver/garbage.py
         publish_report(ctx)
         return summarize(ctx.store, state, ctx.metrics.rows())
     finally:
