@@ -32,7 +32,7 @@ from datetime import datetime
 from typing import Iterator
 
 from tailflow.driver.run_log import flow_run_run_id, say
-from tailflow.driver.subflows import iteration_of, subflows_of, unfinished_since
+from tailflow.driver.subflows import force_state, iteration_of, subflows_of, unfinished_since
 from tailflow.engines.runs.commit import read_committed_state
 from tailflow.tasks.cancellable import RunCancelled, cancel_requested, exits_on_sigterm, hold_off_termination
 
@@ -137,13 +137,10 @@ def end_subflows(subflows: list, line: str, committed: int) -> None:
 def set_state(flow_runs: list, line: str, cancelled: bool) -> None:
     """Force each of `flow_runs` Cancelled (or Completed: its iteration committed), with the run's line as the
     state's message."""
-    from prefect.client.orchestration import get_client
     from prefect.states import Cancelled, Completed
 
-    with get_client(sync_client=True) as client:
-        for run in flow_runs:
-            state = Cancelled(message=line) if cancelled else Completed(message=f"committed before the Cancel; {line}")
-            client.set_flow_run_state(run.id, state, force=True)
+    force_state(flow_runs, Cancelled(message=line) if cancelled else
+                Completed(message=f"committed before the Cancel; {line}"))
 
 
 def end_left_subflows(flow, flow_run, state) -> None:

@@ -77,13 +77,10 @@ def complete_committed_subflow(step: int, since: datetime, line: str) -> int:
     try that failed), which the outage left Failed or Running, ends Completed with `line` as its message, as its
     work is kept (seen in tests/test_prefect_outage.py: `iter-0002` Failed, its iteration committed and not run
     again). The number of subflows set."""
-    from prefect.client.orchestration import get_client
     from prefect.states import Completed
 
-    from tailflow.driver.subflows import iteration_of, unfinished_since
+    from tailflow.driver.subflows import force_state, iteration_of, unfinished_since
 
     tried = [run for run in unfinished_since(since) if iteration_of(run) == step]
-    with get_client(sync_client=True) as client:
-        for run in tried:
-            client.set_flow_run_state(run.id, Completed(message=line), force=True)
+    force_state(tried, Completed(message=line))
     return len(tried)

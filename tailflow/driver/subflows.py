@@ -1,6 +1,6 @@
-"""A training run's iteration subflows on the Prefect server: which iteration one ran, and finding them. Shared by
-the endings that set a subflow's state after the fact: a Cancel (driver/cancel.py) and a Prefect server outage
-(driver/prefect_outage.py)."""
+"""A training run's iteration subflows on the Prefect server: which iteration one ran, finding them, and setting
+their state. Shared by the endings that set a subflow's state after the fact: a Cancel (driver/cancel.py) and a
+Prefect server outage (driver/prefect_outage.py)."""
 from __future__ import annotations
 
 
@@ -34,3 +34,13 @@ def unfinished_since(since) -> list:
         return []
     unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED]))
     return [subflow for subflow in unfinished if subflow.created is not None and subflow.created >= since]
+
+
+def force_state(flow_runs: list, state) -> None:
+    """Set each of `flow_runs` to `state` (a Prefect `State`), forced past the server's orchestration rules: the
+    run's store, not Prefect, says how an iteration ended."""
+    from prefect.client.orchestration import get_client
+
+    with get_client(sync_client=True) as client:
+        for run in flow_runs:
+            client.set_flow_run_state(run.id, state, force=True)
