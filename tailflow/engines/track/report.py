@@ -51,10 +51,10 @@ def plot_reward(ax, columns: MetricColumns) -> None:
 
 
 def plot_lengths(ax, lengths: dict[str, Counter[int]]) -> None:
-    if not any(lengths.values()):
+    if not lengths:
         ax.text(0.5, 0.5, "no rollout_trace.jsonl (storage.rollout_trace: false)", ha="center", va="center")
         return
-    top = max(max(counts) for counts in lengths.values() if counts)
+    top = max((max(counts) for counts in lengths.values() if counts), default=1)
     bins = [edge for edge in range(0, top + 20, max(1, top // 40))]
     for kind, counts in sorted(lengths.items()):
         ax.hist(list(counts), bins=bins, weights=list(counts.values()), alpha=0.55,
