@@ -154,7 +154,7 @@ def end_left_subflows(flow, flow_run, state) -> None:
     from prefect.client.schemas.filters import FlowRunFilterStateType
     from prefect.client.schemas.objects import StateType
 
-    subflows = subflows_of(flow_run.id, FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))
+    subflows = subflows_of([flow_run.id], FlowRunFilterStateType(any_=[StateType.PENDING, StateType.RUNNING]))
     store, run_id, store_uri = run_store(flow_run)
     iterations = [iteration for iteration in map(iteration_of, subflows) if iteration is not None]
     committed = read_committed_state(store, run_id)

@@ -1,6 +1,6 @@
 """A training run's iteration subflows on the Prefect server: which iteration one ran, finding them, and setting
-their state. Shared by the endings that set a subflow's state after the fact: a Cancel (driver/cancel.py) and a
-Prefect server outage (driver/prefect_outage.py)."""
+their state. Shared by the endings that set a subflow's state after the fact: a Cancel (driver/cancel.py), a
+Prefect server outage (driver/prefect_outage.py) and an attempt that takes over the run (driver/writer.py)."""
 from __future__ import annotations
 
 
@@ -10,12 +10,13 @@ def iteration_of(subflow) -> int | None:
     return int(number) if (subflow.name or "").startswith("iter-") and number.isdigit() else None
 
 
-def subflows_of(parent_flow_run_id, states) -> list:
-    """The subflow runs of `parent_flow_run_id` whose state type `states` (a `FlowRunFilterStateType`) admits."""
+def subflows_of(parent_flow_run_ids: list, states) -> list:
+    """The subflow runs of any of `parent_flow_run_ids` whose state type `states` (a `FlowRunFilterStateType`)
+    admits."""
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState
 
-    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_flow_run_id]),
+    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=list(parent_flow_run_ids)),
                                 state=FlowRunFilterState(type=states))
     with get_client(sync_client=True) as client:
         return client.read_flow_runs(flow_run_filter=runs_filter)
@@ -32,7 +33,7 @@ def unfinished_since(since) -> list:
 
     if not flow_run.id:
         return []
-    unfinished = subflows_of(flow_run.id, FlowRunFilterStateType(not_any_=[StateType.COMPLETED]))
+    unfinished = subflows_of([flow_run.id], FlowRunFilterStateType(not_any_=[StateType.COMPLETED]))
     return [subflow for subflow in unfinished if subflow.created is not None and subflow.created >= since]
 
 

@@ -18,6 +18,7 @@ from typing import Iterator
 
 from tailflow.config import RunConfig
 from tailflow.driver.run_log import say, warnings_in_run_logs
+from tailflow.driver.subflows import subflows_of
 from tailflow.engines.runs.lease import HeldLease, Lease, hold_lease
 from tailflow.engines.store import open_store
 
@@ -64,16 +65,13 @@ def end_orphaned_iterations(run_id: str, parent_ids: set[str], replaced_by: str)
     tasks still running inside it. Called before this attempt runs any iteration, so whatever is not final is an
     earlier attempt's."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (FlowRunFilter, FlowRunFilterParentFlowRunId, FlowRunFilterState,
-                                                FlowRunFilterStateType)
+    from prefect.client.schemas.filters import FlowRunFilterStateType
     from prefect.client.schemas.objects import TERMINAL_STATES
 
-    not_final = FlowRunFilterState(type=FlowRunFilterStateType(not_any_=list(TERMINAL_STATES)))
-    runs_filter = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=sorted(parent_ids)),
-                                state=not_final)
+    orphans = subflows_of(sorted(parent_ids), FlowRunFilterStateType(not_any_=list(TERMINAL_STATES)))
     ended = []
     with get_client(sync_client=True) as client:
-        for orphan in client.read_flow_runs(flow_run_filter=runs_filter):
+        for orphan in orphans:
             message = (f"{orphan.name} of run {run_id} stopped without reporting (its process was killed); "
                        f"the run was resumed from its last commit by flow run {replaced_by}")
             crash_with_tasks(client, orphan, message)
