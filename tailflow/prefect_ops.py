@@ -23,7 +23,8 @@ def prefect(*args: str) -> list[str]:
 
 
 def server_command(host: str, port: int) -> list[str]:
-    return prefect("server", "start", "--host", host, "--port", str(port))
+    """Prefect's `prefect server start`, run by tailflow/prefect_server.py (which says why)."""
+    return [sys.executable, "-m", "tailflow.prefect_server", "server", "start", "--host", host, "--port", str(port)]
 
 
 SQLITE_CACHED_STATEMENTS = 16
@@ -36,16 +37,24 @@ and still held were SQLite's, in cached statements and their bound values). Sixt
 repeats every iteration; the rest are prepared again, which costs microseconds."""
 
 
+MALLOC_ARENA_MAX = "2"
+"""glibc's heap arenas for the server's threads (its default: 8 a core). With fewer, freed memory is reused across
+threads instead of kept per arena; with tailflow/prefect_server.py's trim it kept the server's RSS flat after
+its first ~300 micro iterations (the numbers are there)."""
+
+
 def server_environment(environ: dict[str, str]) -> dict[str, str]:
-    """`environ` for `prefect server start`: on a SQLite database (Prefect's default, or a `sqlite` URL of the
-    user's), the same URL with `cached_statements=SQLITE_CACHED_STATEMENTS`, unless it names its own. Another
-    database's URL is left as it is."""
+    """`environ` for `prefect server start`: `MALLOC_ARENA_MAX`, unless the user set it; on a SQLite database
+    (Prefect's default, or a `sqlite` URL of the user's), the same URL with
+    `cached_statements=SQLITE_CACHED_STATEMENTS`, unless it names its own. Another database's URL is left as it
+    is."""
     from prefect.settings import Settings
 
+    environ = {"MALLOC_ARENA_MAX": MALLOC_ARENA_MAX, **environ}
     configured = Settings().server.database.connection_url  # as the environment and profile say now
     url = configured.get_secret_value() if configured is not None else ""
     if not url.startswith("sqlite") or "cached_statements=" in url:
-        return dict(environ)
+        return environ
     separator = "&" if "?" in url else "?"
     return {**environ, "PREFECT_SERVER_DATABASE_CONNECTION_URL":
             f"{url}{separator}cached_statements={SQLITE_CACHED_STATEMENTS}"}
