@@ -191,7 +191,9 @@ def test_a_taken_rendezvous_port_is_retried_not_waited_on(model_path, ray_cluste
                         or real(rank0))
     try:
         group = TrainerGroup(model_path, world_size=2, trainer_kwargs={"train": TrainConfig(lr=1e-3)})
-        assert len(asked) == 2 and group.master_port != taken.getsockname()[1]
+        # at least one retry; a third start is the same race again (the fresh port taken by another test's
+        # process under xdist before rank 0 bound it: CI U2 asked 3 times), which the retry exists for
+        assert len(asked) >= 2 and group.master_port != taken.getsockname()[1]
         assert group.master_addr == ray.util.get_node_ip_address()
         assert group.train_step(make_samples(4, seed=1)).grad_norm > 0
         group.shutdown()
