@@ -248,7 +248,6 @@ def test_a_heap_trim_hands_freed_fragmented_memory_back_to_the_os():
     buffers of which every tenth is kept, so the freed ones sit between live ones where the heap's top cannot
     shrink; the trim must give most of them back. ~0.2 s: one interpreter, no server."""
     probe = """
-import sys
 from tailflow.prefect_server import release_freed_heap
 def rss_mb():
     return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) / 1024
