@@ -20,8 +20,9 @@ trainer, reward) and of the Prefect server (with its children); the Prefect data
 size on S3; an iteration's wall time (the median time between the run's last 11 iteration lines: its rollout,
 training, commit to S3 and artifacts; it grows if a commit's cost grows with the run); the time to redraw the
 report (`write_report`, here, against the run's S3 store). Slopes are least squares per 100
-iterations after the warm-up (the first 20% of the run's iterations from each process's first sample), per
-process, each process over the samples of its own lifetime.
+iterations after the warm-up (the first 20% of the run's iterations from each process's first sample; a Prefect
+server's warm-up also lasts until that life of it has received `SEEN_EVENTS_CACHE` events), per process, each
+process over the samples of its own lifetime. The samples are kept in the work directory's samples.jsonl.
 
     python bench/longrun.py [--iterations 1000] [--sample-every 25] [--seed 0] [--quick] [--no-faults]
 Last line: RESULT iterations=<n> rss_slope_mb_per_100=<largest> fds_slope_per_100=<largest>
@@ -37,11 +38,13 @@ import queue
 import random
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,6 +61,11 @@ ROLES = {"RolloutWorker": "rollout", "TrainerWorker": "trainer", "RewardWorker":
 FAULT_KEYS = ("rollout/num_workers", "rollout/migrated_requests", "rollout/migrated_tokens", "iteration/attempt")
 """Metrics that count the faults themselves (a worker replaced, requests moved, an iteration run again): left out
 of the comparison with the fault-free run, as `time/*` is."""
+SEEN_EVENTS_CACHE = 10_000
+"""Prefect 3.8's server remembers the ids of the last 10,000 events it has seen, in fixed-size caches
+(`prefect/server/events/ordering/memory.py`): its memory grows until a life of it has received that many events
+(~35 per micro iteration: its ~290th iteration), then those caches stop growing. The bench counts that filling as
+the server's warm-up, and prints the server's slope with the plain warm-up too."""
 
 
 def micro_config(iterations: int, storage: str) -> dict:
@@ -197,6 +205,8 @@ class Samples:
     store_mb: list[float] = field(default_factory=list)
     report_s: list[float] = field(default_factory=list)
     iteration_s: list[float] = field(default_factory=list)
+    server_events: list[int] = field(default_factory=list)
+    """Events the Prefect server received in its current life (since its last start), at each sample."""
 
 
 def store_mb(client, prefix: str) -> float:
@@ -208,6 +218,12 @@ def store_mb(client, prefix: str) -> float:
 
 def db_mb(home: Path) -> float:
     return sum(path.stat().st_size for path in home.glob("*.db*")) / 2**20
+
+
+def events_in_db(home: Path) -> int:
+    """How many events the Prefect server has stored (it stores every event it receives, for 7 days)."""
+    with closing(sqlite3.connect(f"file:{home / 'prefect.db'}?mode=ro", uri=True, timeout=30)) as db:
+        return db.execute("SELECT count(*) FROM events").fetchone()[0]
 
 
 def redraw_seconds(store) -> float:
@@ -244,6 +260,7 @@ def main() -> int:
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)  # the plot goes there: a missing folder must not lose the report
     server_down_s, s3_down_s = (60.0, 30.0)
     if args.quick:
         args.iterations, args.sample_every, server_down_s, s3_down_s = 60, 5, 10.0, 5.0
@@ -276,6 +293,7 @@ def main() -> int:
                        work / "reference.log")
 
     server = PrefectServer(work / "prefect").start()
+    events_at_start = events_in_db(work / "prefect")
     env = dict(server.env, AWS_ENDPOINT_URL=proxy.url, **aws)
     env.pop("TAILFLOW_FAULT", None)
     faults = [] if args.no_faults else draw_faults(random.Random(args.seed), args.iterations)
@@ -307,10 +325,15 @@ def main() -> int:
             if iteration % args.sample_every == 0 or iteration == args.iterations - 1:
                 samples.iterations.append(iteration)
                 samples.processes.append(sample_processes(launch.process.pid, server.pid))
+                samples.server_events.append(events_in_db(work / "prefect") - events_at_start)
                 samples.db_mb.append(db_mb(work / "prefect"))
                 samples.store_mb.append(store_mb(client, f"runs/{RUN_ID}/"))
                 samples.iteration_s.append(launch.iteration_s())
                 samples.report_s.append(redraw_seconds(store) if iteration >= 100 or args.quick else float("nan"))
+                with open(work / "samples.jsonl", "a") as kept:  # to redraw or re-fit after the run
+                    kept.write(json.dumps({"iteration": iteration, "processes": samples.processes[-1],
+                                           "db_mb": samples.db_mb[-1], "store_mb": samples.store_mb[-1],
+                                           "server_events": samples.server_events[-1]}) + "\n")
                 memory = {name: round(rss, 1) for name, (rss, _, _) in samples.processes[-1].items()}
                 print(f"[{time.time() - started:6.0f}s] iter {iteration}: RSS MB {memory}; db "
                       f"{samples.db_mb[-1]:.1f} MB; store {samples.store_mb[-1]:.1f} MB; iteration "
@@ -323,6 +346,7 @@ def main() -> int:
                     server.stop()
                     time.sleep(server_down_s)
                     server.start()
+                    events_at_start = events_in_db(work / "prefect")
                 elif fault.kind == "s3":
                     proxy.inject("503", FOREVER)
                     time.sleep(s3_down_s)
@@ -357,15 +381,19 @@ def slope_per_100(xs: list[int], ys: list[float]) -> float:
     return 100 * sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var if var else 0.0
 
 
-def series(samples: Samples, warm: int) -> dict[str, tuple[list[int], list[float], list[float], list[int]]]:
+def series(samples: Samples, warm: int, server_warm_events: int = 0
+           ) -> dict[str, tuple[list[int], list[float], list[float], list[int]]]:
     """Each process's samples from `warm` iterations after its first sample on: a process started mid-run (the
     run relaunched, a worker replaced) warms up as the first ones did, loading what it loads once (the report's
-    plotting library at its first report, its engine's buffers at its first rounds)."""
+    plotting library at its first report, its engine's buffers at its first rounds). A Prefect server's samples
+    also wait until that life of it has received `server_warm_events` events."""
     found: dict[str, tuple[list[int], list[float], list[float], list[int]]] = {}
     born: dict[str, int] = {}
-    for iteration, processes in zip(samples.iterations, samples.processes):
+    for iteration, processes, events in zip(samples.iterations, samples.processes, samples.server_events):
         for name, (rss, anon, fds) in processes.items():
             if iteration < born.setdefault(name, iteration) + warm:
+                continue
+            if name.startswith("prefect-server") and events < server_warm_events:
                 continue
             xs, rs, anons, fs = found.setdefault(name, ([], [], [], []))
             xs.append(iteration)
@@ -390,26 +418,34 @@ def report(args, samples: Samples, faults: list[Fault], store, work: Path, refer
     from tailflow.engines.store import LocalStore
 
     warm = int(0.2 * args.iterations)
-    per_process = {name: values for name, values in series(samples, warm).items() if len(values[0]) >= 5}
+    per_process = {name: values for name, values in series(samples, warm, SEEN_EVENTS_CACHE).items()
+                   if len(values[0]) >= 5}
     """A process sampled fewer than 5 times after the warm-up (a replaced worker's short life) has no slope."""
+    plain_warm_up = {name: values for name, values in series(samples, warm).items()
+                     if name.startswith("prefect-server") and len(values[0]) >= 5}
     rss_slopes = {name: slope_per_100(xs, rs) for name, (xs, rs, _, _) in per_process.items()}
     anon_slopes = {name: slope_per_100(xs, anons) for name, (xs, _, anons, _) in per_process.items()}
     fd_slopes = {name: slope_per_100(xs, fs) for name, (xs, _, _, fs) in per_process.items()}
     after = [(i, d, s) for i, d, s in zip(samples.iterations, samples.db_mb, samples.store_mb) if i >= warm]
     db_slope = slope_per_100([i for i, _, _ in after], [d for _, d, _ in after])
     store_slope = slope_per_100([i for i, _, _ in after], [s for _, _, s in after])
-    print(f"\nafter warm-up ({warm} iterations from each process's first sample), least-squares slopes per 100 "
-          "iterations:")
+    print(f"\nafter warm-up ({warm} iterations from each process's first sample; for the Prefect server, also until "
+          f"that life of it has received {SEEN_EVENTS_CACHE} events), least-squares slopes per 100 iterations:")
     for name in sorted(per_process):
         xs, rs, _, fs = per_process[name]
         print(f"  {name:22} RSS {rs[0]:7.1f} -> {rs[-1]:7.1f} MB, slope {rss_slopes[name]:+6.2f} MB (anonymous "
               f"{anon_slopes[name]:+6.2f}); fds {fs[0]:4d} -> {fs[-1]:4d}, slope {fd_slopes[name]:+6.2f}  "
               f"(iterations {xs[0]}..{xs[-1]}, {len(xs)} samples)")
+    for name, (xs, rs, _, _) in sorted(plain_warm_up.items()):
+        if name not in per_process:
+            print(f"  {name:22} never sampled 5 times after {SEEN_EVENTS_CACHE} events in one life: no slope")
+        print(f"  {name:22} with the plain warm-up only: RSS {rs[0]:7.1f} -> {rs[-1]:7.1f} MB, slope "
+              f"{slope_per_100(xs, rs):+6.2f} MB (iterations {xs[0]}..{xs[-1]}, {len(xs)} samples)")
     print(f"  Prefect database: {samples.db_mb[0]:.1f} -> {samples.db_mb[-1]:.1f} MB, {db_slope:+.2f} MB per 100 "
           f"iterations ({1024 * db_slope / 100:.1f} KB per iteration)")
     print(f"  run store on S3: {samples.store_mb[0]:.1f} -> {samples.store_mb[-1]:.1f} MB, {store_slope:+.2f} MB per "
           f"100 iterations ({1024 * store_slope / 100:.1f} KB per iteration)")
-    steps = [(i, s) for i, s in zip(samples.iterations, samples.iteration_s) if i >= warm and s == s]
+    steps = [(i, s) for i, s in zip(samples.iterations, samples.iteration_s) if i >= warm and s > 0]
     if steps:
         print(f"  iteration wall time: {steps[0][1]:.2f} s at iteration {steps[0][0]}, {steps[-1][1]:.2f} s at the end "
               f"(x{steps[-1][1] / steps[0][1]:.2f}; slope {slope_per_100(*map(list, zip(*steps))):+.3f} s per 100)")
@@ -428,7 +464,8 @@ def report(args, samples: Samples, faults: list[Fault], store, work: Path, refer
         differing = next((i for i, (a, b) in enumerate(zip(rows, expected_rows)) if a != b), None)
         keys = sorted(k for k in rows[differing].keys() | expected_rows[differing].keys()
                       if rows[differing].get(k) != expected_rows[differing].get(k)) if differing is not None else []
-        print(f"  metrics differ: {len(rows)} rows vs {len(expected_rows)}, first differing row {differing}: {keys[:8]}")
+        print(f"  metrics differ: {len(rows)} rows vs {len(expected_rows)}, first differing row {differing}: "
+              f"{keys[:8]}")
     for fault in faults:
         print(f"  fault {fault.kind}@{fault.at}: {'survived' if fault.survived else 'NOT survived'}")
     survived = sum(f.survived for f in faults) if state is not None and state.iteration == args.iterations else 0
