@@ -244,10 +244,9 @@ def test_the_running_server_has_the_short_statement_cache_and_the_heap_settings(
 
 
 def test_a_heap_trim_hands_freed_fragmented_memory_back_to_the_os():
-    """What the server's trim thread and the driver after each iteration call (tailflow/heap.py): in a fresh
-    interpreter, 160 MB of 4 KB buffers of which every tenth is kept, so the freed ones sit between live ones
-    where the heap's top cannot shrink; the trim must give most of them back. ~0.2 s: one interpreter, no
-    server."""
+    """What the server's trim thread calls (tailflow/heap.py): in a fresh interpreter, 160 MB of 4 KB buffers
+    of which every tenth is kept, so the freed ones sit between live ones where the heap's top cannot shrink;
+    the trim must give most of them back. ~0.2 s: one interpreter, no server."""
     probe = """
 from tailflow.heap import release_freed_heap
 def rss_mb():

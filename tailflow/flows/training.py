@@ -34,7 +34,6 @@ from tailflow.engines.track import MetricsLogger
 from tailflow.engines.cluster.placement import takes_turns
 from tailflow.engines.cluster.worker_control import WorkerCommand, send_worker_command
 from tailflow.flows.iteration import iteration
-from tailflow.heap import release_freed_heap
 from tailflow.tasks.cancellable import cancel_requested, subflow_end_deferred
 from tailflow.tasks.evaluate import evaluate_policy
 
@@ -174,7 +173,6 @@ def train(run_config: RunConfig, run_id: str, allow_change: list[str], lease, li
                     artifacts.checkpoint_link(ctx.store, state.latest_checkpoint, step,
                                               run_config.storage.link_expiry_s)
                     collect_iteration_garbage()  # the iteration's reference cycles, now: driver/garbage.py
-                    release_freed_heap()  # and the pages glibc keeps once they are freed: tailflow/heap.py
         publish_report(ctx)
         return summarize(ctx.store, state, ctx.metrics.rows())
     finally:
