@@ -17,7 +17,8 @@ import time
 
 HEAP_TRIM_S = 5.0
 """How often a trimming thread trims. A trim walks every free chunk of the heap, with the GIL released (ctypes
-releases it): one took ~55 ms on a test process's fragmented 1.4 GB heap here; a server's heap is ~80 MB."""
+releases it): one took ~55 ms on a test process's fragmented 1.4 GB heap here; a server's heap is ~80 MB. Not
+measured in the server."""
 
 
 @functools.cache
