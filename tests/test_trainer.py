@@ -1,5 +1,8 @@
 """The policy trainer: batching helpers, single-process steps, and FSDP2 on 2 Ray actors vs one process."""
 
+import ctypes
+import sys
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -22,6 +25,12 @@ torch.set_num_threads(1)
 
 def make_samples(count: int, seed: int, with_rollout_logprobs: bool = False) -> list[TrainSample]:
     return random_samples(count, seed, with_rollout_logprobs=with_rollout_logprobs)
+
+
+def is_interned(text: str) -> bool:
+    """Whether this str object is in CPython's interned-string table: the low two bits of its `state`, which
+    follows the refcount, type, length and hash words (PyASCIIObject, CPython 3.10-3.13)."""
+    return bool(ctypes.c_uint32.from_address(id(text) + 4 * ctypes.sizeof(ctypes.c_ssize_t)).value & 0b11)
 
 
 def max_abs_diff(a: dict, b: dict) -> float:
@@ -166,6 +175,11 @@ def test_fsdp_group_matches_single_process(model_path, ray_cluster, tmp_path):
 
     fresh = AutoModelForCausalLM.from_config(single.model.config)
     fresh.load_state_dict(weights, strict=True)  # the gathered weights are a complete HF state dict
+
+    if sys.implementation.name == "cpython":  # the checkpoint crossed Ray as a record (`RankCheckpoint`)
+        assert is_interned(sys.intern("model.layers.0.self_attn.q_proj.weight"))
+        assert all(is_interned(name) for name in weights)  # a dict through Ray: msgpack interned its keys here
+        assert not any(is_interned(name) for name in checkpoint["model"])  # the record's: left alone
 
 
 @pytest.mark.slow

@@ -84,8 +84,8 @@ def test_park_returns_the_checkpoint_state_and_leaves_the_trainer_offloaded(mode
     expected = worker.state_for_checkpoint()
     model_state, optimizer_state, _ = worker.park()
     assert worker.trainer.is_offloaded
-    assert_identical(model_state, expected["model"])
-    assert_identical(optimizer_state, expected["optimizer"])
+    assert_identical(model_state, expected.model)
+    assert_identical(optimizer_state, expected.optimizer)
     stats = worker.train_updates(samples, plan_updates([samples], [])[0], count_response_tokens(samples))
     assert not worker.trainer.is_offloaded and stats.grad_norm > 0
     after = worker.full_state_dict()

@@ -248,7 +248,7 @@ class TrainerGroup:
             shards = ray.get(self._parked[2])
         else:
             states = get_all([worker.state_for_checkpoint.remote() for worker in self.workers])
-            model, optimizer, shards = states[0]["model"], states[0]["optimizer"], [s["shard"] for s in states]
+            model, optimizer, shards = states[0].model, states[0].optimizer, [state.shard for state in states]
         checkpoint = {"model": model, "optimizer": optimizer}
         if any(shard is not None for shard in shards):
             checkpoint["shards"] = shards
