@@ -15,16 +15,18 @@ Faults, at seeded iterations (fractions of the run): the Prefect server stopped 
 the flow run does: the run resumes from its last commit). A fault counts as survived when the run went on past it
 and its commit after it is readable.
 
-Every `--sample-every` iterations: RSS and open descriptors of the driver, of each Ray actor (by class: rollout,
-trainer, reward) and of the Prefect server (with its children); the Prefect database's size; the run's store
-size on S3; an iteration's wall time (the median time between the run's last 11 iteration lines: its rollout,
-training, commit to S3 and artifacts; it grows if a commit's cost grows with the run); the time to redraw the
-report (`write_report`, here, against the run's S3 store). Slopes are least squares per 100
+Every `--memory-every` iterations: RSS and open descriptors of the driver, of each Ray actor (by class: rollout,
+trainer, reward) and of the Prefect server (with its children), and the events the server has received. Every
+`--sample-every` iterations also: the Prefect database's size; the run's store size on S3; an iteration's wall
+time (the median time between the run's last 11 iteration lines: its rollout, training, commit to S3 and
+artifacts; it grows if a commit's cost grows with the run); the time to redraw the report (`write_report`, here,
+against the run's S3 store). Slopes are least squares per 100
 iterations after the warm-up (the first 20% of the run's iterations from each process's first sample; a Prefect
 server's warm-up also lasts until that life of it has received `SEEN_EVENTS_CACHE` events), per process, each
 process over the samples of its own lifetime. The samples are kept in the work directory's samples.jsonl.
 
-    python bench/longrun.py [--iterations 1000] [--sample-every 25] [--seed 0] [--quick] [--no-faults]
+    python bench/longrun.py [--iterations 1000] [--memory-every 5] [--sample-every 25] [--seed 0] [--quick]
+                            [--no-faults]
 Last line: RESULT iterations=<n> rss_slope_mb_per_100=<largest> fds_slope_per_100=<largest>
            faults_survived=<k>/<n> metrics_equal=<yes|no> report_redraw_ratio=<end / at iteration 100>
 """
@@ -200,7 +202,11 @@ class Fault:
 @dataclass
 class Samples:
     iterations: list[int] = field(default_factory=list)
+    """Where memory was sampled (every `--memory-every`): `processes` and `server_events` are indexed like it."""
     processes: list[dict[str, tuple[float, float, int]]] = field(default_factory=list)
+    full_at: list[int] = field(default_factory=list)
+    """Where the rest was sampled (every `--sample-every`): `db_mb`, `store_mb`, `report_s` and `iteration_s` are
+    indexed like it."""
     db_mb: list[float] = field(default_factory=list)
     store_mb: list[float] = field(default_factory=list)
     report_s: list[float] = field(default_factory=list)
@@ -255,6 +261,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--iterations", type=int, default=1000)
     parser.add_argument("--sample-every", type=int, default=25)
+    parser.add_argument("--memory-every", type=int, default=5,
+                        help="RSS and descriptors are cheap to read: sampled more often, a slope's noise is smaller "
+                             "(the Prefect server's RSS swings by ~3 MB between samples)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="60 iterations, short faults: a smoke run")
     parser.add_argument("--no-faults", action="store_true")
@@ -263,7 +272,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)  # the plot goes there: a missing folder must not lose the report
     server_down_s, s3_down_s = (60.0, 30.0)
     if args.quick:
-        args.iterations, args.sample_every, server_down_s, s3_down_s = 60, 5, 10.0, 5.0
+        args.iterations, args.sample_every, args.memory_every, server_down_s, s3_down_s = 60, 5, 1, 10.0, 5.0
 
     import boto3
     import yaml
@@ -322,22 +331,26 @@ def main() -> int:
             for fault in faults:
                 if fault.fired_at is not None and iteration > fault.fired_at:
                     fault.survived = True  # an iteration after it committed (its line comes after the commit)
-            if iteration % args.sample_every == 0 or iteration == args.iterations - 1:
+            final = iteration == args.iterations - 1
+            if iteration % args.memory_every == 0 or final:
                 samples.iterations.append(iteration)
                 samples.processes.append(sample_processes(launch.process.pid, server.pid))
                 samples.server_events.append(events_in_db(work / "prefect") - events_at_start)
-                samples.db_mb.append(db_mb(work / "prefect"))
-                samples.store_mb.append(store_mb(client, f"runs/{RUN_ID}/"))
-                samples.iteration_s.append(launch.iteration_s())
-                samples.report_s.append(redraw_seconds(store) if iteration >= 100 or args.quick else float("nan"))
-                with open(work / "samples.jsonl", "a") as kept:  # to redraw or re-fit after the run
-                    kept.write(json.dumps({"iteration": iteration, "processes": samples.processes[-1],
-                                           "db_mb": samples.db_mb[-1], "store_mb": samples.store_mb[-1],
-                                           "server_events": samples.server_events[-1]}) + "\n")
-                memory = {name: round(rss, 1) for name, (rss, _, _) in samples.processes[-1].items()}
-                print(f"[{time.time() - started:6.0f}s] iter {iteration}: RSS MB {memory}; db "
-                      f"{samples.db_mb[-1]:.1f} MB; store {samples.store_mb[-1]:.1f} MB; iteration "
-                      f"{samples.iteration_s[-1]:.2f}s; report {samples.report_s[-1]:.2f}s", flush=True)
+                kept = {"iteration": iteration, "processes": samples.processes[-1],
+                        "server_events": samples.server_events[-1]}
+                if iteration % args.sample_every == 0 or final:
+                    samples.full_at.append(iteration)
+                    samples.db_mb.append(db_mb(work / "prefect"))
+                    samples.store_mb.append(store_mb(client, f"runs/{RUN_ID}/"))
+                    samples.iteration_s.append(launch.iteration_s())
+                    samples.report_s.append(redraw_seconds(store) if iteration >= 100 or args.quick else float("nan"))
+                    kept.update(db_mb=samples.db_mb[-1], store_mb=samples.store_mb[-1])
+                    memory = {name: round(rss, 1) for name, (rss, _, _) in samples.processes[-1].items()}
+                    print(f"[{time.time() - started:6.0f}s] iter {iteration}: RSS MB {memory}; db "
+                          f"{samples.db_mb[-1]:.1f} MB; store {samples.store_mb[-1]:.1f} MB; iteration "
+                          f"{samples.iteration_s[-1]:.2f}s; report {samples.report_s[-1]:.2f}s", flush=True)
+                with open(work / "samples.jsonl", "a") as kept_file:  # to redraw or re-fit after the run
+                    kept_file.write(json.dumps(kept) + "\n")
             while pending and pending[0].at <= iteration:
                 fault = pending.pop(0)
                 fault.fired_at = iteration
@@ -418,15 +431,17 @@ def report(args, samples: Samples, faults: list[Fault], store, work: Path, refer
     from tailflow.engines.store import LocalStore
 
     warm = int(0.2 * args.iterations)
+    span = 4 * args.sample_every
     per_process = {name: values for name, values in series(samples, warm, SEEN_EVENTS_CACHE).items()
-                   if len(values[0]) >= 5}
-    """A process sampled fewer than 5 times after the warm-up (a replaced worker's short life) has no slope."""
+                   if values[0][-1] - values[0][0] >= span}
+    """A process sampled over fewer than `span` iterations after its warm-up (a replaced worker's short life) has no
+    slope: over a short span the samples' noise is most of it."""
     plain_warm_up = {name: values for name, values in series(samples, warm).items()
-                     if name.startswith("prefect-server") and len(values[0]) >= 5}
+                     if name.startswith("prefect-server") and values[0][-1] - values[0][0] >= span}
     rss_slopes = {name: slope_per_100(xs, rs) for name, (xs, rs, _, _) in per_process.items()}
     anon_slopes = {name: slope_per_100(xs, anons) for name, (xs, _, anons, _) in per_process.items()}
     fd_slopes = {name: slope_per_100(xs, fs) for name, (xs, _, _, fs) in per_process.items()}
-    after = [(i, d, s) for i, d, s in zip(samples.iterations, samples.db_mb, samples.store_mb) if i >= warm]
+    after = [(i, d, s) for i, d, s in zip(samples.full_at, samples.db_mb, samples.store_mb) if i >= warm]
     db_slope = slope_per_100([i for i, _, _ in after], [d for _, d, _ in after])
     store_slope = slope_per_100([i for i, _, _ in after], [s for _, _, s in after])
     print(f"\nafter warm-up ({warm} iterations from each process's first sample; for the Prefect server, also until "
@@ -438,18 +453,19 @@ def report(args, samples: Samples, faults: list[Fault], store, work: Path, refer
               f"(iterations {xs[0]}..{xs[-1]}, {len(xs)} samples)")
     for name, (xs, rs, _, _) in sorted(plain_warm_up.items()):
         if name not in per_process:
-            print(f"  {name:22} never sampled 5 times after {SEEN_EVENTS_CACHE} events in one life: no slope")
+            print(f"  {name:22} never sampled over {span} iterations after {SEEN_EVENTS_CACHE} events in one life: "
+                  "no slope")
         print(f"  {name:22} with the plain warm-up only: RSS {rs[0]:7.1f} -> {rs[-1]:7.1f} MB, slope "
               f"{slope_per_100(xs, rs):+6.2f} MB (iterations {xs[0]}..{xs[-1]}, {len(xs)} samples)")
     print(f"  Prefect database: {samples.db_mb[0]:.1f} -> {samples.db_mb[-1]:.1f} MB, {db_slope:+.2f} MB per 100 "
           f"iterations ({1024 * db_slope / 100:.1f} KB per iteration)")
     print(f"  run store on S3: {samples.store_mb[0]:.1f} -> {samples.store_mb[-1]:.1f} MB, {store_slope:+.2f} MB per "
           f"100 iterations ({1024 * store_slope / 100:.1f} KB per iteration)")
-    steps = [(i, s) for i, s in zip(samples.iterations, samples.iteration_s) if i >= warm and s > 0]
+    steps = [(i, s) for i, s in zip(samples.full_at, samples.iteration_s) if i >= warm and s > 0]
     if steps:
         print(f"  iteration wall time: {steps[0][1]:.2f} s at iteration {steps[0][0]}, {steps[-1][1]:.2f} s at the end "
               f"(x{steps[-1][1] / steps[0][1]:.2f}; slope {slope_per_100(*map(list, zip(*steps))):+.3f} s per 100)")
-    redraws = [(i, s) for i, s in zip(samples.iterations, samples.report_s) if s == s]
+    redraws = [(i, s) for i, s in zip(samples.full_at, samples.report_s) if s == s]
     first = next((s for i, s in redraws if i >= 100), redraws[0][1] if redraws else float("nan"))
     redraw_ratio = redraws[-1][1] / first if redraws else float("nan")
     print(f"  report redraw: {first:.2f} s at iteration {redraws[0][0] if redraws else '-'}, "
@@ -471,7 +487,7 @@ def report(args, samples: Samples, faults: list[Fault], store, work: Path, refer
     survived = sum(f.survived for f in faults) if state is not None and state.iteration == args.iterations else 0
     plot(samples, work, args)
     if not per_process:
-        print("  no process was sampled 5 times after its warm-up: no slopes (sample more often)")
+        print(f"  no process was sampled over {span} iterations after its warm-up: no slopes (run longer)")
     largest_rss = max(rss_slopes.values(), default=float("nan"))
     largest_fds = max(fd_slopes.values(), default=float("nan"))
     ok = largest_rss <= 1.0 and largest_fds <= 1.0 and equal and survived == len(faults) and redraw_ratio <= 2.0
@@ -496,8 +512,8 @@ def plot(samples: Samples, work: Path, args) -> None:
     memory.set_xlabel("iteration")
     memory.set_ylabel("RSS (MB)")
     memory.legend(fontsize=6)
-    disk.plot(samples.iterations, samples.db_mb, label="Prefect database (MB)")
-    disk.plot(samples.iterations, samples.store_mb, label="run store on S3 (MB)")
+    disk.plot(samples.full_at, samples.db_mb, label="Prefect database (MB)")
+    disk.plot(samples.full_at, samples.store_mb, label="run store on S3 (MB)")
     disk.set_xlabel("iteration")
     disk.legend(fontsize=8)
     figure.tight_layout()
