@@ -23,10 +23,13 @@ artifacts; it grows if a commit's cost grows with the run); the time to redraw t
 against the run's S3 store). Slopes are least squares per 100
 iterations after the warm-up (the first 20% of the run's iterations from each process's first sample; a Prefect
 server's warm-up also lasts until that life of it has received `SEEN_EVENTS_CACHE` events), per process, each
-process over the samples of its own lifetime. The samples are kept in the work directory's samples.jsonl.
+process over the samples of its own lifetime; a process's RSS slope is fitted to its least sample in each
+`--sample-every` iterations (`floors`: what it holds between iterations, not a peak inside one), and the slope over
+every sample is printed beside it. The samples are kept in the work directory's samples.jsonl;
+`--refit WORK` prints the memory slopes again from them.
 
     python bench/longrun.py [--iterations 1000] [--memory-every 5] [--sample-every 25] [--seed 0] [--quick]
-                            [--no-faults]
+                            [--no-faults] [--out DIR] [--refit WORK]
 Last line: RESULT iterations=<n> rss_slope_mb_per_100=<largest> fds_slope_per_100=<largest>
            faults_survived=<k>/<n> metrics_equal=<yes|no> report_redraw_ratio=<end / at iteration 100>
 """
@@ -268,7 +271,11 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="60 iterations, short faults: a smoke run")
     parser.add_argument("--no-faults", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    parser.add_argument("--refit", type=Path, metavar="WORK",
+                        help="only print the memory slopes of a finished run's work directory (its samples.jsonl)")
     args = parser.parse_args()
+    if args.refit:
+        return refit(args)
     args.out.mkdir(parents=True, exist_ok=True)  # the plot goes there: a missing folder must not lose the report
     server_down_s, s3_down_s = (60.0, 30.0)
     if args.quick:
@@ -394,6 +401,21 @@ def slope_per_100(xs: list[int], ys: list[float]) -> float:
     return 100 * sum((x - mean_x) * (y - mean_y) for x, y in zip(xs, ys)) / var if var else 0.0
 
 
+def floors(xs: list[int], ys: list[float], block: int) -> tuple[list[int], list[float]]:
+    """The least sample of each `block` iterations (where it was taken, and its value): what a process holds
+    between its iterations. A sample lands at a random moment of an iteration, and a process's peak inside one
+    (the trainer's ~34 MB while it takes its step) is not growth; fitted to every sample, a few peaks late in a
+    window tilt the line (2026-11-29: the trainer's samples between its steps stayed at 565-568 MB from iteration
+    200 to 690, those inside a step read ~599, and its slope over every sample read +0.89 to +1.30 per 100 as the
+    window grew by ten iterations; over the floors, +0.14)."""
+    least: dict[int, tuple[int, float]] = {}
+    for x, y in zip(xs, ys):
+        if x // block not in least or y < least[x // block][1]:
+            least[x // block] = (x, y)
+    kept = [least[key] for key in sorted(least)]
+    return [x for x, _ in kept], [y for _, y in kept]
+
+
 def series(samples: Samples, warm: int, server_warm_events: int = 0
            ) -> dict[str, tuple[list[int], list[float], list[float], list[int]]]:
     """Each process's samples from `warm` iterations after its first sample on: a process started mid-run (the
@@ -425,11 +447,10 @@ def committed_rows(store, run_id: str) -> list[dict]:
             for line in store.read_text(f"{run_id}/metrics.jsonl").splitlines() if line.strip()]
 
 
-def report(args, samples: Samples, faults: list[Fault], store, work: Path, reference_code: int, last: int,
-           wall: float) -> int:
-    from tailflow.engines.runs.commit import read_committed_state
-    from tailflow.engines.store import LocalStore
-
+def memory_report(args, samples: Samples) -> tuple[float, float]:
+    """Print each process's RSS and descriptor slopes after its warm-up; (the largest RSS slope, the largest
+    descriptor slope). The RSS slope is fitted to the floor of each `--sample-every` iterations (`floors`); the
+    slope over every sample is printed beside it."""
     warm = int(0.2 * args.iterations)
     span = 4 * args.sample_every
     per_process = {name: values for name, values in series(samples, warm, SEEN_EVENTS_CACHE).items()
@@ -438,25 +459,57 @@ def report(args, samples: Samples, faults: list[Fault], store, work: Path, refer
     slope: over a short span the samples' noise is most of it."""
     plain_warm_up = {name: values for name, values in series(samples, warm).items()
                      if name.startswith("prefect-server") and values[0][-1] - values[0][0] >= span}
-    rss_slopes = {name: slope_per_100(xs, rs) for name, (xs, rs, _, _) in per_process.items()}
-    anon_slopes = {name: slope_per_100(xs, anons) for name, (xs, _, anons, _) in per_process.items()}
+    rss_slopes = {name: slope_per_100(*floors(xs, rs, args.sample_every))
+                  for name, (xs, rs, _, _) in per_process.items()}
+    every_sample = {name: slope_per_100(xs, rs) for name, (xs, rs, _, _) in per_process.items()}
+    anon_slopes = {name: slope_per_100(*floors(xs, anons, args.sample_every))
+                   for name, (xs, _, anons, _) in per_process.items()}
     fd_slopes = {name: slope_per_100(xs, fs) for name, (xs, _, _, fs) in per_process.items()}
-    after = [(i, d, s) for i, d, s in zip(samples.full_at, samples.db_mb, samples.store_mb) if i >= warm]
-    db_slope = slope_per_100([i for i, _, _ in after], [d for _, d, _ in after])
-    store_slope = slope_per_100([i for i, _, _ in after], [s for _, _, s in after])
     print(f"\nafter warm-up ({warm} iterations from each process's first sample; for the Prefect server, also until "
-          f"that life of it has received {SEEN_EVENTS_CACHE} events), least-squares slopes per 100 iterations:")
+          f"that life of it has received {SEEN_EVENTS_CACHE} events), least-squares slopes per 100 iterations (RSS: "
+          f"of the least sample in each {args.sample_every} iterations; beside it, of every sample):")
     for name in sorted(per_process):
         xs, rs, _, fs = per_process[name]
-        print(f"  {name:22} RSS {rs[0]:7.1f} -> {rs[-1]:7.1f} MB, slope {rss_slopes[name]:+6.2f} MB (anonymous "
-              f"{anon_slopes[name]:+6.2f}); fds {fs[0]:4d} -> {fs[-1]:4d}, slope {fd_slopes[name]:+6.2f}  "
-              f"(iterations {xs[0]}..{xs[-1]}, {len(xs)} samples)")
+        print(f"  {name:22} RSS {rs[0]:7.1f} -> {rs[-1]:7.1f} MB, slope {rss_slopes[name]:+6.2f} MB (every sample "
+              f"{every_sample[name]:+6.2f}, anonymous {anon_slopes[name]:+6.2f}); fds {fs[0]:4d} -> {fs[-1]:4d}, "
+              f"slope {fd_slopes[name]:+6.2f}  (iterations {xs[0]}..{xs[-1]}, {len(xs)} samples)")
     for name, (xs, rs, _, _) in sorted(plain_warm_up.items()):
         if name not in per_process:
             print(f"  {name:22} never sampled over {span} iterations after {SEEN_EVENTS_CACHE} events in one life: "
                   "no slope")
         print(f"  {name:22} with the plain warm-up only: RSS {rs[0]:7.1f} -> {rs[-1]:7.1f} MB, slope "
-              f"{slope_per_100(xs, rs):+6.2f} MB (iterations {xs[0]}..{xs[-1]}, {len(xs)} samples)")
+              f"{slope_per_100(*floors(xs, rs, args.sample_every)):+6.2f} MB (every sample "
+              f"{slope_per_100(xs, rs):+6.2f}; iterations {xs[0]}..{xs[-1]}, {len(xs)} samples)")
+    if not per_process:
+        print(f"  no process was sampled over {span} iterations after its warm-up: no slopes (run longer)")
+    return max(rss_slopes.values(), default=float("nan")), max(fd_slopes.values(), default=float("nan"))
+
+
+def refit(args) -> int:
+    """`--refit WORK`: the memory slopes again, from a finished run's `WORK/samples.jsonl` (the rest of the
+    report needs the run)."""
+    samples = Samples()
+    for line in (args.refit / "samples.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        samples.iterations.append(row["iteration"])
+        samples.processes.append({name: tuple(values) for name, values in row["processes"].items()})
+        samples.server_events.append(row["server_events"])
+    largest_rss, largest_fds = memory_report(args, samples)
+    print(f"REFIT iterations={samples.iterations[-1] + 1} rss_slope_mb_per_100={largest_rss:.2f} "
+          f"fds_slope_per_100={largest_fds:.2f}")
+    return 0
+
+
+def report(args, samples: Samples, faults: list[Fault], store, work: Path, reference_code: int, last: int,
+           wall: float) -> int:
+    from tailflow.engines.runs.commit import read_committed_state
+    from tailflow.engines.store import LocalStore
+
+    warm = int(0.2 * args.iterations)
+    largest_rss, largest_fds = memory_report(args, samples)
+    after = [(i, d, s) for i, d, s in zip(samples.full_at, samples.db_mb, samples.store_mb) if i >= warm]
+    db_slope = slope_per_100([i for i, _, _ in after], [d for _, d, _ in after])
+    store_slope = slope_per_100([i for i, _, _ in after], [s for _, _, s in after])
     print(f"  Prefect database: {samples.db_mb[0]:.1f} -> {samples.db_mb[-1]:.1f} MB, {db_slope:+.2f} MB per 100 "
           f"iterations ({1024 * db_slope / 100:.1f} KB per iteration)")
     print(f"  run store on S3: {samples.store_mb[0]:.1f} -> {samples.store_mb[-1]:.1f} MB, {store_slope:+.2f} MB per "
@@ -486,10 +539,6 @@ def report(args, samples: Samples, faults: list[Fault], store, work: Path, refer
         print(f"  fault {fault.kind}@{fault.at}: {'survived' if fault.survived else 'NOT survived'}")
     survived = sum(f.survived for f in faults) if state is not None and state.iteration == args.iterations else 0
     plot(samples, work, args)
-    if not per_process:
-        print(f"  no process was sampled over {span} iterations after its warm-up: no slopes (run longer)")
-    largest_rss = max(rss_slopes.values(), default=float("nan"))
-    largest_fds = max(fd_slopes.values(), default=float("nan"))
     ok = largest_rss <= 1.0 and largest_fds <= 1.0 and equal and survived == len(faults) and redraw_ratio <= 2.0
     print(f"\n{last + 1} iterations in {wall / 60:.1f} min; verdict: "
           f"{'all targets met' if ok else 'targets missed'} (RSS slope <= 1 MB/100, fds flat, metrics equal, "
