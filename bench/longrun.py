@@ -275,6 +275,8 @@ def main() -> int:
                         help="only print the memory slopes of a finished run's work directory (its samples.jsonl)")
     args = parser.parse_args()
     if args.refit:
+        if not (args.refit / "samples.jsonl").is_file():
+            parser.error(f"--refit: {args.refit / 'samples.jsonl'} does not exist (the work directory a run printed)")
         return refit(args)
     args.out.mkdir(parents=True, exist_ok=True)  # the plot goes there: a missing folder must not lose the report
     server_down_s, s3_down_s = (60.0, 30.0)
