@@ -102,9 +102,9 @@ class TrainerWorker:
         rank's own shard or None), taken before offloading, then offload: one call saves what a checkpoint needs
         and frees the GPU for the rollout. The caller uses `.options(num_returns=3)`, so the parts land as three
         objects."""
-        state = self.trainer.state_for_checkpoint()
+        state = self.state_for_checkpoint()
         self.trainer.offload()
-        return state["model"], state["optimizer"], state["shard"]
+        return state.model, state.optimizer, state.shard
 
     def is_offloaded(self) -> bool:
         return self.trainer.is_offloaded
